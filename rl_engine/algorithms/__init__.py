@@ -1,0 +1,19 @@
+"""RL algorithms as pure torch functions: GRPO advantages, PPO/GRPO losses, KL, TIS."""
+
+from rl_engine.algorithms.advantages import group_normalized_advantages
+from rl_engine.algorithms.losses import (
+    AGGREGATIONS,
+    kl_k3,
+    masked_mean,
+    policy_loss,
+    truncated_importance_weights,
+)
+
+__all__ = [
+    "AGGREGATIONS",
+    "group_normalized_advantages",
+    "kl_k3",
+    "masked_mean",
+    "policy_loss",
+    "truncated_importance_weights",
+]

@@ -1,0 +1,188 @@
+"""Policy-gradient losses for GRPO/PPO on token sequences, plus KL and importance fixes.
+
+Pure torch functions over `[B, T]` per-token tensors; every function that reduces
+takes the validity mask explicitly (1 = completion token, 0 = prompt or padding)
+and does its math in fp32. Values at masked positions are never read into a
+result or a gradient: padded logprobs may hold anything, even inf.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of `x` over positions where `mask` is nonzero (fp32).
+
+    With `dim=None` the mean is over all selected positions and an empty mask is a
+    ValueError. With `dim` given, a slice that selects nothing gives 0.
+    """
+    _check_same_shape("x", x, "mask", mask)
+    keep = mask != 0
+    total = torch.where(keep, x.float(), 0.0).sum(dim=dim)
+    count = keep.sum(dim=dim)
+    if dim is None:
+        if int(count) == 0:
+            raise ValueError("mask selects no tokens: cannot take a masked mean")
+        return total / count
+    return total / count.clamp(min=1)
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    aggregation: str = "token-mean",
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO/GRPO clipped surrogate loss `-min(r*A, clip(r, 1-eps, 1+eps_high)*A)`.
+
+    `r = exp(logprobs - old_logprobs)`; gradients flow only through `logprobs`.
+    `advantages` is `[B]` (one per sequence, broadcast over its tokens) or `[B, T]`.
+    `clip_eps_high` defaults to `clip_eps` (set it higher for DAPO's clip-higher).
+    `is_weights` (`[B, T]`, e.g. from `truncated_importance_weights`) multiply the
+    per-token loss and are treated as constants.
+
+    aggregation:
+    - "token-mean": sum over all valid tokens / number of valid tokens;
+    - "seq-mean-token-mean": mean per sequence, then mean over the sequences that
+      have at least one valid token;
+    - "seq-mean-token-sum": sum per sequence, then mean over all B sequences.
+
+    Returns `(loss, stats)`; stats are detached 0-d fp32 tensors (no device sync):
+    clip_fraction (valid tokens whose clipped term is the active minimum),
+    approx_kl (mean of old - new), ratio_mean and ratio_max over valid tokens.
+    """
+    _check_2d("logprobs", logprobs)
+    _check_same_shape("logprobs", logprobs, "old_logprobs", old_logprobs)
+    _check_same_shape("logprobs", logprobs, "mask", mask)
+    adv = _broadcast_advantages(advantages, logprobs)
+    if is_weights is not None:
+        _check_same_shape("logprobs", logprobs, "is_weights", is_weights)
+    eps_low, eps_high = _clip_range(clip_eps, clip_eps_high)
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; valid: {list(AGGREGATIONS)}")
+
+    keep = mask != 0
+    # Zero the log-ratio at padding before exp so garbage there cannot overflow
+    # (an inf in the forward would become a NaN gradient even where masked).
+    log_ratio = torch.where(keep, logprobs.float() - old_logprobs.detach().float(), 0.0)
+    ratio = torch.exp(log_ratio)
+    surr_unclipped = ratio * adv
+    surr_clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
+    per_token = -torch.minimum(surr_unclipped, surr_clipped)
+    if is_weights is not None:
+        per_token = per_token * torch.where(keep, is_weights.detach().float(), 0.0)
+
+    loss = _aggregate(per_token, keep, aggregation)
+    stats = _policy_stats(log_ratio, ratio, surr_unclipped, surr_clipped, keep)
+    return loss, stats
+
+
+def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, *, mask: Tensor | None = None) -> Tensor:
+    """Per-token k3 estimator of KL(policy || ref): `exp(ref - logp) - (ref - logp) - 1`.
+
+    Unbiased for samples drawn from the policy and always >= 0 (Schulman,
+    "Approximating KL divergence"). Computed as `expm1(d) - d` for accuracy when
+    the two are close. Where `mask` is given and 0 the result is 0. fp32, `[B, T]`.
+    """
+    _check_same_shape("logprobs", logprobs, "ref_logprobs", ref_logprobs)
+    diff = ref_logprobs.float() - logprobs.float()
+    if mask is not None:
+        _check_same_shape("logprobs", logprobs, "mask", mask)
+        diff = torch.where(mask != 0, diff, 0.0)
+    # clamp: rounding can make expm1(d) - d a hair negative for |d| near 1 ulp.
+    return (torch.expm1(diff) - diff).clamp(min=0.0)
+
+
+def truncated_importance_weights(
+    trainer_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *, cap: float = 2.0
+) -> Tensor:
+    """Truncated importance-sampling (TIS) weights `min(exp(trainer - rollout), cap)`.
+
+    Corrects the policy gradient when the rollout engine's logprobs differ from the
+    trainer's (batch invariance off): the samples came from the rollout policy, the
+    update assumes the trainer's. Detached, fp32, 0 where `mask` is 0.
+    """
+    _check_same_shape("trainer_logprobs", trainer_logprobs, "rollout_logprobs", rollout_logprobs)
+    _check_same_shape("trainer_logprobs", trainer_logprobs, "mask", mask)
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    keep = mask != 0
+    with torch.no_grad():
+        log_ratio = torch.where(keep, trainer_logprobs.float() - rollout_logprobs.float(), 0.0)
+        weights = torch.exp(log_ratio).clamp(max=cap)
+        return torch.where(keep, weights, 0.0)
+
+
+def _aggregate(per_token: Tensor, keep: Tensor, aggregation: str) -> Tensor:
+    masked = torch.where(keep, per_token, 0.0)
+    if aggregation == "seq-mean-token-sum":
+        return masked.sum(dim=1).mean()
+    if not bool(keep.any()):
+        raise ValueError(
+            f"mask selects no tokens: aggregation {aggregation!r} has nothing to average"
+        )
+    if aggregation == "token-mean":
+        return masked.sum() / keep.sum()
+    # seq-mean-token-mean: sequences with no valid tokens do not dilute the mean.
+    counts = keep.sum(dim=1)
+    nonempty = counts > 0
+    seq_means = masked.sum(dim=1)[nonempty] / counts[nonempty]
+    return seq_means.mean()
+
+
+@torch.no_grad()
+def _policy_stats(
+    log_ratio: Tensor, ratio: Tensor, surr_unclipped: Tensor, surr_clipped: Tensor, keep: Tensor
+) -> dict[str, Tensor]:
+    count = keep.sum().clamp(min=1)  # all-zero mask (token-sum) gives zero stats, not NaN
+    clipped = (surr_clipped < surr_unclipped) & keep
+    ratio_max = torch.where(keep, ratio, 0.0).max() if bool(keep.any()) else ratio.new_ones(())
+    return {
+        "clip_fraction": clipped.sum().float() / count,
+        "approx_kl": torch.where(keep, -log_ratio, 0.0).sum() / count,
+        "ratio_mean": torch.where(keep, ratio, 0.0).sum() / count,
+        "ratio_max": ratio_max.reshape(()),
+    }
+
+
+def _broadcast_advantages(advantages: Tensor, logprobs: Tensor) -> Tensor:
+    batch = logprobs.shape[0]
+    if advantages.shape == (batch,):
+        return advantages.detach().float()[:, None]
+    if advantages.shape == logprobs.shape:
+        return advantages.detach().float()
+    raise ValueError(
+        f"advantages must be [B]={[batch]} or [B, T]={list(logprobs.shape)} like logprobs, "
+        f"got advantages shape {list(advantages.shape)}"
+    )
+
+
+def _clip_range(clip_eps: float, clip_eps_high: float | None) -> tuple[float, float]:
+    if not 0 <= clip_eps < 1:
+        raise ValueError(f"clip_eps must be in [0, 1), got {clip_eps}")
+    eps_high = clip_eps if clip_eps_high is None else clip_eps_high
+    if not eps_high >= 0:
+        raise ValueError(f"clip_eps_high must be >= 0, got {clip_eps_high}")
+    return clip_eps, eps_high
+
+
+def _check_2d(name: str, x: Tensor) -> None:
+    if x.dim() != 2:
+        raise ValueError(f"{name} must be 2-D [B, T], got shape {list(x.shape)}")
+
+
+def _check_same_shape(name_a: str, a: Tensor, name_b: str, b: Tensor) -> None:
+    if a.shape != b.shape:
+        raise ValueError(
+            f"shape mismatch: {name_a} has shape {list(a.shape)} "
+            f"but {name_b} has shape {list(b.shape)}"
+        )

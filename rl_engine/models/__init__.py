@@ -1,0 +1,18 @@
+"""Model loading: tiny random configs, SmolLM2 from its PyPI package, local folders and GGUF."""
+
+from rl_engine.models.loading import (
+    SMOLLM2_NAME,
+    list_models,
+    load_model,
+    smollm2_gguf_path,
+)
+from rl_engine.models.tiny import TINY_CONFIGS, build_tiny_model
+
+__all__ = [
+    "SMOLLM2_NAME",
+    "TINY_CONFIGS",
+    "build_tiny_model",
+    "list_models",
+    "load_model",
+    "smollm2_gguf_path",
+]

