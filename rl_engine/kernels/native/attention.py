@@ -1,0 +1,451 @@
+"""Batch-invariant causal attention (grouped-query) in plain torch.
+
+Contract
+--------
+``attention(q, k, v, *, q_positions, k_positions=None, scale=None)``
+
+- ``q``: (B, Hq, Tq, D); ``k``, ``v``: (B, Hkv, Tk, D); ``Hq % Hkv == 0`` and query
+  head ``h`` reads kv head ``h // (Hq // Hkv)``. fp32, bf16 (or fp64, for gradcheck).
+- ``q_positions``: integer (B, Tq), 0-based position of each query in its own
+  sequence; negative = padding query, whose output row is exactly 0.
+- ``k_positions``: integer (B, Tk) or None. Position held by each key slot,
+  negative = empty slot. None = aligned (KV-cache) layout: slot j holds position j.
+- Causal: the query at position p attends to positions 0..p of its sequence
+  (which must all be present once). Statistics and accumulation in fp32
+  (fp64 for fp64 inputs); output in ``q.dtype``.
+
+Invariance: the output row of (sequence, head, position p) is bitwise the same
+whatever the batch composition, the padding (left / right / any Tk, any finite
+garbage in empty or past-the-end slots), prefill vs decode vs chunked prefill,
+and the intra-op thread count.
+
+Algorithm
+---------
+Everything is laid out by sequence position, never by slot or padded length.
+Keys and values go to blocks of ``BLOCK_K`` positions, block i = positions
+[i * BLOCK_K, (i + 1) * BLOCK_K) of one sequence. Queries go to tiles of
+``BLOCK_Q`` positions (row = position % BLOCK_Q), the ``G = Hq // Hkv`` heads of
+a kv group stacked, so a tile is a (G * BLOCK_Q, D) matrix. A tile and one key
+block it can see form a *cell*; for every cell:
+
+    s    = q_tile @ k_block^T             fixed-shape GEMM (G*BQ, D) x (D, BK)
+    s    = -inf where key position > query position
+    m    = row max over all cells of the tile  (max is exact in any order)
+    p    = exp(s - m)
+    l_c  = row sum of p (length BK);  o_c = p @ v_block   (fixed-shape GEMM)
+
+and the tile's output is tree(o_c) / tree(l_c), with _tree_sum_ a pairwise sum
+over the cells whose structure depends only on the number of blocks the tile
+sees. Fixed-shape GEMMs give a row the same bits whatever the batch count, and
+every other step is elementwise or a per-row reduction, so prefill, decode (a
+query alone in its tile: the tile shape and the row slot are the same as in
+prefill) and chunked prefill do the very same arithmetic on a row. Cells are
+batched over all tiles of all sequences; only speed depends on the batching.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+# Query tile rows and key block length (positions). BLOCK_K must be a multiple
+# of BLOCK_Q, and both are part of the numerics: changing them changes the bits.
+BLOCK_Q = 16
+BLOCK_K = 128
+_RATIO = BLOCK_K // BLOCK_Q
+assert BLOCK_K % BLOCK_Q == 0
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float64, torch.float16)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_positions(name: str, pos: torch.Tensor, shape: tuple[int, int], device) -> None:
+    if not isinstance(pos, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(pos).__name__}")
+    if pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
+        raise ValueError(f"{name} must have an integer dtype (int64), got {pos.dtype}")
+    if tuple(pos.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(pos.shape)}")
+    if pos.device != device:
+        raise ValueError(f"{name} is on {pos.device}, but q is on {device}")
+
+
+def _validate(q, k, v, q_positions, k_positions, scale) -> float:
+    """Raise ValueError naming the offending tensor; return the softmax scale."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have rank 4 (B, H, T, D), got shape {list(t.shape)}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise ValueError(f"{name} must be floating point (fp32/bf16/fp64), got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, but q is on {q.device}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    B, Hq, Tq, D = q.shape
+    if k.shape != v.shape:
+        raise ValueError(
+            f"k and v must have the same shape, got k={list(k.shape)}, v={list(v.shape)}"
+        )
+    Bk, Hkv, Tk, Dk = k.shape
+    if Bk != B:
+        raise ValueError(f"k has batch size {Bk}, but q has {B}")
+    if Dk != D:
+        raise ValueError(f"k has head dim D={Dk}, but q has D={D}")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise ValueError(f"q heads (Hq={Hq}) must be a multiple of k/v heads (Hkv={Hkv})")
+    _check_positions("q_positions", q_positions, (B, Tq), q.device)
+    if k_positions is not None:
+        _check_positions("k_positions", k_positions, (B, Tk), q.device)
+    if scale is None:
+        return D**-0.5 if D > 0 else 1.0
+    if isinstance(scale, torch.Tensor):
+        scale = scale.item()
+    return float(scale)
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    # fp32 statistics for fp32/bf16/fp16, fp64 only so that gradcheck can run.
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# ----------------------------------------------------------------------------- forward
+
+
+def _plan_tiles(q_positions: torch.Tensor):
+    """Group the valid queries into (sequence, tile) pairs.
+
+    Returns (qb, qcol, row, inv, tile_b, tile_t): for every valid query its
+    sequence, column in q and row in its tile, the index of its tile; for every
+    tile its sequence and tile number. Tiles are sorted by tile number
+    descending, so neighbours see about as many key blocks (little padding
+    when they share a batched step).
+    """
+    B = q_positions.shape[0]
+    pos = q_positions.long()
+    qb, qcol = (pos >= 0).nonzero(as_tuple=True)  # (N,)
+    p = pos[qb, qcol]
+    tile = p // BLOCK_Q
+    max_tile = int(tile.max())
+    key = (max_tile - tile) * B + qb
+    uniq, inv = torch.unique(key, return_inverse=True)  # ascending key = descending tile
+    # Two queries of one sequence at one position would share a tile row.
+    if torch.unique(key * BLOCK_Q + p % BLOCK_Q).numel() != p.numel():
+        raise ValueError("q_positions: a sequence has the same position twice")
+    tile_b = uniq % B
+    tile_t = max_tile - uniq // B
+    return qb, qcol, p % BLOCK_Q, inv, tile_b, tile_t
+
+
+def _key_blocks(x, k_positions, nblk: int, seq_len: torch.Tensor, cdt) -> torch.Tensor:
+    """Keys or values by position, cut in blocks: (B * nblk, Hkv, BLOCK_K, D) in cdt.
+
+    Block i of sequence b is row b * nblk + i and holds positions
+    [i * BLOCK_K, (i + 1) * BLOCK_K). Positions >= seq_len[b] (past the last
+    query of b: never visible) are zeroed, so that garbage there, even inf or
+    nan, cannot leak through a 0 weight.
+    """
+    B, Hkv, Tk, D = x.shape
+    L = nblk * BLOCK_K
+    if k_positions is not None:
+        buf = torch.zeros((B, nblk, Hkv, BLOCK_K, D), dtype=cdt, device=x.device)
+        kp = k_positions.long()
+        sb, slot = ((kp >= 0) & (kp < seq_len[:, None])).nonzero(as_tuple=True)
+        p = kp[sb, slot]
+        buf[sb, p // BLOCK_K, :, p % BLOCK_K] = x.transpose(1, 2)[sb, slot].to(cdt)  # (N, Hkv, D)
+        return buf.view(B * nblk, Hkv, BLOCK_K, D)
+    buf = torch.empty((B, nblk, Hkv, BLOCK_K, D), dtype=cdt, device=x.device)
+    dst = buf.permute(0, 2, 1, 3, 4)  # (B, Hkv, nblk, BK, D) view of buf
+    full = min(Tk // BLOCK_K, nblk)  # blocks wholly inside x
+    dst[:, :, :full] = x[:, :, : full * BLOCK_K].view(B, Hkv, full, BLOCK_K, D)
+    if full < nblk:  # partial last block
+        rest = min(Tk, L) - full * BLOCK_K
+        dst[:, :, full:].zero_()
+        dst[:, :, full, :rest] = x[:, :, full * BLOCK_K : full * BLOCK_K + rest]
+    if bool((seq_len < min(Tk, L)).any()):
+        pos = torch.arange(L, device=x.device).view(1, nblk, 1, BLOCK_K, 1)
+        buf.masked_fill_(pos >= seq_len.view(B, 1, 1, 1, 1), 0.0)
+    return buf.view(B * nblk, Hkv, BLOCK_K, D)
+
+
+_MASKS: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _mask_table(G: int, device) -> torch.Tensor:
+    """(RATIO + 2, G*BLOCK_Q, BLOCK_K) bool, True = key after query (masked).
+
+    Entry d < RATIO: a tile starting d * BLOCK_Q positions into the key block;
+    entry RATIO: block wholly before the tile (nothing masked); entry RATIO + 1:
+    block wholly after the tile (all masked). Rows are g * BLOCK_Q + r.
+    """
+    key = (G, torch.device(device))
+    if key not in _MASKS:
+        r = torch.arange(BLOCK_Q, device=device)
+        c = torch.arange(BLOCK_K, device=device)
+        d = torch.arange(_RATIO, device=device)
+        diag = c[None, None, :] > (d[:, None, None] * BLOCK_Q + r[None, :, None])  # (R, BQ, BK)
+        none = torch.zeros((1, BLOCK_Q, BLOCK_K), dtype=torch.bool, device=device)
+        table = torch.cat([diag, none, ~none]).repeat(1, G, 1)
+        _MASKS[key] = table
+    return _MASKS[key]
+
+
+def _tree_sum_(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Sum x[:, :n] over dim 1 by folding halves: x[:, i] += x[:, i + h], h = largest 2^k < n.
+
+    The order of additions depends only on n, and zero entries appended after
+    n leave the result bitwise unchanged, so tiles with different numbers of
+    key blocks can share one padded tensor. In place; returns x[:, 0].
+    """
+    while n > 1:
+        h = 1 << ((n - 1).bit_length() - 1)
+        x[:, : n - h].add_(x[:, h:n])
+        n = h
+    return x[:, 0]
+
+
+# Score elements (cells * Hkv * G*BLOCK_Q * BLOCK_K) per batched step: keeps the
+# working set of one step in cache. Only speed depends on it, never the bits.
+_STEP_ELEMS = 1 << 18
+
+
+def _tile_groups(nb: list[int], cell_elems: int):
+    """Consecutive runs of tiles (sorted by block count, descending) per step."""
+    groups, j0 = [], 0
+    while j0 < len(nb):
+        j1 = j0 + 1
+        while j1 < len(nb) and (j1 + 1 - j0) * nb[j0] * cell_elems <= _STEP_ELEMS:
+            j1 += 1
+        groups.append((j0, j1))
+        j0 = j1
+    return groups
+
+
+def _forward(q, k, v, q_positions, k_positions, scale):
+    """Invariant forward: (B, Hq, Tq, D) in the compute dtype (fp32, fp64).
+
+    For every query tile and every key block it can see (a "cell"), one
+    fixed-shape GEMM gives the scores; the row max over all cells is exact in
+    any order; p = exp(s - max); each cell's row sums and p @ v (again a
+    fixed-shape GEMM) are then summed over the tile's blocks by _tree_sum_.
+    """
+    B, Hq, Tq, D = q.shape
+    Hkv = k.shape[1]
+    G, GQ = Hq // Hkv, (Hq // Hkv) * BLOCK_Q
+    cdt = _compute_dtype(q.dtype)
+    if not bool((q_positions >= 0).any()):
+        return torch.zeros(q.shape, dtype=cdt, device=q.device)
+
+    qb, qcol, row, inv, tile_b, tile_t = _plan_tiles(q_positions)
+    NT = tile_b.numel()
+    nb = (tile_t // _RATIO + 1).tolist()  # key blocks each tile sees, descending
+    nblk = nb[0]
+    seq_len = q_positions.long().amax(1) + 1  # (B,) positions any query of b can see
+    kblk = _key_blocks(k, k_positions, nblk, seq_len, cdt)  # (B*nblk, Hkv, BK, D)
+    vblk = _key_blocks(v, k_positions, nblk, seq_len, cdt)
+
+    # Query tiles, pre-scaled, heads of a kv group stacked: (NT, Hkv, G*BQ, D).
+    # Rows are moved as whole (Hq, D) slabs: index_select / index_copy_ are far
+    # faster than advanced indexing here.
+    src = q.transpose(1, 2).reshape(B * Tq, Hq, D).index_select(0, qb * Tq + qcol)  # (N, Hq, D)
+    slot = inv * BLOCK_Q + row  # (N,) row of each query in (NT * BQ)
+    qt = torch.zeros((NT * BLOCK_Q, Hq, D), dtype=cdt, device=q.device)
+    qt.index_copy_(0, slot, src.to(cdt) * scale)
+    qt = qt.view(NT, BLOCK_Q, Hkv, GQ // BLOCK_Q, D).permute(0, 2, 3, 1, 4).reshape(NT, Hkv, GQ, D)
+    res = torch.empty((NT, Hkv, GQ, D), dtype=cdt, device=q.device)
+    table = _mask_table(G, q.device)
+
+    tb = tile_b.tolist()
+    blk = torch.arange(nblk, device=q.device)
+    diag = table[tile_t % _RATIO]  # (NT, G*BQ, BK): mask of each tile's last block
+    for j0, j1 in _tile_groups(nb, Hkv * GQ * BLOCK_K):
+        n, NB = j1 - j0, nb[j0]
+        if n == 1:  # one tile (decode, long prefill tiles): its blocks are a slice
+            kc, vc = kblk[tb[j0] * nblk :][:NB], vblk[tb[j0] * nblk :][:NB]  # (NB, Hkv, BK, D)
+        else:
+            cells = (tile_b[j0:j1, None] * nblk + blk[:NB]).view(-1)  # (tile, block) pairs
+            kc = kblk.index_select(0, cells)  # (n*NB, Hkv, BK, D)
+            vc = vblk.index_select(0, cells)
+        qc = qt[j0:j1, None].expand(n, NB, Hkv, GQ, D).reshape(-1, GQ, D)
+        s = torch.bmm(qc, kc.view(-1, BLOCK_K, D).transpose(1, 2))
+        s = s.view(n, NB, Hkv, GQ, BLOCK_K)  # scores of every cell
+
+        if nb[j1 - 1] == NB:  # causal mask: only the last block of each tile
+            s[:, NB - 1].masked_fill_(diag[j0:j1].unsqueeze(1), float("-inf"))
+        else:  # tiles see different block counts: mask from the first partial one
+            c0 = nb[j1 - 1] - 1
+            d = tile_t[j0:j1, None] - blk[None, c0:NB] * _RATIO  # tile offset into block
+            d = torch.where(d < 0, _RATIO + 1, d.clamp(max=_RATIO))
+            s[:, c0:].masked_fill_(table[d].unsqueeze(2), float("-inf"))
+
+        m = s.amax(-1).amax(1)[:, None, :, :, None]  # (n, 1, Hkv, GQ, 1); max is exact in any order
+        s.sub_(m).exp_()
+        rs = s.sum(-1)  # (n, NB, Hkv, GQ)
+        pv = torch.bmm(s.view(-1, GQ, BLOCK_K), vc.view(-1, BLOCK_K, D)).view(n, NB, Hkv, GQ, D)
+        l_sum = _tree_sum_(rs, NB)  # (n, Hkv, GQ)
+        acc = _tree_sum_(pv, NB)  # (n, Hkv, GQ, D)
+        torch.div(acc, l_sum.unsqueeze(-1), out=res[j0:j1])
+
+    res = res.view(NT, Hq, BLOCK_Q, D).transpose(1, 2).reshape(NT * BLOCK_Q, Hq, D)
+    out = torch.zeros((B * Tq, Hq, D), dtype=cdt, device=q.device)
+    out.index_copy_(0, qb * Tq + qcol, res.index_select(0, slot))
+    return out.view(B, Tq, Hq, D).transpose(1, 2).contiguous()  # (B, Hq, Tq, D)
+
+
+# ----------------------------------------------------------------------------- backward
+
+# Query rows per backward chunk are chosen so that one chunk's score matrix
+# (Hq, rows, Tk) stays around this many elements.
+_BWD_CHUNK_ELEMS = 1 << 22
+
+
+def _aligned_sequence(x, kp, L: int, cdt):
+    """One sequence's keys or values by position: (Hkv, L, D), zero where absent.
+
+    kp is None (aligned: slot = position) or that sequence's k_positions.
+    """
+    if kp is None:
+        n = min(L, x.shape[1])
+        out = torch.zeros((x.shape[0], L, x.shape[2]), dtype=cdt, device=x.device)
+        out[:, :n] = x[:, :n]
+        return out
+    sel = ((kp >= 0) & (kp < L)).nonzero().squeeze(1)
+    out = torch.zeros((x.shape[0], L, x.shape[2]), dtype=cdt, device=x.device)
+    out[:, kp[sel]] = x[:, sel].to(cdt)
+    return out
+
+
+def _backward(grad_out, q, k, v, q_positions, k_positions, scale):
+    """Plain masked softmax attention gradients, one sequence and query chunk at a time.
+
+    Not invariant (it need not be), but deterministic: fixed shapes and a fixed
+    accumulation order for a given input. Keys are first put by position, so a
+    chunk only touches the keys up to its last query (causality). Padding
+    queries and key slots no query sees get exact zeros.
+    Returns (dq, dk, dv) in the compute dtype.
+    """
+    B, Hq, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    cdt = _compute_dtype(q.dtype)
+    dq = torch.zeros(q.shape, dtype=cdt, device=q.device)
+    dk = torch.zeros(k.shape, dtype=cdt, device=q.device)
+    dv = torch.zeros(v.shape, dtype=cdt, device=q.device)
+    for b in range(B):
+        L = int(q_positions[b].max()) + 1  # positions any query of b sees
+        if L <= 0:
+            continue
+        kp = None if k_positions is None else k_positions[b].long()
+        kb = _aligned_sequence(k[b], kp, L, cdt)  # (Hkv, L, D)
+        vb = _aligned_sequence(v[b], kp, L, cdt)
+        dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
+        kpos = torch.arange(L, device=q.device)
+        chunk = max(1, _BWD_CHUNK_ELEMS // (Hq * L))
+        for c0 in range(0, Tq, chunk):
+            qpos = q_positions[b, c0 : c0 + chunk].long()  # (C,)
+            n = int(qpos.max()) + 1  # keys this chunk can see
+            if n <= 0:
+                continue
+            C = qpos.numel()
+            # group heads stacked as rows: (Hkv, G*C, D); padding queries: zero rows
+            live = (qpos >= 0)[None, :, None]
+            qc = torch.where(live, q[b, :, c0 : c0 + C].to(cdt), 0.0).reshape(Hkv, G * C, D)
+            go = torch.where(live, grad_out[b, :, c0 : c0 + C].to(cdt), 0.0).reshape(Hkv, G * C, D)
+            kc, vc = kb[:, :n], vb[:, :n]
+            allowed = (kpos[None, :n] <= qpos[:, None]) & (qpos[:, None] >= 0)
+            allowed = allowed.repeat(G, 1)  # (G*C, n)
+            s = torch.where(allowed, (qc @ kc.transpose(1, 2)) * scale, float("-inf"))
+            m = s.amax(-1, keepdim=True)
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # padding rows
+            p = torch.exp(s - m)
+            den = p.sum(-1, keepdim=True)
+            p = p / torch.where(den > 0, den, torch.ones_like(den))  # (Hkv, G*C, n)
+            delta = (go * (p @ vc)).sum(-1, keepdim=True)
+            ds = torch.where(allowed, p * (go @ vc.transpose(1, 2) - delta), 0.0) * scale
+            dq[b, :, c0 : c0 + C] = (ds @ kc).view(Hq, C, D)
+            dkb[:, :n] += ds.transpose(1, 2) @ qc
+            dvb[:, :n] += p.transpose(1, 2) @ go
+        if kp is None:
+            n = min(L, Tk)
+            dk[b, :, :n], dv[b, :, :n] = dkb[:, :n], dvb[:, :n]
+        else:  # back to the caller's slots; empty / unseen slots stay 0
+            sel = ((kp >= 0) & (kp < L)).nonzero().squeeze(1)
+            dk[b][:, sel], dv[b][:, sel] = dkb[:, kp[sel]], dvb[:, kp[sel]]
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------- autograd
+
+
+class _InvariantAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, q_positions, k_positions, scale):
+        ctx.save_for_backward(q, k, v, q_positions, k_positions)
+        ctx.scale = scale
+        if q.numel() == 0:
+            return q.new_zeros(q.shape)
+        return _forward(q, k, v, q_positions, k_positions, scale).to(q.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, q_positions, k_positions = ctx.saved_tensors
+        if q.numel() == 0 or k.numel() == 0:
+            dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        else:
+            dq, dk, dv = _backward(grad_out, q, k, v, q_positions, k_positions, ctx.scale)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+def attention(q, k, v, *, q_positions, k_positions=None, scale=None) -> torch.Tensor:
+    """Batch-invariant causal GQA attention; see the module docstring for the contract.
+
+    q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D); q_positions: (B, Tq) int;
+    k_positions: (B, Tk) int or None (aligned KV-cache layout). Returns
+    (B, Hq, Tq, D) in q.dtype, exact zeros for padding queries.
+    """
+    scale = _validate(q, k, v, q_positions, k_positions, scale)
+    return _InvariantAttention.apply(q, k, v, q_positions, k_positions, scale)
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+
+def bench_attention(
+    seq_len: int = 2048,
+    dtype: torch.dtype = torch.float32,
+    *,
+    batch: int = 1,
+    heads_q: int = 16,
+    heads_kv: int = 4,
+    head_dim: int = 64,
+    repeats: int = 3,
+) -> tuple[float, float]:
+    """Causal prefill timing (best of `repeats`, seconds): (this op, F.scaled_dot_product_attention)."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(batch, heads_q, seq_len, head_dim, generator=g).to(dtype)
+    k = torch.randn(batch, heads_kv, seq_len, head_dim, generator=g).to(dtype)
+    v = torch.randn(batch, heads_kv, seq_len, head_dim, generator=g).to(dtype)
+    pos = torch.arange(seq_len).expand(batch, seq_len).contiguous()
+
+    def best(fn):
+        fn()  # warm-up
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    with torch.no_grad():
+        t_inv = best(lambda: attention(q, k, v, q_positions=pos))
+        t_sdpa = best(
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        )
+    return t_inv, t_sdpa

@@ -1,0 +1,48 @@
+"""RMSNorm with Hugging Face semantics: fp32 statistics, normalised value cast back, then * weight.
+
+The only reduction is a mean over each row's last dim. Torch reduces such rows
+one at a time, in an order set by the row length, except when the whole
+reduction has a single output: then, for long rows, it splits the row across
+threads. One-row inputs are therefore duplicated to two rows first.
+Backward: autograd through the same torch ops (deterministic).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl_engine.kernels.native._checks import at_least_fp32, check_floating, check_last_dim
+
+
+def _mean_square(x32: torch.Tensor) -> torch.Tensor:
+    rows = x32.reshape(-1, x32.shape[-1])  # (M, H)
+    if rows.shape[0] == 1:
+        return rows.expand(2, -1).pow(2).mean(-1, keepdim=True)[:1].reshape(*x32.shape[:-1], 1)
+    return x32.pow(2).mean(-1, keepdim=True)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x (..., H), weight (H,) -> (..., H) in x.dtype (HF LlamaRMSNorm semantics)."""
+    check_floating("x", x)
+    check_floating("weight", weight)
+    check_last_dim("x", x, weight.shape[-1], "the norm weight's size")
+    if x.shape[-1] == 0 or x.numel() == 0:
+        return x * weight
+    x32 = x.to(at_least_fp32(x.dtype))
+    normed = x32 * torch.rsqrt(_mean_square(x32) + eps)
+    return weight * normed.to(x.dtype)
+
+
+class InvariantRMSNorm(torch.nn.Module):
+    """Drop-in for HF `*RMSNorm` modules (weight and variance_epsilon / eps)."""
+
+    def __init__(self, base: torch.nn.Module):
+        super().__init__()
+        self.weight = base.weight
+        self.eps = getattr(base, "variance_epsilon", getattr(base, "eps", 1e-6))
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.eps)
+
+    def extra_repr(self):
+        return f"{tuple(self.weight.shape)}, eps={self.eps}, batch_invariant=True"

@@ -1,0 +1,116 @@
+"""linear_logp == log_softmax(lm_head(hidden) / T) gathered at the targets, bit for bit.
+
+That right-hand side is exactly how the rollout engine scores a sampled token,
+so this equality is the kernel-level half of trainer == rollout parity.
+"""
+
+import importlib
+
+import pytest
+import torch
+
+from rl_engine.kernels import get_op
+
+# the package re-exports the function under the module's name; fetch the module itself
+linear_logp_module = importlib.import_module("rl_engine.kernels.native.linear_logp")
+
+linear_logp = get_op("linear_logp", "cpu")
+lm_head = get_op("lm_head", "cpu")
+log_softmax = get_op("log_softmax", "cpu")
+
+
+def _problem(n, hidden, vocab, dtype, bias=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, hidden, generator=g).to(dtype)
+    w = (torch.randn(vocab, hidden, generator=g) / hidden**0.5).to(dtype)
+    b = torch.randn(vocab, generator=g).to(dtype) if bias else None
+    t = torch.randint(0, vocab, (n,), generator=g)
+    return h, w, b, t
+
+
+def _rollout_side(h, w, b, t, temperature):
+    logp = log_softmax(lm_head(h, w, b), temperature)
+    return logp.gather(-1, t[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("n,hidden,vocab,bias", [(1, 64, 1000, False), (37, 96, 1000, True), (300, 576, 4099, False), (70, 1100, 333, False)])
+@pytest.mark.parametrize("chunk_elements", [1, 5000, 8 * 1024 * 1024])
+def test_bitwise_equal_to_materialised_logits(monkeypatch, n, hidden, vocab, bias, temperature, dtype, chunk_elements):
+    monkeypatch.setattr(linear_logp_module, "CHUNK_ELEMENTS", chunk_elements)
+    h, w, b, t = _problem(n, hidden, vocab, dtype, bias)
+    ours = linear_logp(h, w, t, b, temperature=temperature)
+    assert ours.dtype == torch.float32 and ours.shape == t.shape
+    assert torch.equal(ours, _rollout_side(h, w, b, t, temperature))
+    # and each token scored alone (a decode step of batch 1) gives the same bits
+    assert torch.equal(ours[:1], _rollout_side(h[:1], w, b, t[:1], temperature))
+
+
+def test_ignore_index_and_leading_dims():
+    h, w, _, t = _problem(24, 64, 1000, torch.float32)
+    t = t.reshape(4, 6).clone()
+    t[0, :2] = -100
+    out = linear_logp(h.reshape(4, 6, 64), w, t)
+    assert out.shape == (4, 6)
+    assert torch.equal(out[0, :2], torch.zeros(2))
+    full = linear_logp(h, w, t.reshape(-1).clamp(min=0)).reshape(4, 6)
+    assert torch.equal(out[0, 2:], full[0, 2:]) and torch.equal(out[1:], full[1:])
+    assert linear_logp(h, w, torch.full((24,), 7), ignore_index=7).abs().sum() == 0
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-4), (torch.bfloat16, 5e-2)])
+def test_backward_matches_reference(monkeypatch, dtype, tol):
+    monkeypatch.setattr(linear_logp_module, "CHUNK_ELEMENTS", 3000)  # several chunks
+    h, w, b, t = _problem(40, 48, 500, dtype, bias=True)
+    t[3] = -100
+    coeff = torch.randn(40)
+
+    def grads(fn, cast):
+        leaves = [x.detach().to(cast).requires_grad_(True) for x in (h, w, b)]
+        (fn(*leaves) * coeff).sum().backward()
+        return [x.grad.double() for x in leaves]
+
+    def reference(hh, ww, bb):
+        logp = torch.log_softmax((hh @ ww.t() + bb) / 0.7, -1)
+        picked = logp.gather(-1, t.clamp(min=0)[:, None]).squeeze(-1)
+        return torch.where(t == -100, torch.zeros_like(picked), picked)
+
+    ours = grads(lambda hh, ww, bb: linear_logp(hh, ww, t, bb, temperature=0.7), dtype)
+    again = grads(lambda hh, ww, bb: linear_logp(hh, ww, t, bb, temperature=0.7), dtype)
+    ref = grads(reference, torch.float64)
+    for g_ours, g_again, g_ref in zip(ours, again, ref):
+        assert torch.equal(g_ours, g_again)
+        torch.testing.assert_close(g_ours, g_ref, atol=tol * g_ref.abs().max().item(), rtol=0)
+    assert torch.equal(ours[0][3], torch.zeros(48, dtype=torch.float64))
+
+
+def test_gradcheck_fp64():
+    h, w, b, t = _problem(6, 8, 11, torch.float64, bias=True)
+    leaves = [x.requires_grad_(True) for x in (h, w, b)]
+    assert torch.autograd.gradcheck(lambda hh, ww, bb: linear_logp(hh, ww, t, bb, temperature=0.5), leaves)
+
+
+def test_empty_batch_keeps_autograd():
+    _, w, _, _ = _problem(1, 64, 1000, torch.float32)
+    h = torch.zeros(0, 64, requires_grad=True)
+    out = linear_logp(h, w, torch.zeros(0, dtype=torch.long))
+    assert out.shape == (0,)
+    out.sum().backward()
+    assert h.grad.shape == (0, 64)
+
+
+def test_bad_inputs_name_the_problem():
+    h, w, _, t = _problem(5, 64, 1000, torch.float32)
+    with pytest.raises(ValueError, match=r"targets out of range: min \d+, max 1000, but the vocabulary size is 1000"):
+        linear_logp(h, w, torch.tensor([1, 2, 3, 4, 1000]))
+    with pytest.raises(ValueError, match=r"targets shape \(4,\) must equal hidden's leading shape \(5,\)"):
+        linear_logp(h, w, t[:4])
+    with pytest.raises(TypeError, match="hidden must be a floating-point tensor"):
+        linear_logp(h.long(), w, t)
+    with pytest.raises(ValueError, match="hidden has last dim 63"):
+        linear_logp(h[:, :63], w, t)
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+        linear_logp(h, w, t, temperature=0.0)
+    with pytest.raises(TypeError, match="targets must be an integer tensor"):
+        linear_logp(h, w, t.float())
