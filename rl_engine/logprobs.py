@@ -1,0 +1,69 @@
+"""`token_logprobs(model, input_ids, ...)`: per-token logprobs of a causal LM, teacher-forced.
+
+Runs the decoder to its last hidden states and scores them with the fused,
+chunked `linear_logp` op for the model's own device: logits for all tokens are
+never materialised. Position t scores token t+1 given tokens <= t.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl_engine.kernels import get_op
+from rl_engine.patching import lm_head_parameters
+
+IGNORE_INDEX = -100
+
+
+def positions_from_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Each token's position in its own sequence (left or right padding); 0 on padding."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
+
+
+def scored_targets(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """(B, T-1) targets: token t+1, or IGNORE_INDEX where t or t+1 is padding."""
+    targets = input_ids[:, 1:].clone()
+    if attention_mask is not None:
+        live = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
+        targets[~live] = IGNORE_INDEX
+    return targets
+
+
+def final_hidden_states(model, input_ids, attention_mask=None, **forward_kwargs) -> torch.Tensor:
+    """(B, T, H) output of the decoder's final norm, with per-sequence positions."""
+    if attention_mask is not None and "position_ids" not in forward_kwargs:
+        forward_kwargs["position_ids"] = positions_from_attention_mask(attention_mask)
+    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **forward_kwargs)
+    return out.last_hidden_state
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """fp32 (B, T-1): log p(token t+1 | tokens <= t) under softmax(logits / temperature).
+
+    Entries whose context or target token is padding are 0.
+    """
+    _check_inputs(input_ids, attention_mask)
+    hidden = final_hidden_states(model, input_ids, attention_mask)  # (B, T, H)
+    weight, bias = lm_head_parameters(model)
+    linear_logp = get_op("linear_logp", device=hidden.device)
+    targets = scored_targets(input_ids, attention_mask)  # (B, T-1)
+    return linear_logp(
+        hidden[:, :-1], weight, targets, bias, temperature=temperature, ignore_index=IGNORE_INDEX
+    )
+
+
+def _check_inputs(input_ids, attention_mask):
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[1] < 2:
+        raise ValueError(f"input_ids needs at least 2 tokens per row to score one, got {input_ids.shape[1]}")
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
+        )
