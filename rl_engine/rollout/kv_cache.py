@@ -1,0 +1,84 @@
+"""Slot KV cache of the rollout engine, in the aligned layout the attention hook expects.
+
+Each running sequence owns a slot; in a slot, cache row j holds the key/value of
+sequence position j ("aligned layout"). Before every forward the engine binds
+the batch: which slot each batch row uses and the position of each of its
+query tokens. The attention hook (`rl_engine.patching.attention`) then calls,
+once per layer,
+
+    cache.update(layer_idx, key, value) -> (keys, values, q_positions)
+
+which writes the new keys/values at their positions and returns the batch's
+keys/values (B, Hkv, L, D) with slot j = position j, plus q_positions (B, Tq)
+(negative = padding query). Rows past a sequence's length hold stale but
+finite values (zeros, or an earlier sequence's keys): the causal attention
+never reads them, and the invariant op requires only that they are finite.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotKVCache:
+    """Per-layer (slots, Hkv, capacity, D) key and value buffers, allocated at first use."""
+
+    def __init__(self, num_slots: int, capacity: int, device: torch.device):
+        if num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {num_slots}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.num_slots, self.capacity, self.device = num_slots, capacity, torch.device(device)
+        self._keys: dict[int, torch.Tensor] = {}
+        self._values: dict[int, torch.Tensor] = {}
+        self._bound = False
+
+    def bind(self, slots: torch.Tensor, q_positions: torch.Tensor) -> None:
+        """Set the batch of the next forward: slots (B,) int64, q_positions (B, Tq) int64, -1 = padding."""
+        if slots.dim() != 1 or q_positions.dim() != 2 or q_positions.shape[0] != slots.shape[0]:
+            raise ValueError(
+                f"slots must be (B,) and q_positions (B, Tq), got {tuple(slots.shape)} and {tuple(q_positions.shape)}"
+            )
+        max_pos = int(q_positions.max())
+        if max_pos >= self.capacity:
+            raise ValueError(
+                f"q_positions reach {max_pos}, but the cache holds {self.capacity} positions"
+            )
+        self._slots, self._q_positions = slots, q_positions
+        self._kv_len = max_pos + 1  # keys any query of this batch may read
+        rows, cols = (q_positions >= 0).nonzero(as_tuple=True)  # (N,) tokens to write
+        self._write = (rows, cols, slots[rows], q_positions[rows, cols])
+        first = int(slots[0])
+        expected = torch.arange(first, first + slots.shape[0], device=slots.device)
+        self._slot_range = (first, first + slots.shape[0]) if torch.equal(slots, expected) else None
+        self._bound = True
+
+    def unbind(self) -> None:
+        self._bound = False
+
+    def update(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor):
+        """Store key/value (B, Hkv, Tq, D); return (keys, values) (B, Hkv, L, D) and q_positions (B, Tq)."""
+        if not self._bound:
+            raise RuntimeError(
+                "SlotKVCache.update called outside a bound forward (call bind() first)"
+            )
+        k_buf, v_buf = self._buffers(layer_idx, key)
+        rows, cols, w_slots, w_pos = self._write
+        k_buf[w_slots, :, w_pos] = key[rows, :, cols]  # (N, Hkv, D)
+        v_buf[w_slots, :, w_pos] = value[rows, :, cols]
+        return self._gather(k_buf), self._gather(v_buf), self._q_positions
+
+    def _gather(self, buf: torch.Tensor) -> torch.Tensor:
+        buf = buf[:, :, : self._kv_len]  # (S, Hkv, L, D) view
+        if self._slot_range is not None:
+            return buf[self._slot_range[0] : self._slot_range[1]]  # a view: no copy
+        return buf.index_select(0, self._slots)
+
+    def _buffers(self, layer_idx: int, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer_idx not in self._keys:
+            _, heads, _, head_dim = key.shape
+            shape = (self.num_slots, heads, self.capacity, head_dim)
+            # zeros, not empty(): unwritten rows must be finite for the attention op
+            self._keys[layer_idx] = torch.zeros(shape, dtype=key.dtype, device=self.device)
+            self._values[layer_idx] = torch.zeros(shape, dtype=key.dtype, device=self.device)
+        return self._keys[layer_idx], self._values[layer_idx]

@@ -1,0 +1,150 @@
+"""Sampling parameters and the per-row token draw of the rollout engine.
+
+What a recorded logprob means
+-----------------------------
+`Completion.logprobs[i]` is log softmax(logits / T)[token_i] over the FULL
+vocabulary (T = the sampling temperature; T = 1 for greedy decoding). `top_k`
+and `top_p` only restrict which tokens may be *drawn*; they never renormalise
+the recorded logprob. That is the quantity the trainer recomputes with
+`linear_logp(..., temperature=T)`, so the two can be compared bit for bit.
+
+Reproducibility
+---------------
+Every request (prompt index p, sample index s) owns a `torch.Generator` seeded
+from (seed, p, s), and a token is drawn from that request's row alone with ops
+on a 1-D tensor. The draw therefore depends neither on the other rows of the
+batch nor on the batch size: same prompt, same index, same seed -> same
+completion.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample completions; one instance applies to every prompt of a `generate` call.
+
+    temperature 0 means greedy decoding (argmax of the T = 1 logprobs; top_k / top_p and
+    the generator are unused); its logprobs are recorded at T = 1.
+    eos_token_id None means: do not stop on an EOS token (only on `stop_token_ids`).
+    """
+
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    n: int = 1
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if (
+            isinstance(self.top_p, bool)
+            or not isinstance(self.top_p, (int, float))
+            or not 0 < self.top_p <= 1
+        ):
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 = no top-k), got {self.top_k!r}")
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
+        if not _is_int(self.seed):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+        self._check_stop_tokens()
+        if self.eos_token_id is not None and (
+            not _is_int(self.eos_token_id) or self.eos_token_id < 0
+        ):
+            raise ValueError(f"eos_token_id must be None or an int >= 0, got {self.eos_token_id!r}")
+
+    def _check_stop_tokens(self) -> None:
+        try:
+            stop = tuple(self.stop_token_ids)
+        except TypeError:
+            raise ValueError(
+                f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}"
+            ) from None
+        bad = [t for t in stop if not _is_int(t) or t < 0]
+        if bad:
+            raise ValueError(f"stop_token_ids must hold ints >= 0, got {bad[0]!r}")
+        object.__setattr__(self, "stop_token_ids", stop)  # lists become tuples: stays hashable
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The T of softmax(logits / T) that recorded logprobs refer to (1.0 for greedy)."""
+        return 1.0 if self.greedy else float(self.temperature)
+
+    def stops_on(self, token: int) -> bool:
+        return token == self.eos_token_id or token in self.stop_token_ids
+
+
+def request_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """A 63-bit seed that mixes (seed, prompt index, sample index); stable across runs and platforms."""
+    digest = hashlib.blake2b(
+        f"{seed}/{prompt_index}/{sample_index}".encode(), digest_size=8
+    ).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def request_generator(seed: int, prompt_index: int, sample_index: int) -> torch.Generator:
+    """The CPU generator owned by one request (draws are tiny; they stay on the CPU)."""
+    return torch.Generator(device="cpu").manual_seed(request_seed(seed, prompt_index, sample_index))
+
+
+def candidates(
+    logp: torch.Tensor, top_k: int, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Restrict one row to the drawable tokens: (their logprobs (C,), their ids (C,) or None = all).
+
+    logp: (V,) fp32 logprobs of one row. top_k keeps the k most likely tokens;
+    top_p then keeps the smallest prefix (by descending probability) whose
+    mass reaches top_p (the token that crosses the threshold is kept).
+    """
+    ids = None
+    if top_k and top_k < logp.shape[0]:
+        logp, ids = torch.topk(logp, top_k)  # sorted descending
+    if top_p < 1.0:
+        if ids is None:
+            logp, ids = torch.sort(logp, descending=True)
+        mass = logp.double().exp().cumsum(0)  # (C,)
+        keep = int(torch.searchsorted(mass, torch.tensor(top_p, dtype=torch.float64))) + 1
+        logp, ids = logp[:keep], ids[:keep]
+    return logp, ids
+
+
+def draw(logp: torch.Tensor, generator: torch.Generator) -> int:
+    """Inverse-CDF draw of one index from unnormalised logprobs (C,), with one uniform of `generator`."""
+    weights = (logp.double() - logp.max().double()).exp()  # (C,), max weight 1
+    cdf = weights.cumsum(0)
+    u = torch.rand((), generator=generator, dtype=torch.float64)
+    index = int(torch.searchsorted(cdf, u * cdf[-1], right=True))
+    return min(index, cdf.shape[0] - 1)
+
+
+def sample_token(logp: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """One token id from one row of logprobs (V,) (already at the sampling temperature)."""
+    if params.greedy:
+        return int(torch.argmax(logp))
+    cand_logp, cand_ids = candidates(logp, params.top_k, params.top_p)
+    index = draw(cand_logp, generator)
+    return index if cand_ids is None else int(cand_ids[index])

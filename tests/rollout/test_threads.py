@@ -1,0 +1,58 @@
+"""Parity across processes and intra-op thread counts: generate with 1 thread, recompute with 2."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.invariance import run_with_threads
+
+GENERATE = """
+import torch
+from rl_engine.models import load_model
+from rl_engine.patching import apply_batch_invariant
+from rl_engine.rollout import RolloutEngine, SamplingParams
+from tests.rollout.helpers import random_prompts, stop_ids
+
+result = {}
+for dtype in (torch.float32, torch.bfloat16):
+    model, _ = load_model("tiny-mistral", dtype=dtype)
+    apply_batch_invariant(model)
+    vocab = model.config.vocab_size
+    engine = RolloutEngine(model, device="cpu", max_batch_size=2, progress=False)
+    sampling = SamplingParams(max_new_tokens=16, temperature=0.7, seed=5, stop_token_ids=stop_ids(vocab, 60))
+    completions = engine.generate(random_prompts(vocab, (6, 13, 2, 9), seed=4), sampling)
+    result[str(dtype)] = [(c.prompt_ids, c.token_ids, c.logprobs) for c in completions]
+"""
+
+RECOMPUTE = """
+import torch
+from rl_engine.models import load_model
+from rl_engine.patching import apply_batch_invariant
+from rl_engine.logprobs import token_logprobs
+from tests.rollout.helpers import pad_batch
+
+generated = {generated!r}
+result = {{}}
+for dtype in (torch.float32, torch.bfloat16):
+    model, _ = load_model("tiny-mistral", dtype=dtype)
+    apply_batch_invariant(model)
+    seqs = [p + t for p, t, _ in generated[str(dtype)]]
+    ids, mask, offsets = pad_batch(seqs, "right")
+    with torch.no_grad():
+        lp = token_logprobs(model, ids, mask, temperature=0.7)
+    result[str(dtype)] = [
+        lp[row, len(p) - 1 : len(p) + len(t) - 1] for row, (p, t, _) in enumerate(generated[str(dtype)])
+    ]
+"""
+
+
+@pytest.mark.multiprocess
+def test_generate_with_one_thread_recompute_with_two():
+    generated = run_with_threads(GENERATE, threads=1)
+    plain = {k: [(p, t, None) for p, t, _ in v] for k, v in generated.items()}
+    recomputed = run_with_threads(RECOMPUTE.format(generated=plain), threads=2)
+    for dtype, rows in generated.items():
+        for (_, tokens, logprobs), ref in zip(rows, recomputed[dtype], strict=True):
+            assert len(tokens) == logprobs.numel()
+            assert torch.equal(logprobs, ref), f"{dtype}: 1-thread rollout != 2-thread recompute"
