@@ -1,0 +1,254 @@
+"""Typed run configuration: one dataclass per component, loaded from YAML or a dict.
+
+Every field is checked in `__post_init__`; an invalid value raises a ValueError
+that names the field with its section (`trainer.micro_batch_size must be >= 1,
+got 0`). Unknown keys are rejected, listed with their section.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl_engine.algorithms import AGGREGATIONS
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+PARITY_MODES = ("strict", "report", "off")
+ALGORITHMS = ("grpo", "ppo")
+
+
+def _fail(name: str, requirement: str, value: Any) -> None:
+    raise ValueError(f"{name} must be {requirement}, got {value!r}")
+
+
+def _int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        _fail(name, f"an int >= {minimum}", value)
+
+
+def _number(name: str, value: Any, *, low: float, high: float = math.inf, low_open: bool = False) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not ok or value > high or value < low or (low_open and value == low):
+        bound = f"> {low}" if low_open else f">= {low}"
+        _fail(name, f"a finite number {bound}" + ("" if high == math.inf else f" and <= {high}"), value)
+
+
+def _choice(name: str, value: Any, options: tuple) -> None:
+    if not any(value is o or (type(value) is type(o) and value == o) for o in options):
+        _fail(name, "true or false" if options == (True, False) else f"one of {list(options)}", value)
+
+
+def _text(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        _fail(name, "a non-empty string", value)
+
+
+@dataclass(kw_only=True, slots=True)
+class RolloutConfig:
+    """Rollout engines and sampling."""
+
+    num_engines: int = 1
+    """Number of rollout engines (Ray actors)."""
+    max_batch_size: int = 8
+    """Most sequences one engine decodes at once."""
+    prompts_per_step: int = 4
+    """Prompts sampled per training step."""
+    samples_per_prompt: int = 4
+    """Completions per prompt: the GRPO group size."""
+    max_new_tokens: int = 16
+    """Most tokens sampled per completion."""
+    temperature: float = 1.0
+    """Sampling temperature; the trainer scores tokens at the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    task: str = "count"
+    """Name of the prompt/reward task; the job driver resolves it."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_engines", "max_batch_size", "prompts_per_step", "samples_per_prompt", "max_new_tokens"):
+            _int(f"rollout.{name}", getattr(self, name), 1)
+        _number("rollout.temperature", self.temperature, low=0.0, low_open=True)
+        _number("rollout.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        _int("rollout.top_k", self.top_k, 0)
+        _text("rollout.task", self.task)
+
+
+def _default_deepspeed() -> dict:
+    return {"zero_optimization": {"stage": 0}, "steps_per_print": 1_000_000}
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainerConfig:
+    """DeepSpeed training ranks and the optimizer."""
+
+    num_ranks: int = 1
+    """Data-parallel DeepSpeed ranks (WORLD_SIZE)."""
+    micro_batch_size: int = 4
+    """Sequences per forward/backward on one rank (train_micro_batch_size_per_gpu)."""
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (DeepSpeed gradient_clipping; 0 = off)."""
+    deepspeed: dict | str = field(default_factory=_default_deepspeed)
+    """DeepSpeed config: a dict or a path to a JSON file (default: ZeRO-0 built in code)."""
+    zero_stage: int | None = None
+    """Overrides deepspeed.zero_optimization.stage when set (0-3)."""
+
+    def __post_init__(self) -> None:
+        _int("trainer.num_ranks", self.num_ranks, 1)
+        _int("trainer.micro_batch_size", self.micro_batch_size, 1)
+        _number("trainer.lr", self.lr, low=0.0, low_open=True)
+        _number("trainer.weight_decay", self.weight_decay, low=0.0)
+        _number("trainer.grad_clip", self.grad_clip, low=0.0)
+        if not isinstance(self.deepspeed, (dict, str)) or self.deepspeed == "":
+            _fail("trainer.deepspeed", "a dict or a path to a JSON file", self.deepspeed)
+        if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
+            _fail("trainer.zero_stage", "null or one of 0, 1, 2, 3", self.zero_stage)
+
+
+@dataclass(kw_only=True, slots=True)
+class AlgorithmConfig:
+    """Policy-gradient loss."""
+
+    name: str = "grpo"
+    """'grpo' or 'ppo' (both: clipped surrogate on the batch's advantages)."""
+    clip_eps: float = 0.2
+    """Lower clip range of the ratio: clip(r, 1 - clip_eps, ...)."""
+    clip_eps_high: float | None = None
+    """Upper clip range (default: clip_eps; larger for DAPO clip-higher)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL to a frozen reference policy (0 = no reference model)."""
+    loss_aggregation: str = "token-mean"
+    """'token-mean', 'seq-mean-token-mean' or 'seq-mean-token-sum'."""
+    tis_cap: float | None = None
+    """Truncated importance-sampling cap for runs with invariance off (None = no TIS)."""
+    normalize_std: bool = True
+    """Divide group-centred rewards by the group std (False = Dr. GRPO)."""
+
+    def __post_init__(self) -> None:
+        _choice("algorithm.name", self.name, ALGORITHMS)
+        _number("algorithm.clip_eps", self.clip_eps, low=0.0, high=0.999999)
+        if self.clip_eps_high is not None:
+            _number("algorithm.clip_eps_high", self.clip_eps_high, low=0.0)
+        _number("algorithm.kl_coef", self.kl_coef, low=0.0)
+        _choice("algorithm.loss_aggregation", self.loss_aggregation, AGGREGATIONS)
+        if self.tis_cap is not None:
+            _number("algorithm.tis_cap", self.tis_cap, low=0.0, low_open=True)
+        _choice("algorithm.normalize_std", self.normalize_std, (True, False))
+
+
+_SECTIONS = {"rollout": RolloutConfig, "trainer": TrainerConfig, "algorithm": AlgorithmConfig}
+
+
+@dataclass(kw_only=True, slots=True)
+class RunConfig:
+    """One RL run: model, numerics, and the rollout / trainer / algorithm sections."""
+
+    model: str = "tiny-llama"
+    """`rl_engine.models.load_model` spec: tiny config name, smollm2-135m-instruct, or a path."""
+    dtype: str = "float32"
+    """'float32' or 'bfloat16': policy weights on both sides (DeepSpeed bf16 when bfloat16)."""
+    seed: int = 0
+    """Seed of the tiny models' weights and of sampling."""
+    batch_invariant: bool = True
+    """THE flag: patch rollout and trainer with batch-invariant kernels (bitwise parity)."""
+    parity: str = "strict"
+    """'strict' (mismatch raises ParityError), 'report' (log only) or 'off'."""
+    output_dir: str = "runs/default"
+    """Where metrics, plots and checkpoints go."""
+    steps: int = 10
+    """Training steps of the job."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Rollout section."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Trainer section."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """Algorithm section."""
+
+    def __post_init__(self) -> None:
+        _text("model", self.model)
+        _choice("dtype", self.dtype, tuple(DTYPES))
+        _int("seed", self.seed, 0)
+        _choice("batch_invariant", self.batch_invariant, (True, False))
+        _choice("parity", self.parity, PARITY_MODES)
+        _text("output_dir", self.output_dir)
+        _int("steps", self.steps, 1)
+        for name, cls in _SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                _fail(name, f"a {cls.__name__}", getattr(self, name))
+        if self.parity == "strict" and not self.batch_invariant:
+            raise ValueError("parity 'strict' needs batch_invariant: true (use parity 'report' or 'off')")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """`dtype` as a torch.dtype."""
+        return DTYPES[self.dtype]
+
+    @property
+    def sequences_per_step(self) -> int:
+        """Completions trained on per step, over all ranks."""
+        return self.rollout.prompts_per_step * self.rollout.samples_per_prompt
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per rank per step: sequences_per_step / (micro_batch_size x num_ranks).
+
+        Raises ValueError when that does not divide evenly (checked by the trainer, not here:
+        diagnostics use micro_batch_size alone).
+        """
+        per_step, per_pass = self.sequences_per_step, self.trainer.micro_batch_size * self.trainer.num_ranks
+        if per_step % per_pass != 0:
+            raise ValueError(
+                f"rollout.prompts_per_step x rollout.samples_per_prompt = {per_step} sequences per step must be "
+                f"a multiple of trainer.micro_batch_size x trainer.num_ranks = "
+                f"{self.trainer.micro_batch_size} x {self.trainer.num_ranks} for training"
+            )
+        return per_step // per_pass
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunConfig:
+        """Build from a plain dict (as read from YAML); unknown keys raise, listed with their section."""
+        if not isinstance(data, dict):
+            _fail("config", "a mapping", data)
+        for name in _SECTIONS:
+            if not isinstance(data.get(name, {}), dict):
+                _fail(name, "a mapping", data[name])
+        unknown = _unknown_keys(cls, data, "")
+        for name, section_cls in _SECTIONS.items():
+            unknown += _unknown_keys(section_cls, data.get(name, {}), f"{name}.")
+        if unknown:
+            raise ValueError(f"unknown config keys: {', '.join(unknown)}")
+        top = {k: v for k, v in data.items() if k not in _SECTIONS}
+        sections = {name: cls_(**data.get(name, {})) for name, cls_ in _SECTIONS.items()}
+        return cls(**top, **sections)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> RunConfig:
+        """Read a YAML file (an empty file gives the defaults)."""
+        import yaml
+
+        with open(path, encoding="utf-8") as handle:
+            data = yaml.safe_load(handle)
+        return cls.from_dict({} if data is None else data)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_yaml(self, path: str | Path) -> None:
+        import yaml
+
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
+
+
+def _unknown_keys(cls, data: dict, prefix: str) -> list[str]:
+    """'section.key (valid: ...)' for every key of `data` that `cls` has no field for."""
+    known = sorted(f.name for f in fields(cls))
+    return [f"{prefix}{key} (valid: {', '.join(known)})" for key in data if key not in known]

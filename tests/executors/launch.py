@@ -1,0 +1,72 @@
+"""Start N real DeepSpeed ranks as subprocesses of `ds_runner.py` and collect their result files."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+RUNNER = Path(__file__).with_name("ds_runner.py")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_env(rank: int, world: int, port: int) -> dict:
+    return {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+
+
+def run_ranks(spec: dict, world: int, out_dir: Path, timeout: float = 300) -> tuple[list[dict], str | None]:
+    """Run `world` ranks on `spec`; return (each rank's {cell: result}, the first error text or None).
+
+    As soon as one rank fails the others are killed (they may wait in a collective forever).
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = out_dir / "spec.json"
+    spec_path.write_text(json.dumps({**spec, "world": world, "out_dir": str(out_dir)}))
+    port = free_port()
+    logs = [open(out_dir / f"rank{rank}.log", "w") for rank in range(world)]  # noqa: SIM115 - closed below
+    procs = [subprocess.Popen([sys.executable, str(RUNNER), str(spec_path)], env=rank_env(rank, world, port),
+                              stdout=log, stderr=subprocess.STDOUT) for rank, log in enumerate(logs)]
+    try:
+        error = _wait(procs, out_dir, timeout)
+    finally:
+        for proc, log in zip(procs, logs):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+    return [_load(out_dir / f"rank{rank}.pt") for rank in range(world)], error
+
+
+def _wait(procs, out_dir: Path, timeout: float) -> str | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        codes = [proc.poll() for proc in procs]
+        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            return _error_text(out_dir, failed[0], codes[failed[0]])
+        if all(code == 0 for code in codes):
+            return None
+        time.sleep(0.2)
+    return f"ranks did not finish within {timeout:.0f} s; see {out_dir}/rank*.log"
+
+
+def _error_text(out_dir: Path, rank: int, code: int) -> str:
+    error = out_dir / f"rank{rank}.error"
+    detail = error.read_text() if error.is_file() else (out_dir / f"rank{rank}.log").read_text()[-4000:]
+    return f"rank {rank} failed (exit {code}):\n{detail}"
+
+
+def _load(path: Path) -> dict:
+    return torch.load(path, weights_only=False) if path.is_file() else {}

@@ -1,0 +1,129 @@
+"""TrainBatch: layout of completions, sharding, micro-batches, and validation errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_engine.executors.batch import TrainBatch
+from rl_engine.rollout import Completion
+
+
+def completion(prompt, tokens, logprobs=None, index=0):
+    logprobs = torch.linspace(-1.0, -2.0, len(tokens)) if logprobs is None else torch.as_tensor(logprobs)
+    return Completion(prompt_ids=list(prompt), token_ids=list(tokens), logprobs=logprobs.float(),
+                      finish_reason="length", weight_version=0, prompt_index=index, sample_index=0)
+
+
+def two_groups():
+    comps = [completion([5, 6, 7], [10, 11]), completion([5, 6, 7], [12, 13, 14, 15]),
+             completion([8], [20]), completion([8], [21, 22, 23])]
+    return comps, [1.0, 0.0, 0.5, 2.0]
+
+
+def test_layout_is_right_padded_and_aligned():
+    comps, rewards = two_groups()
+    batch = TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0)
+    assert batch.input_ids.shape == (4, 7) and batch.response_mask.shape == (4, 6)
+    assert batch.input_ids[0].tolist() == [5, 6, 7, 10, 11, 0, 0]
+    assert batch.attention_mask[0].tolist() == [1, 1, 1, 1, 1, 0, 0]
+    # position t scores token t+1: the completion of row 0 is scored at positions 2 and 3
+    assert batch.response_mask[0].tolist() == [False, False, True, True, False, False]
+    assert torch.equal(batch.rollout_logprobs[0, 2:4], comps[0].logprobs)
+    assert batch.response_mask[2].tolist() == [True, False, False, False, False, False]
+    assert batch.num_tokens == 2 + 4 + 1 + 3
+    assert batch.rollout_logprobs[~batch.response_mask].abs().sum() == 0
+    # GRPO advantages within each group of 2: +/- the same magnitude
+    assert batch.advantages[0] > 0 > batch.advantages[1] and batch.advantages[3] > 0 > batch.advantages[2]
+    assert batch.rewards.tolist() == rewards
+
+
+def test_shard_and_micro_batches():
+    comps, rewards = two_groups()
+    batch = TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0)
+    shard = batch.shard(1, 2)
+    assert torch.equal(shard.input_ids, batch.input_ids[2:]) and torch.equal(shard.advantages, batch.advantages[2:])
+    micro = batch.micro_batches(3)
+    assert [m.num_sequences for m in micro] == [3, 1]
+    assert torch.equal(torch.cat([m.rollout_logprobs for m in micro]), batch.rollout_logprobs)
+    with pytest.raises(ValueError, match="cannot be split evenly over 3 ranks"):
+        batch.shard(0, 3)
+    with pytest.raises(ValueError, match="rank must be in"):
+        batch.shard(2, 2)
+    with pytest.raises(ValueError, match="micro-batch size must be >= 1"):
+        batch.micro_batches(0)
+
+
+def test_validate_names_out_of_vocabulary_tokens():
+    comps, rewards = two_groups()
+    comps[3] = completion([8], [21, 1000, 23])
+    batch = TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0)
+    with pytest.raises(ValueError, match=r"sequence 3: token ids span \[8, 1000\] but the vocabulary has 1000"):
+        batch.validate(1000)
+    with pytest.raises(ValueError, match="sequence 3"):
+        TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0, vocab_size=1000)
+    comps[3] = completion([8], [-1, 3, 4])
+    with pytest.raises(ValueError, match=r"sequence 3: token ids span \[-1, 8\]"):
+        TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0, vocab_size=1000)
+
+
+def test_empty_completion():
+    comps, rewards = two_groups()
+    comps[1] = completion([5, 6, 7], [])
+    with pytest.raises(ValueError, match="sequence 1 is an empty completion"):
+        TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0)
+
+
+def test_empty_prompt():
+    comps, rewards = two_groups()
+    comps[2] = completion([], [3, 4])
+    with pytest.raises(ValueError, match="sequence 2 has an empty prompt"):
+        TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0)
+
+
+def test_logprob_count_must_match_tokens():
+    comps, rewards = two_groups()
+    comps[2] = completion([8], [20, 21], logprobs=[-1.0])
+    with pytest.raises(ValueError, match="sequence 2: 2 token_ids but 1 logprobs"):
+        TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0)
+
+
+def test_non_finite_rollout_logprobs():
+    comps, rewards = two_groups()
+    comps[0] = completion([5], [6, 7], logprobs=[-1.0, float("-inf")])
+    with pytest.raises(ValueError, match="sequence 0: rollout logprobs must be finite"):
+        TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0)
+
+
+def test_rewards_count_mismatch():
+    comps, rewards = two_groups()
+    with pytest.raises(ValueError, match="got 3 rewards for 4 completions"):
+        TrainBatch.from_completions(comps, rewards[:3], group_size=2, pad_token_id=0)
+
+
+def test_no_completions_and_bad_group_size():
+    with pytest.raises(ValueError, match="no completions"):
+        TrainBatch.from_completions([], [], group_size=2, pad_token_id=0)
+    comps, rewards = two_groups()
+    with pytest.raises(ValueError, match="not a multiple of group_size=3"):
+        TrainBatch.from_completions(comps, rewards, group_size=3, pad_token_id=0)
+
+
+def test_all_masked_batch():
+    comps, rewards = two_groups()
+    batch = TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0)
+    batch.response_mask[:] = False
+    with pytest.raises(ValueError, match="response_mask selects no tokens"):
+        batch.validate(1000)
+
+
+def test_shapes_and_mask_consistency_are_checked():
+    comps, rewards = two_groups()
+    batch = TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0)
+    with pytest.raises(ValueError, match=r"TrainBatch.advantages must have shape \(4,\)"):
+        TrainBatch(batch.input_ids, batch.attention_mask, batch.response_mask, batch.rollout_logprobs,
+                   batch.advantages[:3], batch.rewards)
+    mask = batch.response_mask.clone()
+    mask[0, 5] = True  # scores padding
+    with pytest.raises(ValueError, match=r"response_mask\[0, 5\] is set but token 5 or 6 of sequence 0 is padding"):
+        TrainBatch(batch.input_ids, batch.attention_mask, mask, batch.rollout_logprobs, batch.advantages, batch.rewards)

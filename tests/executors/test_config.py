@@ -1,0 +1,132 @@
+"""RunConfig: defaults, YAML round trip, unknown keys, and one ValueError per invalid field."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+
+from rl_engine.config import AlgorithmConfig, RolloutConfig, RunConfig, TrainerConfig
+
+
+def test_defaults():
+    c = RunConfig()
+    assert (c.model, c.dtype, c.batch_invariant, c.parity) == ("tiny-llama", "float32", True, "strict")
+    assert c.torch_dtype is torch.float32
+    assert (c.rollout.samples_per_prompt, c.rollout.task, c.rollout.top_k) == (4, "count", 0)
+    assert c.trainer.deepspeed == {"zero_optimization": {"stage": 0}, "steps_per_print": 1_000_000}
+    assert c.trainer.zero_stage is None and c.algorithm.name == "grpo" and c.algorithm.tis_cap is None
+    assert c.sequences_per_step == 16 and c.gradient_accumulation_steps == 4
+    assert RunConfig(dtype="bfloat16").torch_dtype is torch.bfloat16
+
+
+def test_sections_do_not_share_mutable_defaults():
+    a, b = RunConfig(), RunConfig()
+    a.trainer.deepspeed["zero_optimization"]["stage"] = 2
+    assert b.trainer.deepspeed["zero_optimization"]["stage"] == 0
+
+
+def test_yaml_round_trip(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "model: tiny-qwen3\ndtype: bfloat16\nparity: report\nbatch_invariant: false\n"
+        "rollout: {samples_per_prompt: 2, temperature: 0.7}\n"
+        "trainer: {num_ranks: 2, micro_batch_size: 2, zero_stage: 3, deepspeed: configs/deepspeed/zero3.json}\n"
+        "algorithm: {name: ppo, kl_coef: 0.1, tis_cap: 2.0, loss_aggregation: seq-mean-token-mean}\n"
+    )
+    config = RunConfig.from_yaml(path)
+    assert config.rollout.temperature == 0.7 and config.trainer.zero_stage == 3 and config.algorithm.tis_cap == 2.0
+    config.to_yaml(tmp_path / "again.yaml")
+    assert RunConfig.from_yaml(tmp_path / "again.yaml") == config
+    assert RunConfig.from_dict(dataclasses.asdict(config)) == config
+
+
+def test_empty_yaml_gives_defaults(tmp_path):
+    (tmp_path / "empty.yaml").write_text("")
+    assert RunConfig.from_yaml(tmp_path / "empty.yaml") == RunConfig()
+
+
+def test_unknown_keys_are_listed_with_their_section():
+    with pytest.raises(ValueError) as err:
+        RunConfig.from_dict({"modle": "x", "trainer": {"lr": 1e-4, "micro_batch": 2}, "rollout": {"topk": 3}})
+    message = str(err.value)
+    assert "modle" in message and "trainer.micro_batch" in message and "rollout.topk" in message
+    assert "micro_batch_size" in message  # the valid keys are listed
+
+
+def test_section_must_be_a_mapping():
+    with pytest.raises(ValueError, match="trainer must be a mapping"):
+        RunConfig.from_dict({"trainer": [1, 2]})
+
+
+INVALID = [
+    ({"dtype": "float16"}, "dtype"),
+    ({"model": ""}, "model"),
+    ({"seed": -1}, "seed"),
+    ({"batch_invariant": "yes"}, "batch_invariant"),
+    ({"parity": "loose"}, "parity"),
+    ({"output_dir": ""}, "output_dir"),
+    ({"steps": 0}, "steps"),
+    ({"rollout": {"num_engines": 0}}, "rollout.num_engines"),
+    ({"rollout": {"max_batch_size": 0}}, "rollout.max_batch_size"),
+    ({"rollout": {"prompts_per_step": 0}}, "rollout.prompts_per_step"),
+    ({"rollout": {"samples_per_prompt": 0}}, "rollout.samples_per_prompt"),
+    ({"rollout": {"max_new_tokens": 0}}, "rollout.max_new_tokens"),
+    ({"rollout": {"temperature": 0.0}}, "rollout.temperature"),
+    ({"rollout": {"top_p": 1.5}}, "rollout.top_p"),
+    ({"rollout": {"top_k": -1}}, "rollout.top_k"),
+    ({"rollout": {"task": ""}}, "rollout.task"),
+    ({"trainer": {"num_ranks": 0}}, "trainer.num_ranks"),
+    ({"trainer": {"micro_batch_size": 0}}, "trainer.micro_batch_size"),
+    ({"trainer": {"lr": 0}}, "trainer.lr"),
+    ({"trainer": {"weight_decay": -0.1}}, "trainer.weight_decay"),
+    ({"trainer": {"grad_clip": float("nan")}}, "trainer.grad_clip"),
+    ({"trainer": {"deepspeed": 3}}, "trainer.deepspeed"),
+    ({"trainer": {"zero_stage": 4}}, "trainer.zero_stage"),
+    ({"algorithm": {"name": "reinforce"}}, "algorithm.name"),
+    ({"algorithm": {"clip_eps": 1.0}}, "algorithm.clip_eps"),
+    ({"algorithm": {"clip_eps_high": -0.1}}, "algorithm.clip_eps_high"),
+    ({"algorithm": {"kl_coef": -1}}, "algorithm.kl_coef"),
+    ({"algorithm": {"loss_aggregation": "sum"}}, "algorithm.loss_aggregation"),
+    ({"algorithm": {"tis_cap": 0}}, "algorithm.tis_cap"),
+    ({"algorithm": {"normalize_std": 1}}, "algorithm.normalize_std"),
+]
+
+
+@pytest.mark.parametrize(("data", "field"), INVALID, ids=[f for _, f in INVALID])
+def test_each_invalid_field_names_itself(data, field):
+    with pytest.raises(ValueError, match="^" + re.escape(f"{field} must be")):
+        RunConfig.from_dict(data)
+
+
+def test_error_message_shows_the_value():
+    with pytest.raises(ValueError, match=r"trainer\.micro_batch_size must be an int >= 1, got 0"):
+        TrainerConfig(micro_batch_size=0)
+
+
+def test_strict_parity_needs_invariance():
+    with pytest.raises(ValueError, match="parity 'strict' needs batch_invariant"):
+        RunConfig(batch_invariant=False)
+    assert RunConfig(batch_invariant=False, parity="report").parity == "report"
+
+
+def test_batch_must_split_into_micro_batches_over_ranks_for_training():
+    config = RunConfig(rollout=RolloutConfig(prompts_per_step=3, samples_per_prompt=2), trainer=TrainerConfig(micro_batch_size=4))
+    with pytest.raises(ValueError, match="multiple of trainer.micro_batch_size x trainer.num_ranks"):
+        config.gradient_accumulation_steps  # noqa: B018 - the property raises
+
+
+def test_repository_configs_load():
+    from pathlib import Path
+
+    for path in sorted(Path(__file__).resolve().parents[2].glob("configs/*.yaml")):
+        RunConfig.from_yaml(path)
+
+
+def test_sections_are_keyword_only_and_typed():
+    with pytest.raises(TypeError):
+        AlgorithmConfig("grpo")  # kw_only
+    with pytest.raises(ValueError, match="rollout must be a RolloutConfig"):
+        RunConfig(rollout={"max_new_tokens": 4})
