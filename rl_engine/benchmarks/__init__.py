@@ -1,0 +1,1 @@
+"""Benchmarks: invariant ops vs. the plain-torch path, measured in the same run."""

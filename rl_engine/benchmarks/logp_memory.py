@@ -1,0 +1,46 @@
+"""Peak extra memory of per-token logprobs: fused `linear_logp` vs. materialised logits.
+
+Run as `python -m rl_engine.benchmarks.logp_memory {fused|materialise} N H V DTYPE`;
+prints {"peak_extra": bytes}: this process's max RSS after the op minus its RSS
+just before, with the inputs allocated without temporaries (so the earlier
+high-water mark is the current RSS). One case per fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from rl_engine.benchmarks.timing import current_rss_bytes, max_rss_bytes
+from rl_engine.kernels import get_op
+
+
+def materialised_logprobs(hidden, weight, targets, temperature=1.0):
+    """The plain path: full (N, V) logits, log_softmax, gather."""
+    logits = torch.nn.functional.linear(hidden, weight).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+
+
+def main(case: str, n: int, hidden_size: int, vocab: int, dtype: str) -> None:
+    torch.manual_seed(0)
+    dt = getattr(torch, dtype)
+    hidden = torch.randn(n, hidden_size, dtype=dt)
+    weight = torch.randn(vocab, hidden_size, dtype=dt).mul_(hidden_size**-0.5)
+    targets = torch.randint(0, vocab, (n,))
+    fused = get_op("linear_logp", "cpu")
+    before = current_rss_bytes()
+    if case == "fused":
+        fused(hidden, weight, targets)
+    elif case == "materialise":
+        materialised_logprobs(hidden, weight, targets)
+    else:
+        raise ValueError(f"case must be 'fused' or 'materialise', got {case!r}")
+    print(json.dumps({"peak_extra": max_rss_bytes() - before}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])

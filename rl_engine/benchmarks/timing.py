@@ -1,0 +1,54 @@
+"""Timing and peak-memory helpers shared by the benchmarks."""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+
+def median_seconds(fn: Callable[[], object], *, reps: int = 5, warmup: int = 1) -> float:
+    """Median wall time of `fn()` over `reps` runs after `warmup` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def interleaved_ratio(ours: Callable, plain: Callable, *, reps: int = 5) -> tuple[float, float]:
+    """(t_ours, t_plain): medians of alternating runs, so machine noise hits both alike."""
+    ours(), plain()
+    t_ours, t_plain = [], []
+    for _ in range(reps):
+        for fn, sink in ((ours, t_ours), (plain, t_plain)):
+            start = time.perf_counter()
+            fn()
+            sink.append(time.perf_counter() - start)
+    return statistics.median(t_ours), statistics.median(t_plain)
+
+
+def current_rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def max_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def peak_extra_memory(module: str, case: str, *args: str) -> int:
+    """Run `python -m <module> <case> ...` in a fresh process; it prints {"peak_extra": bytes}."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, case, *args], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory probe {case} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_extra"]

@@ -1,0 +1,195 @@
+"""The RL job: Ray starts N DeepSpeed ranks and M rollout engines and runs GRPO steps.
+
+One step:  prompts -> engines generate (recording logprobs) -> task rewards ->
+TrainBatch (group-normalised advantages) -> every rank trains on its shard and
+checks its logprobs against the rollout's, bit for bit -> rank 0 exports the
+new weights -> engines load them (weight_version = step + 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import ray
+
+from rl_engine.config import RunConfig
+from rl_engine.io import write_json_atomic, write_text_atomic
+
+log = logging.getLogger("rl_engine.job")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@ray.remote
+class RolloutActor:
+    """One rollout engine in its own process."""
+
+    def __init__(self, config: RunConfig):
+        from rl_engine.models import load_model
+        from rl_engine.patching import apply_batch_invariant
+        from rl_engine.rollout import RolloutEngine
+
+        model, self.tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+        if config.batch_invariant:
+            apply_batch_invariant(model)
+        self.vocab_size = model.config.vocab_size
+        self.eos_token_id = model.config.eos_token_id
+        self.engine = RolloutEngine(model, device="cpu", max_batch_size=config.rollout.max_batch_size)
+
+    def model_info(self) -> dict:
+        return {"vocab_size": self.vocab_size, "eos_token_id": self.eos_token_id, "tokenizer": self.tokenizer}
+
+    def generate(self, prompts, sampling):
+        return self.engine.generate(prompts, sampling)
+
+    def load_weights(self, state_dict, version: int) -> None:
+        self.engine.load_weights(state_dict, version)
+
+
+@ray.remote
+class TrainerActor:
+    """One DeepSpeed rank."""
+
+    def __init__(self, config: RunConfig, rank: int, world_size: int, master_port: int):
+        os.environ.update(
+            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port),
+        )
+        from rl_engine.executors.deepspeed_trainer import DeepSpeedTrainingWorker
+
+        self.rank = rank
+        self.worker = DeepSpeedTrainingWorker(config, device="cpu")
+
+    def train_step(self, batch) -> dict:
+        return self.worker.train_step(batch)
+
+    def export_weights(self):
+        return self.worker.export_weights()
+
+    def save_checkpoint(self, path: str) -> None:
+        self.worker.save_checkpoint(path)
+
+
+def _sampling(config: RunConfig, step: int, eos_token_id):
+    from rl_engine.rollout import SamplingParams
+
+    r = config.rollout
+    return SamplingParams(
+        max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+        n=r.samples_per_prompt, seed=config.seed * 100_003 + step,
+        eos_token_id=eos_token_id if isinstance(eos_token_id, int) else None,
+    )
+
+
+def _generate(engines, prompts, sampling):
+    """Spread prompts over the engines; return completions in prompt order with global indices."""
+    shards = [list(range(i, len(prompts), len(engines))) for i in range(len(engines))]
+    futures = [e.generate.remote([prompts[j] for j in idx], sampling) for e, idx in zip(engines, shards)]
+    completions = []
+    for idx, result in zip(shards, ray.get(futures)):
+        for c in result:
+            c.prompt_index = idx[c.prompt_index]
+            completions.append(c)
+    completions.sort(key=lambda c: (c.prompt_index, c.sample_index))
+    return completions
+
+
+def _summary_line(step, m):
+    return (
+        f"step {step:>3} | reward {m['reward_mean']:.3f} | parity exact {m['parity/exact_match_fraction']:.4f} "
+        f"(max |dlogp| {m['parity/max_abs_diff']:.2e}, {m['parity/num_tokens']} tok) | loss {m['loss']:+.4f} "
+        f"| kl {m['kl']:.2e} | {m['step_seconds']:.1f}s"
+    )
+
+
+def run_job(config: RunConfig) -> list[dict]:
+    """Run `config.steps` GRPO steps; write metrics.jsonl, summary.json and plots to output_dir."""
+    from rl_engine.executors.batch import TrainBatch
+    from rl_engine.tasks import make_task
+
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        ray.init(
+            num_cpus=config.trainer.num_ranks + config.rollout.num_engines,
+            include_dashboard=False, log_to_driver=True,
+            runtime_env={"env_vars": {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}},
+        )
+    try:
+        engines = [RolloutActor.options(num_cpus=1).remote(config) for _ in range(config.rollout.num_engines)]
+        port = _free_port()
+        trainers = [
+            TrainerActor.options(num_cpus=1).remote(config, rank, config.trainer.num_ranks, port)
+            for rank in range(config.trainer.num_ranks)
+        ]
+        info = ray.get(engines[0].model_info.remote())
+        task = make_task(config.rollout.task, vocab_size=info["vocab_size"], tokenizer=info["tokenizer"], seed=config.seed)
+        pad_id = info["eos_token_id"] if isinstance(info["eos_token_id"], int) else 0
+        history = []
+        log.info("job: %d trainer rank(s), %d rollout engine(s), batch_invariant=%s, %d steps",
+                 len(trainers), len(engines), config.batch_invariant, config.steps)
+        for step in range(config.steps):
+            started = time.perf_counter()
+            prompts = task.prompts(config.rollout.prompts_per_step, step)
+            completions = _generate(engines, prompts, _sampling(config, step, info["eos_token_id"]))
+            rewards = task.rewards([c.prompt_index for c in completions], [c.token_ids for c in completions], step)
+            batch = TrainBatch.from_completions(
+                completions, rewards, group_size=config.rollout.samples_per_prompt, pad_token_id=pad_id,
+                normalize_std=config.algorithm.normalize_std,
+            )
+            world = len(trainers)
+            metrics = ray.get([t.train_step.remote(batch.shard(r, world)) for r, t in enumerate(trainers)])[0]
+            state = ray.get(trainers[0].export_weights.remote())
+            ray.get([e.load_weights.remote(state, step + 1) for e in engines])
+            metrics = {**metrics, "step": step, "reward_mean": sum(rewards) / len(rewards),
+                       "step_seconds": time.perf_counter() - started}
+            history.append(metrics)
+            log.info(_summary_line(step, metrics))
+            write_text_atomic(out / "metrics.jsonl", "".join(_jsonl(m) for m in history))
+        ray.get([t.save_checkpoint.remote(str(out / "checkpoint")) for t in trainers])
+        write_json_atomic(out / "summary.json", {"config": asdict(config), "steps": history})
+        _plot(history, out / "training.png")
+        return history
+    finally:
+        if started_ray:
+            ray.shutdown()
+
+
+def _jsonl(m: dict) -> str:
+    import json
+
+    return json.dumps(m, sort_keys=True, default=float) + "\n"
+
+
+def _plot(history: list[dict], path: Path) -> None:
+    """Reward and parity per step (a picture of the run); skipped without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib not installed: no training.png (pip install matplotlib)")
+        return
+    steps = [m["step"] for m in history]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    ax1.plot(steps, [m["reward_mean"] for m in history], marker="o")
+    ax1.set(title="mean reward", xlabel="step")
+    ax2.plot(steps, [m["parity/exact_match_fraction"] for m in history], marker="o", label="exact-match fraction")
+    ax2.set(title="trainer == rollout (bitwise)", xlabel="step", ylim=(-0.05, 1.05))
+    ax2.legend(loc="lower right")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
