@@ -49,7 +49,7 @@ def cmd_bench(args) -> int:
     elif args.what == "rollout":
         from rl_engine.benchmarks.rollout import main
 
-        main(quick=args.quick)
+        main(["--dtype", "bfloat16", "--batch", "8", "--repeats", "1"] if args.quick else [])
     elif args.what == "train":
         from rl_engine.benchmarks.train_step import main
 

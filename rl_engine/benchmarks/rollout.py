@@ -1,0 +1,166 @@
+"""Decode throughput of the rollout engine vs Hugging Face `generate` (SmolLM2-135M-Instruct).
+
+For each dtype and batch size it measures, in the same process:
+  (a) RolloutEngine on the patched model (invariance on),
+  (b) RolloutEngine on the unpatched model (invariance off),
+  (c) HF `generate` on the unpatched model (sampling, T = 1, no top-k/top-p),
+and prints a markdown table of decode tokens/s and the ratios (a)/(c), (b)/(c).
+
+Decode rate = batch * (N - 1) / (t(N new tokens) - t(1 new token)): the prefill
+and the first token are subtracted out. Every run generates exactly N tokens
+(no EOS stop). Best of `--repeats` interleaved runs. On a shared machine use
+`--threads 1`: oversubscribed OpenMP threads make every variant 5-10x slower.
+
+    rl-engine bench rollout     (or: python scripts/bench_rollout.py --new-tokens 32 --batch 1 8 32)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import time
+from functools import partial
+
+import torch
+
+from rl_engine.models import SMOLLM2_NAME, load_model
+from rl_engine.patching import apply_batch_invariant
+from rl_engine.rollout import RolloutEngine, SamplingParams
+
+QUESTIONS = [
+    "What is 7 plus 5?",
+    "Name a primary colour.",
+    "What is the capital of France?",
+    "Count from one to five.",
+    "What is 12 times 3?",
+    "Say hello in Spanish.",
+    "What colour is the sky?",
+    "How many legs does a spider have?",
+]
+
+
+def encode_prompts(tokenizer, batch: int) -> list[list[int]]:
+    """`batch` chat-formatted prompts (token-id lists), cycling through QUESTIONS."""
+    prompts = []
+    for i in range(batch):
+        messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompts.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return prompts
+
+
+def time_engine(model, prompts, new_tokens: int) -> float:
+    engine = RolloutEngine(model, device="cpu", max_batch_size=len(prompts), progress=False)
+    sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=0)
+    start = time.perf_counter()
+    engine.generate(prompts, sampling)
+    return time.perf_counter() - start
+
+
+def time_hf(model, tokenizer, prompts, new_tokens: int) -> float:
+    pad = tokenizer.pad_token_id
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad,
+        )
+    return time.perf_counter() - start
+
+
+def decode_rates(runs: dict, batch: int, new_tokens: int, repeats: int) -> dict[str, float]:
+    """Decode tokens/s of every run: batch * (N - 1) / (t(N) - t(1)), best times of `repeats`.
+
+    The runs are interleaved (a, b, c, a, b, c, ...) so that noise from other
+    processes on the machine hits them alike.
+    """
+    best_one = dict.fromkeys(runs, float("inf"))
+    best_all = dict.fromkeys(runs, float("inf"))
+    for run in runs.values():
+        run(2)  # warm-up
+    for _ in range(repeats):
+        for name, run in runs.items():
+            best_one[name] = min(best_one[name], run(1))
+            best_all[name] = min(best_all[name], run(new_tokens))
+    return {
+        name: batch * (new_tokens - 1) / max(best_all[name] - best_one[name], 1e-9) for name in runs
+    }
+
+
+def bench_dtype(dtype: torch.dtype, batches, new_tokens: int, repeats: int) -> list[dict]:
+    model, tokenizer = load_model(SMOLLM2_NAME, dtype=dtype)
+    patched = copy.deepcopy(model)
+    apply_batch_invariant(patched)
+    rows = []
+    for batch in batches:
+        prompts = encode_prompts(tokenizer, batch)
+        runs = {
+            "hf": partial(time_hf, model, tokenizer, prompts),
+            "off": partial(time_engine, model, prompts),
+            "on": partial(time_engine, patched, prompts),
+        }
+        rates = decode_rates(runs, batch, new_tokens, repeats)
+        rows.append({"dtype": str(dtype).removeprefix("torch."), "batch": batch, **rates})
+        print(
+            f"  {rows[-1]['dtype']} batch {batch}: on {rates['on']:.1f}  off {rates['off']:.1f}  "
+            f"hf {rates['hf']:.1f} tokens/s",
+            flush=True,
+        )
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = [
+        "| dtype | batch | (a) engine, invariant tok/s | (b) engine, off tok/s | (c) HF generate tok/s | (a)/(c) | (b)/(c) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['dtype']} | {r['batch']} | {r['on']:.1f} | {r['off']:.1f} | {r['hf']:.1f} "
+            f"| {r['on'] / r['hf']:.2f}x | {r['off'] / r['hf']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument(
+        "--dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"]
+    )
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
+    )
+    args = parser.parse_args(argv)
+    if args.new_tokens < 2:
+        raise ValueError(f"--new-tokens must be >= 2, got {args.new_tokens}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.WARNING)
+    print(
+        f"SmolLM2-135M-Instruct, {args.new_tokens} new tokens, {torch.get_num_threads()} threads",
+        flush=True,
+    )
+    rows = []
+    for name in args.dtype:
+        rows += bench_dtype(getattr(torch, name), args.batch, args.new_tokens, args.repeats)
+    print()
+    print(markdown_table(rows))
+
+
+if __name__ == "__main__":
+    main()
