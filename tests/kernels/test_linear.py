@@ -138,3 +138,19 @@ def test_bad_inputs_name_the_problem():
         linear(torch.randn(2, 96, dtype=torch.bfloat16), w)
     with pytest.raises(ValueError, match="bias must have shape"):
         linear(torch.randn(2, 96), w, torch.zeros(3))
+
+
+def test_amx_machines_use_narrow_16bit_slices_and_stay_invariant(monkeypatch):
+    """On AMX CPUs bf16 reductions are cut into 256-column slices (FACTS.md); force that path here."""
+    import importlib
+
+    gemm = importlib.import_module("rl_engine.kernels.native._gemm")
+    monkeypatch.setattr(gemm, "_cpu_has_amx", lambda: True)
+    assert gemm.k_slice_for(torch.bfloat16) == gemm.K_SLICE_16BIT_AMX
+    assert gemm.k_slice_for(torch.float32) == gemm.K_SLICE
+    pool, w, b = _weights(1100, 300, torch.bfloat16)
+    alone = linear(pool[3:4], w, b)[0]
+    for batch, row in probe_batches(pool[3], pool, [1, 5, 64, 300]):
+        assert torch.equal(linear(batch, w, b)[row], alone)
+    ref = pool.double() @ w.double().t() + b.double()
+    torch.testing.assert_close(linear(pool, w, b).double(), ref, atol=3e-2 * ref.abs().max().item(), rtol=0)
