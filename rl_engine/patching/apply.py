@@ -24,14 +24,8 @@ from rl_engine.patching.families import Family, family_for
 _HANDLE_ATTR = "_rl_engine_patch"
 
 
-class InvariantLMHead(nn.Module):
+class InvariantLMHead(InvariantLinear):
     """Vocabulary projection returning fp32 logits; shares the original weight (tied or not)."""
-
-    def __init__(self, base: nn.Linear):
-        super().__init__()
-        self.in_features, self.out_features = base.in_features, base.out_features
-        self.weight = base.weight
-        self.bias = base.bias
 
     def forward(self, hidden):
         return lm_head(hidden, self.weight, self.bias)

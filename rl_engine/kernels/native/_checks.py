@@ -36,6 +36,18 @@ def check_same_dtype(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor)
         raise TypeError(f"{name_a} is {a.dtype} but {name_b} is {b.dtype}; cast one of them")
 
 
+def check_projection(name: str, x: torch.Tensor, weight: torch.Tensor, bias) -> None:
+    """x (..., K) against weight (N, K) and an optional bias (N,)."""
+    check_floating(name, x)
+    check_floating("weight", weight)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
+    check_last_dim(name, x, weight.shape[1], "weight's in_features")
+    check_same_dtype(name, x, "weight", weight)
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+
+
 def check_index_range(name: str, idx: torch.Tensor, size: int, what: str, *, ignore=None) -> None:
     """Integer ids must lie in [0, size), except entries equal to `ignore`."""
     if idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):

@@ -73,7 +73,7 @@ def _check_positions(name: str, pos: torch.Tensor, shape: tuple[int, int], devic
         raise ValueError(f"{name} is on {pos.device}, but q is on {device}")
 
 
-def _validate(q, k, v, q_positions, k_positions, scale) -> float:
+def _validate(q, k, v, q_positions, k_positions, scale, kv_index=None) -> float:
     """Raise ValueError naming the offending tensor; return the softmax scale."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -84,15 +84,21 @@ def _validate(q, k, v, q_positions, k_positions, scale) -> float:
             raise ValueError(f"{name} must be floating point (fp32/bf16/fp64), got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device}, but q is on {q.device}")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must share a dtype, got q={q.dtype}, k={k.dtype}, v={v.dtype}")
+    kv_dtypes = (q.dtype, _compute_dtype(q.dtype))  # bf16 -> fp32 keys are exact
+    if k.dtype != v.dtype or k.dtype not in kv_dtypes:
+        raise ValueError(
+            f"q, k, v must share a dtype (or k, v in the compute dtype {kv_dtypes[1]}), "
+            f"got q={q.dtype}, k={k.dtype}, v={v.dtype}"
+        )
     B, Hq, Tq, D = q.shape
     if k.shape != v.shape:
         raise ValueError(
             f"k and v must have the same shape, got k={list(k.shape)}, v={list(v.shape)}"
         )
     Bk, Hkv, Tk, Dk = k.shape
-    if Bk != B:
+    if kv_index is not None:
+        _check_kv_index(kv_index, B, Bk, k_positions, q.device)
+    elif Bk != B:
         raise ValueError(f"k has batch size {Bk}, but q has {B}")
     if Dk != D:
         raise ValueError(f"k has head dim D={Dk}, but q has D={D}")
@@ -106,6 +112,16 @@ def _validate(q, k, v, q_positions, k_positions, scale) -> float:
     if isinstance(scale, torch.Tensor):
         scale = scale.item()
     return float(scale)
+
+
+def _check_kv_index(kv_index, B: int, S: int, k_positions, device) -> None:
+    if not isinstance(kv_index, torch.Tensor) or kv_index.dim() != 1:
+        raise ValueError(f"kv_index must be a 1-D integer tensor of shape [{B}]")
+    _check_positions("kv_index", kv_index.view(-1, 1), (B, 1), device)
+    if k_positions is not None:
+        raise ValueError("kv_index needs the aligned layout (k_positions=None)")
+    if B and not (0 <= int(kv_index.min()) and int(kv_index.max()) < S):
+        raise ValueError(f"kv_index must lie in [0, {S}) (k's batch size)")
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -141,13 +157,17 @@ def _plan_tiles(q_positions: torch.Tensor):
     return qb, qcol, p % BLOCK_Q, inv, tile_b, tile_t
 
 
-def _key_blocks(x, k_positions, nblk: int, seq_len: torch.Tensor, cdt) -> torch.Tensor:
+def _key_blocks(
+    x, k_positions, nblk: int, seq_len: torch.Tensor, cdt, *, heads_first: bool = False
+) -> torch.Tensor:
     """Keys or values by position, cut in blocks: (B * nblk, Hkv, BLOCK_K, D) in cdt.
 
     Block i of sequence b is row b * nblk + i and holds positions
     [i * BLOCK_K, (i + 1) * BLOCK_K). Positions >= seq_len[b] (past the last
     query of b: never visible) are zeroed, so that garbage there, even inf or
-    nan, cannot leak through a 0 weight.
+    nan, cannot leak through a 0 weight. heads_first (aligned layout only):
+    (B * Hkv * nblk, BLOCK_K, D) instead, block i of (b, h) at (b * Hkv + h) * nblk + i,
+    the layout of the decode path.
     """
     B, Hkv, Tk, D = x.shape
     L = nblk * BLOCK_K
@@ -158,8 +178,12 @@ def _key_blocks(x, k_positions, nblk: int, seq_len: torch.Tensor, cdt) -> torch.
         p = kp[sb, slot]
         buf[sb, p // BLOCK_K, :, p % BLOCK_K] = x.transpose(1, 2)[sb, slot].to(cdt)  # (N, Hkv, D)
         return buf.view(B * nblk, Hkv, BLOCK_K, D)
-    buf = torch.empty((B, nblk, Hkv, BLOCK_K, D), dtype=cdt, device=x.device)
-    dst = buf.permute(0, 2, 1, 3, 4)  # (B, Hkv, nblk, BK, D) view of buf
+    if heads_first:
+        buf = torch.empty((B, Hkv, nblk, BLOCK_K, D), dtype=cdt, device=x.device)
+        dst = buf
+    else:
+        buf = torch.empty((B, nblk, Hkv, BLOCK_K, D), dtype=cdt, device=x.device)
+        dst = buf.permute(0, 2, 1, 3, 4)  # (B, Hkv, nblk, BK, D) view of buf
     full = min(Tk // BLOCK_K, nblk)  # blocks wholly inside x
     dst[:, :, :full] = x[:, :, : full * BLOCK_K].view(B, Hkv, full, BLOCK_K, D)
     if full < nblk:  # partial last block
@@ -167,8 +191,10 @@ def _key_blocks(x, k_positions, nblk: int, seq_len: torch.Tensor, cdt) -> torch.
         dst[:, :, full:].zero_()
         dst[:, :, full, :rest] = x[:, :, full * BLOCK_K : full * BLOCK_K + rest]
     if bool((seq_len < min(Tk, L)).any()):
-        pos = torch.arange(L, device=x.device).view(1, nblk, 1, BLOCK_K, 1)
-        buf.masked_fill_(pos >= seq_len.view(B, 1, 1, 1, 1), 0.0)
+        pos = torch.arange(L, device=x.device).view(1, 1, nblk, BLOCK_K, 1)
+        dst.masked_fill_(pos >= seq_len.view(B, 1, 1, 1, 1), 0.0)
+    if heads_first:
+        return buf.view(B * Hkv * nblk, BLOCK_K, D)
     return buf.view(B * nblk, Hkv, BLOCK_K, D)
 
 
@@ -194,18 +220,18 @@ def _mask_table(G: int, device) -> torch.Tensor:
     return _MASKS[key]
 
 
-def _tree_sum_(x: torch.Tensor, n: int) -> torch.Tensor:
-    """Sum x[:, :n] over dim 1 by folding halves: x[:, i] += x[:, i + h], h = largest 2^k < n.
+def _tree_sum_(x: torch.Tensor, n: int, dim: int = 1) -> torch.Tensor:
+    """Sum the first n entries of x along dim by folding halves: x[i] += x[i + h], h = largest 2^k < n.
 
     The order of additions depends only on n, and zero entries appended after
     n leave the result bitwise unchanged, so tiles with different numbers of
-    key blocks can share one padded tensor. In place; returns x[:, 0].
+    key blocks can share one padded tensor. In place; returns entry 0.
     """
     while n > 1:
         h = 1 << ((n - 1).bit_length() - 1)
-        x[:, : n - h].add_(x[:, h:n])
+        x.narrow(dim, 0, n - h).add_(x.narrow(dim, h, n - h))
         n = h
-    return x[:, 0]
+    return x.select(dim, 0)
 
 
 # Score elements (cells * Hkv * G*BLOCK_Q * BLOCK_K) per batched step: keeps the
@@ -296,6 +322,114 @@ def _forward(q, k, v, q_positions, k_positions, scale):
     return out.view(B, Tq, Hq, D).transpose(1, 2).contiguous()  # (B, Hq, Tq, D)
 
 
+# ----------------------------------------------------------------------------- decode
+
+
+def _blocks_view(x: torch.Tensor, cdt) -> torch.Tensor | None:
+    """x (S, Hkv, Tk, D) as (S * Hkv * Tk/BLOCK_K, BLOCK_K, D) blocks without a copy, or None.
+
+    Block i of (row s, head h) is (s * Hkv + h) * nblk + i. Possible when x is
+    contiguous, in the compute dtype and Tk is a multiple of BLOCK_K (the
+    rollout cache is allocated so).
+    """
+    if x.dtype != cdt or not x.is_contiguous() or x.shape[2] % BLOCK_K != 0:
+        return None
+    return x.view(-1, BLOCK_K, x.shape[3])
+
+
+def _decode_cells(blocks, nblk: int, Hkv: int, rows: list[int], NB: int) -> torch.Tensor:
+    """Blocks 0..NB-1 of every kv head of the rows `rows`: (len(rows) * Hkv * NB, BLOCK_K, D).
+
+    blocks: (S * Hkv * nblk, BLOCK_K, D) as made by _blocks_view. A free slice
+    when the rows are consecutive and NB == nblk, else an index_select of just
+    the blocks needed.
+    """
+    n = len(rows)
+    if NB == nblk and rows == list(range(rows[0], rows[0] + n)):
+        return blocks[rows[0] * Hkv * nblk :][: n * Hkv * nblk]
+    dev = blocks.device
+    r = torch.tensor(rows, device=dev).view(n, 1, 1)
+    heads = torch.arange(Hkv, device=dev).view(1, Hkv, 1)
+    idx = (r * Hkv + heads) * nblk + torch.arange(NB, device=dev).view(1, 1, NB)
+    return blocks.index_select(0, idx.view(-1))
+
+
+def _decode_group(qg, pg, kc, vc, NB: int, scale: float, cdt) -> torch.Tensor:
+    """n decode queries against their first NB key blocks: (n, Hq, D) in cdt.
+
+    qg: (n, Hq, D); pg: (n,) positions; kc, vc: (n * Hkv * NB, BLOCK_K, D).
+    Each query sits in row p % BLOCK_Q of its own zero tile, exactly as in
+    _forward, and goes through the same fixed-shape GEMMs; only its G rows
+    (one per head of the group) go through mask, exp and the sums.
+    """
+    n, Hq, D = qg.shape
+    Hkv = kc.shape[0] // (n * NB)
+    G, GQ = Hq // Hkv, (Hq // Hkv) * BLOCK_Q
+    dev = qg.device
+    r = (pg % BLOCK_Q).view(n, 1)  # row of each query in its tiles
+    # tiles (n, Hkv, G, BQ, D) = (n * Hkv, GQ, D), zero but for row g * BQ + r of each head g
+    qt = torch.zeros((n * Hq * BLOCK_Q, D), dtype=cdt, device=dev)
+    qrows = (torch.arange(n * Hq, device=dev).view(n, Hq) * BLOCK_Q + r).view(-1)
+    qt.index_copy_(0, qrows, qg.reshape(n * Hq, D).to(cdt) * scale)
+    qt = qt.view(n * Hkv, 1, GQ, D).expand(n * Hkv, NB, GQ, D).reshape(-1, GQ, D)
+
+    s = torch.bmm(qt, kc.transpose(1, 2))  # (n*Hkv*NB, GQ, BK): scores of every cell
+    # the query rows of s, (n, Hkv, NB, G) of them
+    srows = (torch.arange(n * Hkv * NB * G, device=dev).view(n, -1) * BLOCK_Q + r).view(-1)
+    sq = s.view(-1, BLOCK_K).index_select(0, srows).view(n, Hkv, NB, G, BLOCK_K)
+    kpos = torch.arange(NB * BLOCK_K, device=dev).view(1, NB, BLOCK_K)
+    sq.masked_fill_((kpos > pg.view(n, 1, 1)).view(n, 1, NB, 1, BLOCK_K), float("-inf"))
+    m = sq.amax(-1).amax(2, keepdim=True).unsqueeze(-1)  # (n, Hkv, 1, G, 1)
+    sq.sub_(m).exp_()
+    rs = sq.sum(-1)  # (n, Hkv, NB, G)
+    # p @ v on the tile: the query rows of s now hold p; the others (zero queries) are ignored
+    s.view(-1, BLOCK_K).index_copy_(0, srows, sq.view(-1, BLOCK_K))
+    pv = torch.bmm(s, vc).view(-1, D).index_select(0, srows).view(n, Hkv, NB, G, D)
+    l_sum = _tree_sum_(rs, NB, 2)  # (n, Hkv, G)
+    acc = _tree_sum_(pv, NB, 2)  # (n, Hkv, G, D)
+    return torch.div(acc, l_sum.unsqueeze(-1)).view(n, Hq, D)
+
+
+def _decode_forward(q, k, v, q_positions, kv_index, scale):
+    """Forward when every query is alone (Tq == 1) and keys are aligned: (B, Hq, 1, D) in cdt.
+
+    The same arithmetic per row as _forward (see _decode_group), without tile
+    planning. kv_index (B,) or None: row b reads k[kv_index[b]], read in place
+    when _blocks_view allows it (the rollout cache); otherwise the keys are
+    copied to zero-padded blocks as in _forward.
+    """
+    B, Hq, _, D = q.shape
+    Hkv = k.shape[1]
+    cdt = _compute_dtype(q.dtype)
+    pos = q_positions[:, 0].long()  # (B,)
+    pos_l = pos.tolist()
+    nb = [p // BLOCK_K + 1 for p in pos_l]  # key blocks each query sees; 0 = padding
+    out = torch.zeros((B, Hq, D), dtype=cdt, device=q.device)
+    kblk = _blocks_view(k, cdt) if kv_index is not None else None
+    vblk = _blocks_view(v, cdt) if kblk is not None else None
+    if vblk is not None:
+        rows, nblk = kv_index.tolist(), k.shape[2] // BLOCK_K
+    else:
+        if kv_index is not None:
+            k, v = k.index_select(0, kv_index), v.index_select(0, kv_index)
+        rows, nblk = list(range(B)), max(nb)
+        kblk = _key_blocks(k, None, nblk, pos + 1, cdt, heads_first=True)
+        vblk = _key_blocks(v, None, nblk, pos + 1, cdt, heads_first=True)
+    order = sorted((b for b in range(B) if nb[b] > 0), key=lambda b: -nb[b])  # stable
+    for j0, j1 in _tile_groups([nb[b] for b in order], Hkv * Hq // Hkv * BLOCK_Q * BLOCK_K):
+        grp, NB = order[j0:j1], nb[order[j0]]
+        kc = _decode_cells(kblk, nblk, Hkv, [rows[b] for b in grp], NB)
+        vc = _decode_cells(vblk, nblk, Hkv, [rows[b] for b in grp], NB)
+        if grp == list(range(grp[0], grp[0] + len(grp))):  # consecutive: slices, no copies
+            sl = slice(grp[0], grp[0] + len(grp))
+            out[sl] = _decode_group(q[sl, :, 0], pos[sl], kc, vc, NB, scale, cdt)
+        else:
+            idx = torch.tensor(grp, device=q.device)
+            res = _decode_group(q[:, :, 0].index_select(0, idx), pos[idx], kc, vc, NB, scale, cdt)
+            out.index_copy_(0, idx, res)
+    return out.unsqueeze(2)
+
+
 # ----------------------------------------------------------------------------- backward
 
 # Query rows per backward chunk are chosen so that one chunk's score matrix
@@ -381,14 +515,27 @@ def _backward(grad_out, q, k, v, q_positions, k_positions, scale):
 # ----------------------------------------------------------------------------- autograd
 
 
+def _forward_any(q, k, v, q_positions, k_positions, scale, kv_index):
+    """Dispatch: decode path (Tq == 1, aligned keys) or the general tiled forward."""
+    if k_positions is None and q.shape[2] == 1:
+        if not bool((q_positions >= 0).any()):
+            return torch.zeros(q.shape, dtype=_compute_dtype(q.dtype), device=q.device)
+        return _decode_forward(q, k, v, q_positions, kv_index, scale)
+    if kv_index is not None:
+        k, v = k.index_select(0, kv_index), v.index_select(0, kv_index)
+    return _forward(q, k, v, q_positions, k_positions, scale)
+
+
 class _InvariantAttention(torch.autograd.Function):
+    """kv_index is always None here when gradients are needed (see attention)."""
+
     @staticmethod
-    def forward(ctx, q, k, v, q_positions, k_positions, scale):
+    def forward(ctx, q, k, v, q_positions, k_positions, scale, kv_index=None):
         ctx.save_for_backward(q, k, v, q_positions, k_positions)
         ctx.scale = scale
         if q.numel() == 0:
             return q.new_zeros(q.shape)
-        return _forward(q, k, v, q_positions, k_positions, scale).to(q.dtype)
+        return _forward_any(q, k, v, q_positions, k_positions, scale, kv_index).to(q.dtype)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -398,18 +545,24 @@ class _InvariantAttention(torch.autograd.Function):
             dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         else:
             dq, dk, dv = _backward(grad_out, q, k, v, q_positions, k_positions, ctx.scale)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
-def attention(q, k, v, *, q_positions, k_positions=None, scale=None) -> torch.Tensor:
+def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None) -> torch.Tensor:
     """Batch-invariant causal GQA attention; see the module docstring for the contract.
 
     q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D); q_positions: (B, Tq) int;
-    k_positions: (B, Tk) int or None (aligned KV-cache layout). Returns
-    (B, Hq, Tq, D) in q.dtype, exact zeros for padding queries.
+    k_positions: (B, Tk) int or None (aligned KV-cache layout); kv_index: (B,)
+    int or None: row b reads k[kv_index[b]], v[kv_index[b]] of (S, Hkv, Tk, D)
+    caches (aligned layout only). Returns (B, Hq, Tq, D) in q.dtype, exact
+    zeros for padding queries.
     """
-    scale = _validate(q, k, v, q_positions, k_positions, scale)
-    return _InvariantAttention.apply(q, k, v, q_positions, k_positions, scale)
+    scale = _validate(q, k, v, q_positions, k_positions, scale, kv_index)
+    if kv_index is not None and torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad
+    ):  # the backward works on per-row keys
+        k, v, kv_index = k.index_select(0, kv_index), v.index_select(0, kv_index), None
+    return _InvariantAttention.apply(q, k, v, q_positions, k_positions, scale, kv_index)
 
 
 # ----------------------------------------------------------------------------- benchmark

@@ -10,12 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.native._checks import (
-    at_least_fp32,
-    check_floating,
-    check_last_dim,
-    check_same_dtype,
-)
+from rl_engine.kernels.native._checks import at_least_fp32, check_projection
 from rl_engine.kernels.native._gemm import fixed_order_matmul
 
 
@@ -52,14 +47,7 @@ class _InvariantLinear(torch.autograd.Function):
 
 
 def _apply(x, weight, bias, out_dtype):
-    check_floating("x", x)
-    check_floating("weight", weight)
-    if weight.dim() != 2:
-        raise ValueError(f"weight must be 2-D (out_features, in_features), got {tuple(weight.shape)}")
-    check_last_dim("x", x, weight.shape[1], "weight's in_features")
-    check_same_dtype("x", x, "weight", weight)
-    if bias is not None and bias.shape != (weight.shape[0],):
-        raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    check_projection("x", x, weight, bias)
     lead = x.shape[:-1]
     x2d = x.reshape(-1, x.shape[-1])
     out = _InvariantLinear.apply(x2d, weight, bias, out_dtype)

@@ -12,13 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.native._checks import (
-    at_least_fp32,
-    check_floating,
-    check_index_range,
-    check_last_dim,
-    check_same_dtype,
-)
+from rl_engine.kernels.native._checks import at_least_fp32, check_index_range, check_projection
 from rl_engine.kernels.native._gemm import MIN_ROWS
 from rl_engine.kernels.native.linear import lm_head
 from rl_engine.kernels.native.log_softmax import check_temperature, log_softmax
@@ -103,12 +97,7 @@ class _LinearLogp(torch.autograd.Function):
 
 
 def _validate(hidden, weight, targets, bias, ignore_index):
-    check_floating("hidden", hidden)
-    check_floating("weight", weight)
-    if weight.dim() != 2:
-        raise ValueError(f"weight must be 2-D (vocab, hidden), got shape {tuple(weight.shape)}")
-    check_last_dim("hidden", hidden, weight.shape[1], "weight's hidden size")
-    check_same_dtype("hidden", hidden, "weight", weight)
+    check_projection("hidden", hidden, weight, bias)
     if not isinstance(targets, torch.Tensor):
         raise TypeError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
     if targets.shape != hidden.shape[:-1]:
@@ -117,8 +106,6 @@ def _validate(hidden, weight, targets, bias, ignore_index):
             f"{tuple(hidden.shape[:-1])} (hidden is {tuple(hidden.shape)})"
         )
     check_index_range("targets", targets, weight.shape[0], "the vocabulary size", ignore=ignore_index)
-    if bias is not None and bias.shape != (weight.shape[0],):
-        raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
 
 
 def linear_logp(
