@@ -8,7 +8,8 @@ from rl_engine.kernels import get_op
 from tests.invariance import assert_equal_across_threads, garbage_like, probe_batches
 
 DTYPES = [torch.float32, torch.bfloat16]
-BATCH_SIZES = [1, 2, 3, 8, 33, 128, 1000]
+BATCH_SIZES = [1, 2, 3, 8, 33, 128, 1000, 4096]
+MAX_BATCH_ELEMENTS = 50_000_000  # skip batch sizes whose (rows x width) would not fit comfortably
 
 
 def _rows(width, dtype, n=256, seed=0):
@@ -19,7 +20,8 @@ def _rows(width, dtype, n=256, seed=0):
 def _assert_row_invariant(fn, pool):
     probe = pool[5]
     alone = fn(probe[None])[0]
-    for batch, row in probe_batches(probe, pool, BATCH_SIZES):
+    sizes = [n for n in BATCH_SIZES if n * pool.shape[1] <= MAX_BATCH_ELEMENTS]
+    for batch, row in probe_batches(probe, pool, sizes):
         assert torch.equal(fn(batch)[row], alone), f"batch of {batch.shape[0]}, row {row}"
         noisy = garbage_like(batch)
         noisy[row] = probe
@@ -74,6 +76,22 @@ def test_embedding_rows_are_weight_rows_and_ids_are_checked():
     with pytest.raises(TypeError, match="integer"):
         embedding(torch.tensor([0.0]), w)
     assert embedding(torch.zeros(0, dtype=torch.long), w).shape == (0, 32)
+
+
+def test_embedding_backward_matches_reference_and_is_deterministic():
+    embedding = get_op("embedding", "cpu")
+    ids = torch.tensor([[3, 7, 3], [0, 7, 9]])
+    grads = []
+    for _ in range(2):
+        w = _rows(16, torch.float32, n=10).requires_grad_(True)
+        (embedding(ids, w) * torch.arange(96.0).reshape(2, 3, 16)).sum().backward()
+        grads.append(w.grad)
+    assert torch.equal(grads[0], grads[1])
+    expected = torch.zeros(10, 16)
+    weights = torch.arange(96.0).reshape(2, 3, 16)
+    for (b, t), token in zip([(b, t) for b in range(2) for t in range(3)], ids.reshape(-1).tolist()):
+        expected[token] += weights[b, t]
+    assert torch.equal(grads[0], expected)
 
 
 @pytest.mark.parametrize("op_name", ["rms_norm", "silu", "log_softmax"])
