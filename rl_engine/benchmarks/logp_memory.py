@@ -1,9 +1,9 @@
 """Peak extra memory of per-token logprobs: fused `linear_logp` vs. materialised logits.
 
 Run as `python -m rl_engine.benchmarks.logp_memory {fused|materialise} N H V DTYPE`;
-prints {"peak_extra": bytes}: this process's max RSS after the op minus its RSS
-just before, with the inputs allocated without temporaries (so the earlier
-high-water mark is the current RSS). One case per fresh process.
+prints {"peak_extra": bytes}: the peak RSS while the op runs (VmHWM, reset just
+before it) minus the RSS just before, inputs already allocated. One case per
+fresh process.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from rl_engine.benchmarks.timing import current_rss_bytes, max_rss_bytes
+from rl_engine.benchmarks.timing import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 from rl_engine.kernels import get_op
 
 
@@ -32,6 +32,7 @@ def main(case: str, n: int, hidden_size: int, vocab: int, dtype: str) -> None:
     weight = torch.randn(vocab, hidden_size, dtype=dt).mul_(hidden_size**-0.5)
     targets = torch.randint(0, vocab, (n,))
     fused = get_op("linear_logp", "cpu")
+    reset_peak_rss()
     before = current_rss_bytes()
     if case == "fused":
         fused(hidden, weight, targets)
@@ -39,7 +40,7 @@ def main(case: str, n: int, hidden_size: int, vocab: int, dtype: str) -> None:
         materialised_logprobs(hidden, weight, targets)
     else:
         raise ValueError(f"case must be 'fused' or 'materialise', got {case!r}")
-    print(json.dumps({"peak_extra": max_rss_bytes() - before}))
+    print(json.dumps({"peak_extra": peak_rss_bytes() - before}))
 
 
 if __name__ == "__main__":

@@ -40,12 +40,31 @@ def current_rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
-def max_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+def reset_peak_rss() -> None:
+    """Make the peak-RSS counter (VmHWM) restart from the current RSS (Linux >= 4.0).
+
+    `ru_maxrss` cannot be used: it survives fork + exec, so a child started by a
+    process holding gigabytes reports the parent's peak.
+    """
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_bytes() -> int:
+    """VmHWM: this address space's peak RSS since start or the last `reset_peak_rss`."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/self/status has no VmHWM line")
 
 
 def peak_extra_memory(module: str, case: str, *args: str) -> int:
-    """Run `python -m <module> <case> ...` in a fresh process; it prints {"peak_extra": bytes}."""
+    """Run `python -m <module> <case> ...` in a fresh process; it prints {"peak_extra": bytes}.
+
+    One case per process: freed memory that the allocator keeps would hide the
+    next case's peak.
+    """
     proc = subprocess.run(
         [sys.executable, "-m", module, case, *args], capture_output=True, text=True, check=False
     )

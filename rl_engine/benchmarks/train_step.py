@@ -52,11 +52,12 @@ def _worker(zero_stage: int, invariant: bool, dtype: str):
 
 
 def run_case(zero_stage: int, invariant: bool, dtype: str, steps: int) -> dict:
-    from rl_engine.benchmarks.timing import current_rss_bytes, max_rss_bytes
+    from rl_engine.benchmarks.timing import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 
     worker = _worker(zero_stage, invariant, dtype)
     batch = _batch(worker.vocab_size)
     batch.rollout_logprobs = worker.compute_logprobs(batch)  # ratio 1: a real, on-policy step
+    reset_peak_rss()
     before = current_rss_bytes()
     worker.train_step(batch)  # warm-up
     times = []
@@ -64,12 +65,12 @@ def run_case(zero_stage: int, invariant: bool, dtype: str, steps: int) -> dict:
         start = time.perf_counter()
         worker.train_step(batch)
         times.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(times), "peak_extra": max_rss_bytes() - before}
+    return {"seconds": statistics.median(times), "peak_extra": peak_rss_bytes() - before}
 
 
 def logp_memory_case(fused: bool, dtype: str) -> dict:
     """Peak extra memory of scoring 1024 tokens with forward + backward through the LM head only."""
-    from rl_engine.benchmarks.timing import current_rss_bytes, max_rss_bytes
+    from rl_engine.benchmarks.timing import current_rss_bytes, peak_rss_bytes, reset_peak_rss
     from rl_engine.kernels import get_op
     from rl_engine.models import load_model
 
@@ -77,6 +78,7 @@ def logp_memory_case(fused: bool, dtype: str) -> dict:
     weight = model.lm_head.weight
     hidden = torch.randn(SEQS * SEQ_LEN, weight.shape[1], dtype=weight.dtype, requires_grad=True)
     targets = torch.randint(0, weight.shape[0], (SEQS * SEQ_LEN,))
+    reset_peak_rss()
     before = current_rss_bytes()
     if fused:
         logp = get_op("linear_logp", "cpu")(hidden, weight, targets)
@@ -84,7 +86,7 @@ def logp_memory_case(fused: bool, dtype: str) -> dict:
         logits = torch.nn.functional.linear(hidden, weight).float()
         logp = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
     logp.sum().backward()
-    return {"peak_extra": max_rss_bytes() - before}
+    return {"peak_extra": peak_rss_bytes() - before}
 
 
 def _subprocess(*args: str) -> dict:

@@ -17,8 +17,10 @@ from rl_engine.kernels.native._gemm import MIN_ROWS
 from rl_engine.kernels.native.linear import lm_head
 from rl_engine.kernels.native.log_softmax import check_temperature, log_softmax
 
-# Logits held at once, in elements (fp32): 8M elements = 32 MiB per buffer.
-CHUNK_ELEMENTS = 8 * 1024 * 1024
+# Logits held at once, in elements: 4M = 16 MiB per fp32 buffer. Smaller chunks re-read
+# the whole LM-head weight more often (slower); larger ones keep more memory. 4M met
+# both targets at 4096 tokens x 49152 vocab (see docs/benchmarks.md).
+CHUNK_ELEMENTS = 4 * 1024 * 1024
 MAX_CHUNK_ROWS = 1024
 
 
