@@ -148,3 +148,13 @@ def test_platform_assumptions():
     sig_tail = torch.stack([torch.sigmoid(x[i : i + 1])[0] for i in range(x.numel())])
     if torch.equal(torch.sigmoid(x), sig_tail):
         pytest.skip("sigmoid is consistent on this CPU; the silu op is then merely defensive")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_no_grad_path_has_the_same_bits_as_the_autograd_path(dtype):
+    silu = get_op("silu", "cpu")
+    x = _rows(1537, dtype)
+    with torch.no_grad():
+        fast = silu(x)
+    tracked = silu(x.clone().requires_grad_(True))
+    assert torch.equal(fast, tracked.detach())

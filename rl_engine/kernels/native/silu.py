@@ -19,7 +19,11 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     """Elementwise SiLU in fp32, returned in x.dtype."""
     check_floating("x", x)
     x32 = x.to(at_least_fp32(x.dtype))
-    return (x32 / (1.0 + torch.exp(-x32))).to(x.dtype)
+    if torch.is_grad_enabled() and x.requires_grad:
+        return (x32 / (1.0 + torch.exp(-x32))).to(x.dtype)
+    # No autograd (rollout decode): one buffer, same ops, same bits.
+    denom = torch.neg(x32).exp_().add_(1.0)
+    return torch.div(x32, denom, out=denom).to(x.dtype)
 
 
 class InvariantSiLU(torch.nn.Module):
