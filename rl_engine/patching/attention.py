@@ -12,6 +12,10 @@ Two ways keys arrive:
   stores keys at slot == position and reports each query's position. Protocol:
   `cache.update(layer_idx, key, value) -> (keys, values, q_positions)` with keys
   and values (B, Hkv, L, D) in aligned layout and q_positions (B, Tq) int64.
+  A cache that also has `update_slots(layer_idx, key, value) -> (keys, values,
+  q_positions, slots)` (keys (S, Hkv, L, D) for all its slots, slots (B,) int64)
+  is used through that instead, and the op reads row b's keys at keys[slots[b]]
+  (its `kv_index`) without a gather.
 """
 
 from __future__ import annotations
@@ -56,7 +60,10 @@ def invariant_attention_forward(module, query, key, value, attention_mask, dropo
         )
     attend = get_op("attention", query.device)
     cache = kwargs.get(KV_CACHE_KWARG)
-    if cache is not None:
+    if cache is not None and hasattr(cache, "update_slots"):
+        key, value, q_pos, slots = cache.update_slots(module.layer_idx, key, value)
+        out = attend(query, key, value, q_positions=q_pos, scale=scaling, kv_index=slots)
+    elif cache is not None:
         key, value, q_pos = cache.update(module.layer_idx, key, value)
         out = attend(query, key, value, q_positions=q_pos, k_positions=None, scale=scaling)
     else:

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from rl_engine.kernels import get_op
+from rl_engine.kernels.native.attention import BLOCK_K
 from rl_engine.patching import ATTENTION_NAME, KV_CACHE_KWARG, is_patched, lm_head_parameters
 from rl_engine.patching.attention import PLAIN_CACHED_NAME, register_plain_cached_attention
 from rl_engine.rollout.kv_cache import SlotKVCache
@@ -205,7 +206,7 @@ class RolloutEngine:
         """Continuous batching: admit into free slots, prefill them, decode every running sequence."""
         capacity = max(len(s.prompt_ids) for s in seqs) + sampling.max_new_tokens
         num_slots = min(self.max_batch_size, len(seqs))
-        cache = SlotKVCache(num_slots, capacity, self.device)
+        cache = self._make_cache(num_slots, capacity)
         step = _Stepper(self, cache, sampling)
         waiting, running, free = deque(seqs), [], list(range(num_slots))
         stats = self.last_stats
@@ -229,6 +230,14 @@ class RolloutEngine:
             running = [s for s in running if not s.finished]
 
     # ------------------------------------------------------------------ helpers
+
+    def _make_cache(self, num_slots: int, capacity: int) -> SlotKVCache:
+        """Invariant: fp32 keys in whole key blocks, which the attention op reads in place."""
+        if not self.invariant:
+            return SlotKVCache(num_slots, capacity, self.device)
+        wide = next(self.model.parameters()).dtype == torch.float64
+        dtype = torch.float64 if wide else torch.float32  # the op's compute dtype
+        return SlotKVCache(num_slots, capacity, self.device, dtype=dtype, block=BLOCK_K)
 
     @contextmanager
     def _attention_mode(self):

@@ -13,6 +13,16 @@ keys/values (B, Hkv, L, D) with slot j = position j, plus q_positions (B, Tq)
 (negative = padding query). Rows past a sequence's length hold stale but
 finite values (zeros, or an earlier sequence's keys): the causal attention
 never reads them, and the invariant op requires only that they are finite.
+
+The invariant hook uses the cheaper variant
+
+    cache.update_slots(layer_idx, key, value) -> (keys, values, q_positions, slots)
+
+which returns the whole (num_slots, Hkv, capacity, D) buffers and each batch
+row's slot (B,), with no gather: the attention op reads them in place through
+its `kv_index` argument when they are contiguous, in its compute dtype (pass
+`dtype=torch.float32`) and `capacity` is a multiple of its key block (pass
+`block=BLOCK_K`; the capacity is rounded up).
 """
 
 from __future__ import annotations
@@ -23,12 +33,25 @@ import torch
 class SlotKVCache:
     """Per-layer (slots, Hkv, capacity, D) key and value buffers, allocated at first use."""
 
-    def __init__(self, num_slots: int, capacity: int, device: torch.device):
+    def __init__(
+        self,
+        num_slots: int,
+        capacity: int,
+        device: torch.device,
+        *,
+        dtype: torch.dtype | None = None,
+        block: int = 1,
+    ):
+        """dtype: storage dtype (None = the keys' own); capacity is rounded up to a multiple of block."""
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        capacity = -(-capacity // block) * block
         self.num_slots, self.capacity, self.device = num_slots, capacity, torch.device(device)
+        self.dtype = dtype
         self._keys: dict[int, torch.Tensor] = {}
         self._values: dict[int, torch.Tensor] = {}
         self._bound = False
@@ -58,15 +81,25 @@ class SlotKVCache:
 
     def update(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor):
         """Store key/value (B, Hkv, Tq, D); return (keys, values) (B, Hkv, L, D) and q_positions (B, Tq)."""
+        k_buf, v_buf = self._store(layer_idx, key, value)
+        return self._gather(k_buf), self._gather(v_buf), self._q_positions
+
+    def update_slots(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor):
+        """Store key/value (B, Hkv, Tq, D); return the whole buffers (S, Hkv, capacity, D),
+        q_positions (B, Tq) and the slot of every batch row (B,): no copy."""
+        k_buf, v_buf = self._store(layer_idx, key, value)
+        return k_buf, v_buf, self._q_positions, self._slots
+
+    def _store(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor):
         if not self._bound:
             raise RuntimeError(
                 "SlotKVCache.update called outside a bound forward (call bind() first)"
             )
         k_buf, v_buf = self._buffers(layer_idx, key)
         rows, cols, w_slots, w_pos = self._write
-        k_buf[w_slots, :, w_pos] = key[rows, :, cols]  # (N, Hkv, D)
-        v_buf[w_slots, :, w_pos] = value[rows, :, cols]
-        return self._gather(k_buf), self._gather(v_buf), self._q_positions
+        k_buf[w_slots, :, w_pos] = key[rows, :, cols].to(k_buf.dtype)  # (N, Hkv, D)
+        v_buf[w_slots, :, w_pos] = value[rows, :, cols].to(v_buf.dtype)
+        return k_buf, v_buf
 
     def _gather(self, buf: torch.Tensor) -> torch.Tensor:
         buf = buf[:, :, : self._kv_len]  # (S, Hkv, L, D) view
@@ -79,6 +112,7 @@ class SlotKVCache:
             _, heads, _, head_dim = key.shape
             shape = (self.num_slots, heads, self.capacity, head_dim)
             # zeros, not empty(): unwritten rows must be finite for the attention op
-            self._keys[layer_idx] = torch.zeros(shape, dtype=key.dtype, device=self.device)
-            self._values[layer_idx] = torch.zeros(shape, dtype=key.dtype, device=self.device)
+            dtype = key.dtype if self.dtype is None else self.dtype
+            self._keys[layer_idx] = torch.zeros(shape, dtype=dtype, device=self.device)
+            self._values[layer_idx] = torch.zeros(shape, dtype=dtype, device=self.device)
         return self._keys[layer_idx], self._values[layer_idx]

@@ -207,6 +207,44 @@ def test_chunked_prefill_equals_full_prefill(dtype):
             assert torch.equal(out[0], full[:, s:e]), f"chunk [{s}, {e}), shuffled key slots"
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_through_kv_index_equals_prefill(dtype):
+    """Decode rows reading a larger fp32 slot cache through kv_index (read in place).
+
+    Slots are shuffled and some unused, cache rows past each position hold
+    finite garbage, and positions cross block boundaries (groups of different
+    block counts); the same rows through a bf16 cache (copied path) too.
+    """
+    hq, hkv = 4, 2
+    lengths = [1, BLOCK_Q + 1, BLOCK_K, BLOCK_K + 2, 2 * BLOCK_K + 3]
+    seqs = _seqs(lengths, hq, hkv, 64, dtype, seed=5)
+    alone = [_alone(s) for s in seqs]
+    cap, slots = 3 * BLOCK_K, 7
+    g = torch.Generator().manual_seed(3)
+    for step in range(6):
+        pick = [(i, int(torch.randint(n, (1,), generator=g))) for i, n in enumerate(lengths)]
+        pick = pick[step % 2 :]
+        slot_of = torch.randperm(slots, generator=g)[: len(pick)]
+        for cache_dtype in (torch.float32, dtype):
+            kc = _garbage((slots, hkv, cap, 64), torch.float32, step).to(cache_dtype)
+            vc = _garbage((slots, hkv, cap, 64), torch.float32, step + 1).to(cache_dtype)
+            for (i, p), s in zip(pick, slot_of.tolist()):
+                kc[s, :, : p + 1], vc[s, :, : p + 1] = seqs[i][1][:, : p + 1], seqs[i][2][:, : p + 1]
+            q = torch.stack([seqs[i][0][:, p : p + 1] for i, p in pick])  # (B, Hq, 1, D)
+            pos = torch.tensor([[p] for _, p in pick])
+            out = attention(q, kc, vc, q_positions=pos, kv_index=slot_of)
+            for b, (i, p) in enumerate(pick):
+                assert torch.equal(out[b, :, 0], alone[i][:, p]), f"length {lengths[i]} position {p}"
+    # consecutive slots, every block read in place
+    kc = torch.zeros((2, hkv, BLOCK_K, 64))
+    vc = torch.zeros((2, hkv, BLOCK_K, 64))
+    for s, i in enumerate((2, 3)):
+        kc[s], vc[s] = (t[:, :BLOCK_K].float() for t in seqs[i][1:])
+    q = torch.stack([seqs[i][0][:, p : p + 1] for i, p in ((2, 16), (3, 127))])
+    out = attention(q, kc, vc, q_positions=torch.tensor([[16], [127]]), kv_index=torch.arange(2))
+    assert torch.equal(out[0, :, 0], alone[2][:, 16]) and torch.equal(out[1, :, 0], alone[3][:, 127])
+
+
 def test_non_finite_garbage_is_ignored():
     """Beyond the contract (finite garbage): inf / nan in padding and past a cache's end."""
     seqs = _seqs([5, 70], 4, 2, 16, torch.float32)
@@ -353,6 +391,9 @@ def _ok(**over):
         (dict(v=torch.randn(2, 2, 4, 8)), "v=[2, 2, 4, 8]"),
         (dict(q=torch.ones(2, 4, 3, 8, dtype=torch.int64)), "q must be floating point"),
         (dict(k=torch.randn(2, 2, 5, 8).bfloat16()), "k=torch.bfloat16"),
+        (dict(kv_index=torch.tensor([0, 2])), "kv_index must lie in [0, 2)"),
+        (dict(kv_index=torch.tensor([0.0, 1.0])), "kv_index must have an integer dtype"),
+        (dict(kv_index=torch.tensor([0])), "kv_index must have shape [2, 1]"),
         (dict(q_positions=torch.zeros(2, 3)), "q_positions must have an integer dtype"),
         (
             dict(q_positions=torch.zeros(2, 4, dtype=torch.long)),

@@ -80,15 +80,15 @@ def test_default_max_seq_len_is_the_models():
 
 def test_the_cache_kwarg_reaches_every_attention_layer(monkeypatch):
     # transformers passes `rl_kv_cache` through the decoder down to the attention function:
-    # every layer calls update() once per forward, in layer order.
+    # every layer stores its keys once per forward (update() or update_slots()), in layer order.
     calls = []
-    original = SlotKVCache.update
+    original = SlotKVCache._store
 
     def spy(self, layer_idx, key, value):
         calls.append((layer_idx, tuple(key.shape)))
         return original(self, layer_idx, key, value)
 
-    monkeypatch.setattr(SlotKVCache, "update", spy)
+    monkeypatch.setattr(SlotKVCache, "_store", spy)
     model = patched_model("tiny-qwen2")
     engine = RolloutEngine(model, device="cpu", max_batch_size=2, progress=False)
     engine.generate([[5, 6, 7], [8, 9]], SamplingParams(max_new_tokens=3))

@@ -2,10 +2,16 @@
 
 Contract
 --------
-``attention(q, k, v, *, q_positions, k_positions=None, scale=None)``
+``attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None)``
 
 - ``q``: (B, Hq, Tq, D); ``k``, ``v``: (B, Hkv, Tk, D); ``Hq % Hkv == 0`` and query
-  head ``h`` reads kv head ``h // (Hq // Hkv)``. fp32, bf16 (or fp64, for gradcheck).
+  head ``h`` reads kv head ``h // (Hq // Hkv)``. fp32, bf16 (or fp64, for gradcheck);
+  k and v may also be in the compute dtype (fp32 keys for bf16 queries: exact).
+- ``kv_index``: integer (B,) or None (aligned layout only). Row b reads
+  ``k[kv_index[b]]``, ``v[kv_index[b]]`` of (S, Hkv, Tk, D) caches, S any batch
+  size: a KV cache's slots, without a gather. Contiguous fp32 caches with Tk a
+  multiple of BLOCK_K are read in place by decode, so their slots past each
+  sequence's last query must then hold finite values.
 - ``q_positions``: integer (B, Tq), 0-based position of each query in its own
   sequence; negative = padding query, whose output row is exactly 0.
 - ``k_positions``: integer (B, Tk) or None. Position held by each key slot,
@@ -41,6 +47,15 @@ every other step is elementwise or a per-row reduction, so prefill, decode (a
 query alone in its tile: the tile shape and the row slot are the same as in
 prefill) and chunked prefill do the very same arithmetic on a row. Cells are
 batched over all tiles of all sequences; only speed depends on the batching.
+
+Decode path (every Tq == 1, aligned keys: _decode_forward) does the same
+arithmetic per row without tile planning: each query goes into row p % BLOCK_Q
+of its own zero tile, through the same two fixed-shape GEMMs per cell (keys in
+(sequence, kv head, block) order, read in place from a suitable cache), and
+only its G rows go through mask, max, exp, row sums and the tree sums. Those
+steps are elementwise or per-row, and GEMM rows do not depend on the other
+rows of the tile, so the bits equal the tiled path's. Garbage past a query
+(zeroed here, or the cache's finite values when read in place) gets weight 0.
 """
 
 from __future__ import annotations
