@@ -149,7 +149,8 @@ def run_job(config: RunConfig) -> list[dict]:
             )
             world = len(trainers)
             metrics = ray.get([t.train_step.remote(batch.shard(r, world)) for r, t in enumerate(trainers)])[0]
-            state = ray.get(trainers[0].export_weights.remote())
+            # export_weights is collective under ZeRO-3: every rank gathers, rank 0 returns the dict
+            state = ray.get([t.export_weights.remote() for t in trainers])[0]
             ray.get([e.load_weights.remote(state, step + 1) for e in engines])
             metrics = {**metrics, "step": step, "reward_mean": sum(rewards) / len(rewards),
                        "step_seconds": time.perf_counter() - started}
