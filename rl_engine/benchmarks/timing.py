@@ -11,18 +11,6 @@ import time
 from collections.abc import Callable
 
 
-def median_seconds(fn: Callable[[], object], *, reps: int = 5, warmup: int = 1) -> float:
-    """Median wall time of `fn()` over `reps` runs after `warmup` runs."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def interleaved_ratio(ours: Callable, plain: Callable, *, reps: int = 5) -> tuple[float, float]:
     """(t_ours, t_plain): medians of alternating runs, so machine noise hits both alike."""
     ours(), plain()

@@ -19,11 +19,6 @@ def check_floating(name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
 
 
-def check_ndim(name: str, t: torch.Tensor, ndim: int) -> None:
-    if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
-
-
 def check_last_dim(name: str, t: torch.Tensor, size: int, what: str) -> None:
     if t.shape[-1] != size:
         raise ValueError(

@@ -60,8 +60,6 @@ rows of the tile, so the bits equal the tiled path's. Garbage past a query
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 # Query tile rows and key block length (positions). BLOCK_K must be a multiple
@@ -578,42 +576,3 @@ def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=No
     ):  # the backward works on per-row keys
         k, v, kv_index = k.index_select(0, kv_index), v.index_select(0, kv_index), None
     return _InvariantAttention.apply(q, k, v, q_positions, k_positions, scale, kv_index)
-
-
-# ----------------------------------------------------------------------------- benchmark
-
-
-def bench_attention(
-    seq_len: int = 2048,
-    dtype: torch.dtype = torch.float32,
-    *,
-    batch: int = 1,
-    heads_q: int = 16,
-    heads_kv: int = 4,
-    head_dim: int = 64,
-    repeats: int = 3,
-) -> tuple[float, float]:
-    """Causal prefill timing (best of `repeats`, seconds): (this op, F.scaled_dot_product_attention)."""
-    import torch.nn.functional as F
-
-    g = torch.Generator().manual_seed(0)
-    q = torch.randn(batch, heads_q, seq_len, head_dim, generator=g).to(dtype)
-    k = torch.randn(batch, heads_kv, seq_len, head_dim, generator=g).to(dtype)
-    v = torch.randn(batch, heads_kv, seq_len, head_dim, generator=g).to(dtype)
-    pos = torch.arange(seq_len).expand(batch, seq_len).contiguous()
-
-    def best(fn):
-        fn()  # warm-up
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
-
-    with torch.no_grad():
-        t_inv = best(lambda: attention(q, k, v, q_positions=pos))
-        t_sdpa = best(
-            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        )
-    return t_inv, t_sdpa
