@@ -28,8 +28,10 @@ def cmd_train(args) -> int:
     config = _load_config(args.config)
     history = run_job(config)
     last = history[-1] if history else {}
-    print(f"done: {len(history)} steps, outputs in {config.output_dir}; last parity exact-match "
-          f"{last.get('parity/exact_match_fraction', float('nan')):.4f}")
+    print(
+        f"done: {len(history)} steps, outputs in {config.output_dir}; last parity exact-match "
+        f"{last.get('parity/exact_match_fraction', float('nan')):.4f}"
+    )
     return 0
 
 
@@ -64,9 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="run an RL job (Ray + DeepSpeed) from a YAML config")
     train.add_argument("--config", required=True, help="run config, e.g. configs/demo.yaml")
     train.set_defaults(fn=cmd_train)
-    diag = sub.add_parser("diagnose", help="rollout vs. trainer logprob mismatch, invariance on and off")
+    diag = sub.add_parser(
+        "diagnose", help="rollout vs. trainer logprob mismatch, invariance on and off"
+    )
     diag.add_argument("--config", required=True, help="run config, e.g. configs/diagnose_tiny.yaml")
-    diag.add_argument("--output-dir", default=None, help="where the report goes (default: <output_dir>/diagnosis)")
+    diag.add_argument(
+        "--output-dir", default=None, help="where the report goes (default: <output_dir>/diagnosis)"
+    )
     diag.set_defaults(fn=cmd_diagnose)
     bench = sub.add_parser("bench", help="benchmarks: invariant path vs. plain torch, same run")
     bench.add_argument("what", choices=["kernels", "rollout", "train"])

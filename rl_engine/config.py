@@ -30,16 +30,24 @@ def _int(name: str, value: Any, minimum: int) -> None:
         _fail(name, f"an int >= {minimum}", value)
 
 
-def _number(name: str, value: Any, *, low: float, high: float = math.inf, low_open: bool = False) -> None:
+def _number(
+    name: str, value: Any, *, low: float, high: float = math.inf, low_open: bool = False
+) -> None:
     ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
     if not ok or value > high or value < low or (low_open and value == low):
         bound = f"> {low}" if low_open else f">= {low}"
-        _fail(name, f"a finite number {bound}" + ("" if high == math.inf else f" and <= {high}"), value)
+        _fail(
+            name,
+            f"a finite number {bound}" + ("" if high == math.inf else f" and <= {high}"),
+            value,
+        )
 
 
 def _choice(name: str, value: Any, options: tuple) -> None:
     if not any(value is o or (type(value) is type(o) and value == o) for o in options):
-        _fail(name, "true or false" if options == (True, False) else f"one of {list(options)}", value)
+        _fail(
+            name, "true or false" if options == (True, False) else f"one of {list(options)}", value
+        )
 
 
 def _text(name: str, value: Any) -> None:
@@ -71,7 +79,13 @@ class RolloutConfig:
     """Name of the prompt/reward task; the job driver resolves it."""
 
     def __post_init__(self) -> None:
-        for name in ("num_engines", "max_batch_size", "prompts_per_step", "samples_per_prompt", "max_new_tokens"):
+        for name in (
+            "num_engines",
+            "max_batch_size",
+            "prompts_per_step",
+            "samples_per_prompt",
+            "max_new_tokens",
+        ):
             _int(f"rollout.{name}", getattr(self, name), 1)
         _number("rollout.temperature", self.temperature, low=0.0, low_open=True)
         _number("rollout.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
@@ -185,7 +199,9 @@ class RunConfig:
             if not isinstance(getattr(self, name), cls):
                 _fail(name, f"a {cls.__name__}", getattr(self, name))
         if self.parity == "strict" and not self.batch_invariant:
-            raise ValueError("parity 'strict' needs batch_invariant: true (use parity 'report' or 'off')")
+            raise ValueError(
+                "parity 'strict' needs batch_invariant: true (use parity 'report' or 'off')"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -204,7 +220,10 @@ class RunConfig:
         Raises ValueError when that does not divide evenly (checked by the trainer, not here:
         diagnostics use micro_batch_size alone).
         """
-        per_step, per_pass = self.sequences_per_step, self.trainer.micro_batch_size * self.trainer.num_ranks
+        per_step, per_pass = (
+            self.sequences_per_step,
+            self.trainer.micro_batch_size * self.trainer.num_ranks,
+        )
         if per_step % per_pass != 0:
             raise ValueError(
                 f"rollout.prompts_per_step x rollout.samples_per_prompt = {per_step} sequences per step must be "

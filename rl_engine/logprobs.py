@@ -33,7 +33,9 @@ def final_hidden_states(model, input_ids, attention_mask=None, **forward_kwargs)
     """(B, T, H) output of the decoder's final norm, with per-sequence positions."""
     if attention_mask is not None and "position_ids" not in forward_kwargs:
         forward_kwargs["position_ids"] = positions_from_attention_mask(attention_mask)
-    out = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **forward_kwargs)
+    out = model.base_model(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **forward_kwargs
+    )
     return out.last_hidden_state
 
 
@@ -62,7 +64,9 @@ def _check_inputs(input_ids, attention_mask):
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, seq_len), got shape {tuple(input_ids.shape)}")
     if input_ids.shape[1] < 2:
-        raise ValueError(f"input_ids needs at least 2 tokens per row to score one, got {input_ids.shape[1]}")
+        raise ValueError(
+            f"input_ids needs at least 2 tokens per row to score one, got {input_ids.shape[1]}"
+        )
     if attention_mask is not None and attention_mask.shape != input_ids.shape:
         raise ValueError(
             f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"

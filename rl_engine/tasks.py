@@ -19,7 +19,9 @@ class Task(Protocol):
 
     def prompts(self, count: int, step: int) -> list[list[int]]: ...
 
-    def rewards(self, prompt_indices: list[int], completions: list[list[int]], step: int) -> list[float]: ...
+    def rewards(
+        self, prompt_indices: list[int], completions: list[list[int]], step: int
+    ) -> list[float]: ...
 
 
 @dataclass
@@ -37,7 +39,10 @@ class CountTask:
 
     def prompts(self, count: int, step: int) -> list[list[int]]:
         rng = random.Random(self.seed * 1_000_003 + step)
-        return [[rng.randrange(3, self.vocab_size) for _ in range(self.prompt_len)] for _ in range(count)]
+        return [
+            [rng.randrange(3, self.vocab_size) for _ in range(self.prompt_len)]
+            for _ in range(count)
+        ]
 
     def rewards(self, prompt_indices, completions, step):
         band = int(self.vocab_size * self.band_fraction)
@@ -59,8 +64,14 @@ class ArithmeticTask:
     def prompts(self, count, step):
         out = []
         for a, b in self._operands(count, step):
-            chat = [{"role": "user", "content": f"What is {a} plus {b}? Answer with just the number."}]
-            out.append(self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=False))
+            chat = [
+                {"role": "user", "content": f"What is {a} plus {b}? Answer with just the number."}
+            ]
+            out.append(
+                self.tokenizer.apply_chat_template(
+                    chat, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            )
         return [list(p) for p in out]
 
     def rewards(self, prompt_indices, completions, step):
@@ -81,6 +92,8 @@ def make_task(name: str, *, vocab_size: int, tokenizer=None, seed: int = 0) -> T
         return CountTask(vocab_size=vocab_size, seed=seed)
     if name == "arithmetic":
         if tokenizer is None:
-            raise ValueError("rollout.task 'arithmetic' needs a model with a tokenizer (e.g. smollm2-135m-instruct)")
+            raise ValueError(
+                "rollout.task 'arithmetic' needs a model with a tokenizer (e.g. smollm2-135m-instruct)"
+            )
         return ArithmeticTask(tokenizer=tokenizer, seed=seed)
     raise ValueError(f"unknown rollout.task {name!r}; available tasks: {', '.join(TASKS)}")

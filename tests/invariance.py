@@ -31,17 +31,23 @@ def garbage_like(t: torch.Tensor, seed: int = 1) -> torch.Tensor:
 
 def run_with_threads(code: str, threads: int, timeout: float = 300):
     """Run `code` (which must assign `result`) in a fresh interpreter with `threads` intra-op threads."""
-    script = textwrap.dedent(
-        f"""
+    script = (
+        textwrap.dedent(
+            f"""
         import pickle, sys, torch
         torch.set_num_threads({threads})
         """
-    ) + textwrap.dedent(code) + "\nsys.stdout.buffer.write(pickle.dumps(result))\n"
+        )
+        + textwrap.dedent(code)
+        + "\nsys.stdout.buffer.write(pickle.dumps(result))\n"
+    )
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, timeout=timeout, check=False
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"subprocess with {threads} threads failed:\n{proc.stderr.decode()[-3000:]}")
+        raise RuntimeError(
+            f"subprocess with {threads} threads failed:\n{proc.stderr.decode()[-3000:]}"
+        )
     return pickle.loads(proc.stdout)
 
 
@@ -53,7 +59,9 @@ def assert_equal_across_threads(code: str, threads=(1, 2, 3)):
         other = results[n]
         if isinstance(first, dict):
             for key in first:
-                assert torch.equal(first[key], other[key]), f"{key}: {threads[0]} vs {n} threads differ"
+                assert torch.equal(first[key], other[key]), (
+                    f"{key}: {threads[0]} vs {n} threads differ"
+                )
         else:
             assert torch.equal(first, other), f"{threads[0]} vs {n} threads differ"
     return first

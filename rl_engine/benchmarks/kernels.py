@@ -49,9 +49,13 @@ def _randn(*shape, dtype, scale=1.0):
 
 def _linear(rows):
     def build(dt):
-        x, w = _randn(rows, HIDDEN, dtype=dt), _randn(INTERMEDIATE, HIDDEN, dtype=dt, scale=HIDDEN**-0.5)
+        x, w = (
+            _randn(rows, HIDDEN, dtype=dt),
+            _randn(INTERMEDIATE, HIDDEN, dtype=dt, scale=HIDDEN**-0.5),
+        )
         op = get_op("linear", "cpu")
         return (lambda: op(x, w)), (lambda: F.linear(x, w))
+
     return build
 
 
@@ -63,7 +67,9 @@ def _rms_norm(rows):
         def plain():
             x32 = x.float()
             return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dt)
+
         return (lambda: op(x, w, 1e-6)), plain
+
     return build
 
 
@@ -72,6 +78,7 @@ def _silu(rows):
         x = _randn(rows, INTERMEDIATE, dtype=dt)
         op = get_op("silu", "cpu")
         return (lambda: op(x)), (lambda: F.silu(x))
+
     return build
 
 
@@ -80,6 +87,7 @@ def _log_softmax(rows):
         x = _randn(rows, VOCAB, dtype=dt, scale=3.0)
         op = get_op("log_softmax", "cpu")
         return (lambda: op(x, 0.7)), (lambda: torch.log_softmax(x.float() / 0.7, -1))
+
     return build
 
 
@@ -92,6 +100,7 @@ def _attention_prefill(seq, heads=16, kv_heads=4, head_dim=64):
         return (lambda: op(q, k, v, q_positions=pos)), (
             lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         )
+
     return build
 
 
@@ -104,6 +113,7 @@ def _attention_decode(batch, cache_len, heads=16, kv_heads=4, head_dim=64):
         return (lambda: op(q, k, v, q_positions=pos)), (
             lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
         )
+
     return build
 
 
@@ -113,6 +123,7 @@ def _linear_logp(rows):
         t = torch.randint(0, VOCAB, (rows,))
         op = get_op("linear_logp", "cpu")
         return (lambda: op(h, w, t)), (lambda: materialised_logprobs(h, w, t))
+
     return build
 
 
@@ -139,7 +150,15 @@ def run_timings(dtypes=(torch.float32, torch.bfloat16), reps: int = 5) -> list[R
         ours, plain = case.build(case.dtype)
         with torch.no_grad():
             t_ours, t_plain = interleaved_ratio(ours, plain, reps=reps)
-        results.append(Result(case.op, case.shape, str(case.dtype).removeprefix("torch."), t_ours * 1e3, t_plain * 1e3))
+        results.append(
+            Result(
+                case.op,
+                case.shape,
+                str(case.dtype).removeprefix("torch."),
+                t_ours * 1e3,
+                t_plain * 1e3,
+            )
+        )
     return results
 
 
@@ -148,7 +167,11 @@ def run_memory(dtypes=("float32", "bfloat16")) -> list[tuple[str, int, int]]:
     module = "rl_engine.benchmarks.logp_memory"
     dims = (str(TOKENS), str(HIDDEN), str(VOCAB))
     return [
-        (dt, peak_extra_memory(module, "fused", *dims, dt), peak_extra_memory(module, "materialise", *dims, dt))
+        (
+            dt,
+            peak_extra_memory(module, "fused", *dims, dt),
+            peak_extra_memory(module, "materialise", *dims, dt),
+        )
         for dt in dtypes
     ]
 
@@ -165,7 +188,11 @@ def render(results: list[Result], memory: list[tuple[str, int, int]]) -> str:
         for r in results
     ]
     if memory:
-        lines += ["", "| linear_logp peak extra memory | fused MiB | materialised MiB | fused / materialised |", "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "| linear_logp peak extra memory | fused MiB | materialised MiB | fused / materialised |",
+            "|---|---:|---:|---:|",
+        ]
         lines += [
             f"| {TOKENS} tok x {VOCAB} vocab, {dt} | {f / 2**20:.0f} | {m / 2**20:.0f} | {f / m:.3f} |"
             for dt, f, m in memory

@@ -33,8 +33,11 @@ def _batch(vocab: int, seed: int = 0):
     response = torch.zeros(SEQS, SEQ_LEN - 1, dtype=torch.bool)
     response[:, PROMPT_LEN - 1 :] = True
     return TrainBatch(
-        input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=response,
-        rollout_logprobs=torch.zeros(SEQS, SEQ_LEN - 1), advantages=torch.randn(SEQS, generator=g),
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        response_mask=response,
+        rollout_logprobs=torch.zeros(SEQS, SEQ_LEN - 1),
+        advantages=torch.randn(SEQS, generator=g),
         rewards=torch.zeros(SEQS),
     )
 
@@ -43,11 +46,16 @@ def _worker(zero_stage: int, invariant: bool, dtype: str):
     from rl_engine.config import RunConfig
     from rl_engine.executors.deepspeed_trainer import DeepSpeedTrainingWorker
 
-    config = RunConfig.from_dict({
-        "model": MODEL, "dtype": dtype, "batch_invariant": invariant, "parity": "report",
-        "rollout": {"prompts_per_step": 1, "samples_per_prompt": SEQS},
-        "trainer": {"micro_batch_size": SEQS, "lr": 1e-6, "zero_stage": zero_stage},
-    })
+    config = RunConfig.from_dict(
+        {
+            "model": MODEL,
+            "dtype": dtype,
+            "batch_invariant": invariant,
+            "parity": "report",
+            "rollout": {"prompts_per_step": 1, "samples_per_prompt": SEQS},
+            "trainer": {"micro_batch_size": SEQS, "lr": 1e-6, "zero_stage": zero_stage},
+        }
+    )
     return DeepSpeedTrainingWorker(config, device="cpu")
 
 
@@ -91,7 +99,13 @@ def logp_memory_case(fused: bool, dtype: str) -> dict:
 
 def _subprocess(*args: str) -> dict:
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    proc = subprocess.run([sys.executable, "-m", __name__, *args], capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", __name__, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark case {args} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -121,8 +135,10 @@ def main(*, quick: bool = False) -> str:
         "",
         "| logprob path, fwd+bwd, 1024 tokens x 49152 vocab | fused MiB | materialised MiB | ratio |",
         "|---|---:|---:|---:|",
-        *[f"| {d} | {f['peak_extra'] / 2**20:.0f} | {m['peak_extra'] / 2**20:.0f} | {f['peak_extra'] / m['peak_extra']:.2f} |"
-          for d, f, m in mem],
+        *[
+            f"| {d} | {f['peak_extra'] / 2**20:.0f} | {m['peak_extra'] / 2**20:.0f} | {f['peak_extra'] / m['peak_extra']:.2f} |"
+            for d, f, m in mem
+        ],
     ]
     table = "\n".join(lines)
     print(table)

@@ -45,6 +45,7 @@ class OutputRecorder:
                 self.outputs.setdefault(name, []).append(out.detach().clone())
                 first = args[0] if args and isinstance(args[0], torch.Tensor) else out
                 self.inputs.setdefault(name, []).append(first.detach().clone())
+
         return record
 
     def close(self) -> None:
@@ -65,9 +66,14 @@ def decode_trace(recorder: OutputRecorder, positions: int) -> Trace:
     """One sequence's prefill + decode calls concatenated over time."""
 
     def over_time(calls):
-        return torch.cat([c[0] for c in calls], dim=0)[:positions]  # batch of one: drop it, stack time
+        return torch.cat([c[0] for c in calls], dim=0)[
+            :positions
+        ]  # batch of one: drop it, stack time
 
-    return {name: (over_time(recorder.inputs[name]), over_time(calls)) for name, calls in recorder.outputs.items()}
+    return {
+        name: (over_time(recorder.inputs[name]), over_time(calls))
+        for name, calls in recorder.outputs.items()
+    }
 
 
 def prefill_trace(recorder: OutputRecorder, row: int, positions: int) -> Trace:

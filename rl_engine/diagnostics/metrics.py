@@ -28,12 +28,16 @@ class MismatchMetrics:
 
 def _check(trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor | None):
     if trainer.shape != rollout.shape:
-        raise ValueError(f"trainer logprobs {tuple(trainer.shape)} and rollout logprobs {tuple(rollout.shape)} differ in shape")
+        raise ValueError(
+            f"trainer logprobs {tuple(trainer.shape)} and rollout logprobs {tuple(rollout.shape)} differ in shape"
+        )
     if mask is not None and mask.shape != trainer.shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} != logprobs shape {tuple(trainer.shape)}")
 
 
-def mismatch_metrics(trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor | None = None) -> MismatchMetrics:
+def mismatch_metrics(
+    trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor | None = None
+) -> MismatchMetrics:
     """Compare logprobs on the tokens `mask` selects (all tokens when None)."""
     _check(trainer, rollout, mask)
     keep = torch.ones_like(trainer, dtype=torch.bool) if mask is None else mask.bool()

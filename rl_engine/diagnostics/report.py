@@ -76,7 +76,9 @@ class DiagnosisReport:
             "modes": {
                 r.mode: {
                     "metrics": r.metrics.as_dict(),
-                    "first_divergence": None if r.first_divergence is None else asdict(r.first_divergence),
+                    "first_divergence": None
+                    if r.first_divergence is None
+                    else asdict(r.first_divergence),
                     "modules": [asdict(m) for m in r.modules],
                 }
                 for r in self.results
@@ -98,8 +100,14 @@ def _sampling(config: RunConfig, n: int):
     from rl_engine.rollout import SamplingParams
 
     r = config.rollout
-    return SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                          top_k=r.top_k, n=n, seed=config.seed)
+    return SamplingParams(
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        n=n,
+        seed=config.seed,
+    )
 
 
 def _right_padded(seqs: list[list[int]]):
@@ -112,7 +120,9 @@ def _right_padded(seqs: list[list[int]]):
     return ids, mask
 
 
-def trainer_logprobs(model, completions, micro_batch_size: int, temperature: float) -> list[torch.Tensor]:
+def trainer_logprobs(
+    model, completions, micro_batch_size: int, temperature: float
+) -> list[torch.Tensor]:
     """Each completion's token logprobs recomputed teacher-forced, in right-padded micro-batches."""
     scores = []
     for start in range(0, len(completions), micro_batch_size):
@@ -130,7 +140,9 @@ def _module_divergence(model, engine, completions, prompts, config) -> list[Modu
     """Decode trace of completion 0 generated alone vs. its row in a trainer micro-batch."""
     target = completions[0]
     with OutputRecorder(model.base_model) as rec:
-        alone = engine.generate([prompts[target.prompt_index]], _sampling(config, 1), progress=False)[0]
+        alone = engine.generate(
+            [prompts[target.prompt_index]], _sampling(config, 1), progress=False
+        )[0]
     positions = len(alone.prompt_ids) + len(alone.token_ids) - 1
     rollout = decode_trace(rec, positions)
     others = [c.prompt_ids + c.token_ids for c in completions[1 : config.trainer.micro_batch_size]]
@@ -147,17 +159,26 @@ def diagnose_mode(config: RunConfig, invariant: bool) -> ModeResult:
     from rl_engine.tasks import make_task
 
     model, tokenizer = _load(config, invariant)
-    task = make_task(config.rollout.task, vocab_size=model.config.vocab_size, tokenizer=tokenizer, seed=config.seed)
+    task = make_task(
+        config.rollout.task,
+        vocab_size=model.config.vocab_size,
+        tokenizer=tokenizer,
+        seed=config.seed,
+    )
     prompts = task.prompts(config.rollout.prompts_per_step, 0)
     engine = RolloutEngine(model, device="cpu", max_batch_size=config.rollout.max_batch_size)
     completions = engine.generate(prompts, _sampling(config, config.rollout.samples_per_prompt))
-    recomputed = trainer_logprobs(model, completions, config.trainer.micro_batch_size, config.rollout.temperature or 1.0)
+    recomputed = trainer_logprobs(
+        model, completions, config.trainer.micro_batch_size, config.rollout.temperature or 1.0
+    )
     rollout_lp = torch.cat([c.logprobs for c in completions])
     trainer_lp = torch.cat(recomputed)
     modules = _module_divergence(model, engine, completions, prompts, config)
     mode = "invariant" if invariant else "plain"
     metrics = mismatch_metrics(trainer_lp, rollout_lp)
-    log.info("%s: %d tokens, exact match %.4f", mode, metrics.num_tokens, metrics.exact_match_fraction)
+    log.info(
+        "%s: %d tokens, exact match %.4f", mode, metrics.num_tokens, metrics.exact_match_fraction
+    )
     return ModeResult(mode, metrics, (trainer_lp - rollout_lp).abs().tolist(), modules)
 
 
@@ -184,13 +205,26 @@ def _plot(report: DiagnosisReport, path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
     for r in report.results:
         diffs = [max(d, 1e-12) for d in r.abs_diffs]
-        ax1.hist(diffs, bins=[10.0**e for e in range(-12, 1)], alpha=0.6,
-                 label=f"{r.mode}: {r.metrics.exact_match_fraction:.1%} exact")
+        ax1.hist(
+            diffs,
+            bins=[10.0**e for e in range(-12, 1)],
+            alpha=0.6,
+            label=f"{r.mode}: {r.metrics.exact_match_fraction:.1%} exact",
+        )
         ax2.plot([max(m.max_abs_diff, 1e-12) for m in r.modules], marker=".", label=r.mode)
-    ax1.set(xscale="log", title="|trainer - rollout| per token (0 shown at 1e-12)", xlabel="|dlogp|", ylabel="tokens")
+    ax1.set(
+        xscale="log",
+        title="|trainer - rollout| per token (0 shown at 1e-12)",
+        xlabel="|dlogp|",
+        ylabel="tokens",
+    )
     ax1.legend()
-    ax2.set(yscale="log", title="decode vs prefill, per module (execution order)", xlabel="module index",
-            ylabel="max |diff| (0 shown at 1e-12)")
+    ax2.set(
+        yscale="log",
+        title="decode vs prefill, per module (execution order)",
+        xlabel="module index",
+        ylabel="max |diff| (0 shown at 1e-12)",
+    )
     ax2.legend()
     fig.suptitle(f"{report.model} ({report.dtype})")
     fig.tight_layout()

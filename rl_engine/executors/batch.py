@@ -73,7 +73,9 @@ class TrainBatch:
             attention_mask=torch.stack([r[1] for r in rows]),
             response_mask=torch.stack([r[2] for r in rows]),
             rollout_logprobs=torch.stack([r[3] for r in rows]),
-            advantages=group_normalized_advantages(rewards_t, group_size, normalize_std=normalize_std),
+            advantages=group_normalized_advantages(
+                rewards_t, group_size, normalize_std=normalize_std
+            ),
             rewards=rewards_t,
         )
         if vocab_size is not None:
@@ -94,14 +96,18 @@ class TrainBatch:
                     f"entries (valid ids 0..{vocab_size - 1})"
                 )
         if not bool(self.response_mask.any()):
-            raise ValueError("response_mask selects no tokens: the batch has no completion token to train on")
+            raise ValueError(
+                "response_mask selects no tokens: the batch has no completion token to train on"
+            )
 
     def shard(self, rank: int, world_size: int) -> TrainBatch:
         """Rows [rank * B / world_size, (rank + 1) * B / world_size): this rank's contiguous block."""
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         if self.num_sequences % world_size != 0:
-            raise ValueError(f"batch of {self.num_sequences} sequences cannot be split evenly over {world_size} ranks")
+            raise ValueError(
+                f"batch of {self.num_sequences} sequences cannot be split evenly over {world_size} ranks"
+            )
         size = self.num_sequences // world_size
         return self._rows(slice(rank * size, (rank + 1) * size))
 
@@ -125,16 +131,22 @@ def _check_completions(completions, rewards) -> None:
         raise ValueError(f"got {len(rewards)} rewards for {len(completions)} completions")
     for i, c in enumerate(completions):
         if len(c.prompt_ids) == 0:
-            raise ValueError(f"sequence {i} has an empty prompt: its first token has no context to score it")
+            raise ValueError(
+                f"sequence {i} has an empty prompt: its first token has no context to score it"
+            )
         if len(c.token_ids) == 0:
-            raise ValueError(f"sequence {i} is an empty completion (no token_ids): nothing to train on")
+            raise ValueError(
+                f"sequence {i} is an empty completion (no token_ids): nothing to train on"
+            )
         if len(c.token_ids) != len(c.logprobs):
             raise ValueError(
                 f"sequence {i}: {len(c.token_ids)} token_ids but {len(c.logprobs)} logprobs (must be one per token)"
             )
         logprobs = torch.as_tensor(c.logprobs, dtype=torch.float32)
         if not bool(torch.isfinite(logprobs).all()):
-            raise ValueError(f"sequence {i}: rollout logprobs must be finite, got {logprobs.tolist()}")
+            raise ValueError(
+                f"sequence {i}: rollout logprobs must be finite, got {logprobs.tolist()}"
+            )
 
 
 def _layout(index: int, completion, width: int, pad_token_id: int):
@@ -148,14 +160,18 @@ def _layout(index: int, completion, width: int, pad_token_id: int):
     response = torch.zeros(width - 1, dtype=torch.bool)
     response[len(prompt) - 1 : length - 1] = True  # position t scores token t+1
     logprobs = torch.zeros(width - 1, dtype=torch.float32)
-    logprobs[len(prompt) - 1 : length - 1] = torch.as_tensor(completion.logprobs, dtype=torch.float32)
+    logprobs[len(prompt) - 1 : length - 1] = torch.as_tensor(
+        completion.logprobs, dtype=torch.float32
+    )
     return ids, mask, response, logprobs
 
 
 def _check_shapes(batch: TrainBatch) -> None:
     b, t = batch.input_ids.shape if batch.input_ids.dim() == 2 else (None, None)
     if b is None or t < 2:
-        raise ValueError(f"input_ids must be (B, T) with T >= 2, got shape {tuple(batch.input_ids.shape)}")
+        raise ValueError(
+            f"input_ids must be (B, T) with T >= 2, got shape {tuple(batch.input_ids.shape)}"
+        )
     expected = {
         "attention_mask": (b, t),
         "response_mask": (b, t - 1),
@@ -166,15 +182,22 @@ def _check_shapes(batch: TrainBatch) -> None:
     for name, shape in expected.items():
         actual = tuple(getattr(batch, name).shape)
         if actual != shape:
-            raise ValueError(f"TrainBatch.{name} must have shape {shape} (input_ids is {(b, t)}), got {actual}")
+            raise ValueError(
+                f"TrainBatch.{name} must have shape {shape} (input_ids is {(b, t)}), got {actual}"
+            )
     if batch.input_ids.dtype != torch.long:
         raise ValueError(f"TrainBatch.input_ids must be int64, got {batch.input_ids.dtype}")
     if batch.rollout_logprobs.dtype != torch.float32:
-        raise ValueError(f"TrainBatch.rollout_logprobs must be float32, got {batch.rollout_logprobs.dtype}")
+        raise ValueError(
+            f"TrainBatch.rollout_logprobs must be float32, got {batch.rollout_logprobs.dtype}"
+        )
     if batch.response_mask.dtype != torch.bool:
         raise ValueError(f"TrainBatch.response_mask must be bool, got {batch.response_mask.dtype}")
-    scored = batch.response_mask & ~(batch.attention_mask[:, 1:].bool() & batch.attention_mask[:, :-1].bool())
+    scored = batch.response_mask & ~(
+        batch.attention_mask[:, 1:].bool() & batch.attention_mask[:, :-1].bool()
+    )
     if bool(scored.any()):
         row, col = (int(v) for v in scored.nonzero()[0])
-        raise ValueError(f"response_mask[{row}, {col}] is set but token {col} or {col + 1} of sequence {row} is padding")
-
+        raise ValueError(
+            f"response_mask[{row}, {col}] is set but token {col} or {col + 1} of sequence {row} is padding"
+        )

@@ -51,9 +51,16 @@ logger = logging.getLogger(__name__)
 class ParityError(RuntimeError):
     """The trainer's logprobs differ from the rollout's (parity: strict); raised before the update."""
 
-    def __init__(self, message: str, *, rank: int | None = None, sequence: int | None = None,
-                 position: int | None = None, trainer_logprob: float | None = None,
-                 rollout_logprob: float | None = None):  # defaults: unpickling (Ray) passes only the message
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        sequence: int | None = None,
+        position: int | None = None,
+        trainer_logprob: float | None = None,
+        rollout_logprob: float | None = None,
+    ):  # defaults: unpickling (Ray) passes only the message
         super().__init__(message)
         self.rank, self.sequence, self.position = rank, sequence, position
         self.trainer_logprob, self.rollout_logprob = trainer_logprob, rollout_logprob
@@ -78,14 +85,21 @@ class DistEnv:
         for key, default in defaults.items():
             raw = os.environ.get(key, default)
             if not raw.isdigit():
-                raise ValueError(f"environment variable {key} must be a non-negative int, got {raw!r}")
+                raise ValueError(
+                    f"environment variable {key} must be a non-negative int, got {raw!r}"
+                )
             values[key] = int(raw)
         if values["WORLD_SIZE"] < 1 or values["RANK"] >= values["WORLD_SIZE"]:
-            raise ValueError(f"RANK={values['RANK']} must be < WORLD_SIZE={values['WORLD_SIZE']} (>= 1)")
+            raise ValueError(
+                f"RANK={values['RANK']} must be < WORLD_SIZE={values['WORLD_SIZE']} (>= 1)"
+            )
         if values["WORLD_SIZE"] > 1 and not {"MASTER_ADDR", "MASTER_PORT"} <= os.environ.keys():
             raise ValueError("WORLD_SIZE > 1 needs MASTER_ADDR and MASTER_PORT in the environment")
-        os.environ.update(RANK=str(values["RANK"]), WORLD_SIZE=str(values["WORLD_SIZE"]),
-                          LOCAL_RANK=str(values["LOCAL_RANK"]))
+        os.environ.update(
+            RANK=str(values["RANK"]),
+            WORLD_SIZE=str(values["WORLD_SIZE"]),
+            LOCAL_RANK=str(values["LOCAL_RANK"]),
+        )
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         return cls(values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"])
@@ -116,7 +130,9 @@ def _import_deepspeed(device: torch.device):
     wanted = "cpu" if device.type == "cpu" else "cuda"
     chosen = os.environ.setdefault("DS_ACCELERATOR", wanted)
     if chosen != wanted:
-        raise ValueError(f"device {device} needs DS_ACCELERATOR={wanted}, but DS_ACCELERATOR={chosen}")
+        raise ValueError(
+            f"device {device} needs DS_ACCELERATOR={wanted}, but DS_ACCELERATOR={chosen}"
+        )
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
@@ -156,14 +172,26 @@ def build_deepspeed_config(config: RunConfig, world_size: int) -> dict:
     contradicts the run config; a key present in both must agree.
     """
     if world_size != config.trainer.num_ranks:
-        raise ValueError(f"trainer.num_ranks={config.trainer.num_ranks} but WORLD_SIZE={world_size}")
+        raise ValueError(
+            f"trainer.num_ranks={config.trainer.num_ranks} but WORLD_SIZE={world_size}"
+        )
     ds = load_deepspeed_config(config.trainer.deepspeed)
     _reject_unsupported(ds)
     _set_bf16(ds, config.dtype)
     micro, accum = config.trainer.micro_batch_size, config.gradient_accumulation_steps
     _fill(ds, "train_micro_batch_size_per_gpu", micro, "trainer.micro_batch_size")
-    _fill(ds, "gradient_accumulation_steps", accum, "sequences_per_step / (micro_batch_size x num_ranks)")
-    _fill(ds, "train_batch_size", micro * accum * world_size, "rollout.prompts_per_step x samples_per_prompt")
+    _fill(
+        ds,
+        "gradient_accumulation_steps",
+        accum,
+        "sequences_per_step / (micro_batch_size x num_ranks)",
+    )
+    _fill(
+        ds,
+        "train_batch_size",
+        micro * accum * world_size,
+        "rollout.prompts_per_step x samples_per_prompt",
+    )
     _fill(ds, "gradient_clipping", float(config.trainer.grad_clip), "trainer.grad_clip")
     zero = ds.setdefault("zero_optimization", {})
     if not isinstance(zero, dict):
@@ -177,17 +205,23 @@ def build_deepspeed_config(config: RunConfig, world_size: int) -> dict:
 def _reject_unsupported(ds: dict, prefix: str = "deepspeed.") -> None:
     for key, value in ds.items():
         if value == "auto":
-            raise ValueError(f"{prefix}{key} is 'auto': give a value (the worker fills batch sizes, clipping, bf16)")
+            raise ValueError(
+                f"{prefix}{key} is 'auto': give a value (the worker fills batch sizes, clipping, bf16)"
+            )
         if isinstance(value, dict):
             _reject_unsupported(value, f"{prefix}{key}.")
     if prefix != "deepspeed.":
         return
     for key in ("optimizer", "scheduler"):
         if key in ds:
-            raise ValueError(f"deepspeed.{key} is not supported: the worker builds torch AdamW from trainer.lr / "
-                             "trainer.weight_decay; remove the key")
+            raise ValueError(
+                f"deepspeed.{key} is not supported: the worker builds torch AdamW from trainer.lr / "
+                "trainer.weight_decay; remove the key"
+            )
     if _section(ds, "fp16").get("enabled", False):
-        raise ValueError("deepspeed.fp16.enabled: fp16 is not supported; use dtype: bfloat16 (or float32)")
+        raise ValueError(
+            "deepspeed.fp16.enabled: fp16 is not supported; use dtype: bfloat16 (or float32)"
+        )
 
 
 def _section(ds: dict, name: str) -> dict:
@@ -205,8 +239,10 @@ def _set_bf16(ds: dict, dtype: str) -> None:
     if not isinstance(enabled, bool):
         raise ValueError(f"deepspeed.{key}.enabled must be true or false, got {enabled!r}")
     if enabled != want:
-        raise ValueError(f"deepspeed.{key}.enabled is {enabled} but dtype is {dtype!r}: they must agree "
-                         f"(bf16 on exactly when dtype is 'bfloat16')")
+        raise ValueError(
+            f"deepspeed.{key}.enabled is {enabled} but dtype is {dtype!r}: they must agree "
+            f"(bf16 on exactly when dtype is 'bfloat16')"
+        )
     ds[key] = {**section, "enabled": want}
 
 
@@ -217,8 +253,10 @@ def _fill(ds: dict, key: str, value, source: str) -> None:
     given = ds[key]
     numeric = isinstance(given, (int, float)) and not isinstance(given, bool)
     if not numeric or given != value:
-        raise ValueError(f"deepspeed.{key} = {given!r} contradicts the run config ({source} gives {value!r}); "
-                         "remove the key or make them agree")
+        raise ValueError(
+            f"deepspeed.{key} = {given!r} contradicts the run config ({source} gives {value!r}); "
+            "remove the key or make them agree"
+        )
 
 
 def _validate_with_deepspeed(ds: dict) -> None:
@@ -229,16 +267,26 @@ def _validate_with_deepspeed(ds: dict) -> None:
     try:
         DeepSpeedConfig(copy.deepcopy(ds))
     except ValidationError as err:
-        problems = "; ".join(f"{_dotted_key(ds, e['loc'])}: {e['msg']} (got {e.get('input')!r})" for e in err.errors())
+        problems = "; ".join(
+            f"{_dotted_key(ds, e['loc'])}: {e['msg']} (got {e.get('input')!r})"
+            for e in err.errors()
+        )
         raise ValueError(f"DeepSpeed rejected the config: {problems}") from None
-    except (AssertionError, ValueError, TypeError, KeyError) as err:  # DeepSpeed checks batch sizes with assert
+    except (
+        AssertionError,
+        ValueError,
+        TypeError,
+        KeyError,
+    ) as err:  # DeepSpeed checks batch sizes with assert
         raise ValueError(f"DeepSpeed rejected the config: {err}") from err
 
 
 def _dotted_key(ds: dict, loc: tuple) -> str:
     """'deepspeed.<section>.<key>' for a pydantic error location inside one of the config's sections."""
     key = ".".join(str(part) for part in loc)
-    sections = [name for name, value in ds.items() if isinstance(value, dict) and loc and loc[0] in value]
+    sections = [
+        name for name, value in ds.items() if isinstance(value, dict) and loc and loc[0] in value
+    ]
     return f"deepspeed.{sections[0]}.{key}" if sections else f"deepspeed.{key}"
 
 
@@ -261,13 +309,23 @@ class LogprobModule(nn.Module):
         """input_ids/attention_mask (B, T), targets (B, T-1) -> fp32 logprobs (B, T-1), 0 at IGNORE_INDEX."""
         hidden = final_hidden_states(self.policy, input_ids, attention_mask)  # (B, T, H)
         weight, bias = self.head_parameters()  # (V, H), (V,) | None
-        return self._linear_logp(hidden[:, :-1], weight, targets, bias,
-                                 temperature=temperature, ignore_index=IGNORE_INDEX)
+        return self._linear_logp(
+            hidden[:, :-1],
+            weight,
+            targets,
+            bias,
+            temperature=temperature,
+            ignore_index=IGNORE_INDEX,
+        )
 
 
 def _targets(batch: TrainBatch) -> torch.Tensor:
     """(B, T-1): token t+1 where position t scores a completion token, IGNORE_INDEX elsewhere."""
-    return torch.where(batch.response_mask, batch.input_ids[:, 1:], torch.full_like(batch.input_ids[:, 1:], IGNORE_INDEX))
+    return torch.where(
+        batch.response_mask,
+        batch.input_ids[:, 1:],
+        torch.full_like(batch.input_ids[:, 1:], IGNORE_INDEX),
+    )
 
 
 # ---------------------------------------------------------------------------- parity
@@ -278,14 +336,21 @@ def parity_sums(trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor
     diff = (trainer.float() - rollout.float()).abs()
     exact = (trainer == rollout) & mask
     k3 = kl_k3(rollout, trainer, mask=mask)  # KL(rollout || trainer), samples from the rollout
-    return torch.stack([exact.sum(), mask.sum(), diff[mask].sum(), diff[mask].max(), k3.sum()]).double()
+    return torch.stack(
+        [exact.sum(), mask.sum(), diff[mask].sum(), diff[mask].max(), k3.sum()]
+    ).double()
 
 
 def parity_metrics(sums: torch.Tensor) -> dict[str, float]:
     exact, tokens, abs_sum, abs_max, k3_sum = sums.tolist()
     count = max(tokens, 1.0)
-    return {"parity/exact_match_fraction": exact / count, "parity/max_abs_diff": abs_max,
-            "parity/mean_abs_diff": abs_sum / count, "parity/kl": k3_sum / count, "parity/num_tokens": int(tokens)}
+    return {
+        "parity/exact_match_fraction": exact / count,
+        "parity/max_abs_diff": abs_max,
+        "parity/mean_abs_diff": abs_sum / count,
+        "parity/kl": k3_sum / count,
+        "parity/num_tokens": int(tokens),
+    }
 
 
 # ---------------------------------------------------------------------------- the worker
@@ -312,17 +377,23 @@ class DeepSpeedTrainingWorker:
         _validate_with_deepspeed(ds_config)
         self.ds_config = ds_config
         self.module = self._build_module()
-        self.vocab_size = int(self.module.head_parameters()[0].shape[0])  # before ZeRO-3 partitions it
+        self.vocab_size = int(
+            self.module.head_parameters()[0].shape[0]
+        )  # before ZeRO-3 partitions it
         if self.zero_stage == 3:
             self._register_lm_head_with_zero3()
-        optimizer = torch.optim.AdamW(self.module.parameters(), lr=config.trainer.lr,
-                                      weight_decay=config.trainer.weight_decay)
+        optimizer = torch.optim.AdamW(
+            self.module.parameters(), lr=config.trainer.lr, weight_decay=config.trainer.weight_decay
+        )
         self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
-            model=self.module, optimizer=optimizer, config=ds_config, dist_init_required=False)
+            model=self.module, optimizer=optimizer, config=ds_config, dist_init_required=False
+        )
         self.reference = self._build_reference() if config.algorithm.kl_coef > 0 else None
         self._aborted = False
-        self._log(f"DeepSpeed worker ready: {self.env.world_size} rank(s), ZeRO-{self.zero_stage}, {config.dtype}, "
-                  f"batch_invariant={config.batch_invariant}, parity={config.parity}, device={self.device}")
+        self._log(
+            f"DeepSpeed worker ready: {self.env.world_size} rank(s), ZeRO-{self.zero_stage}, {config.dtype}, "
+            f"batch_invariant={config.batch_invariant}, parity={config.parity}, device={self.device}"
+        )
 
     # -------------------------------------------------------------- properties
 
@@ -346,7 +417,9 @@ class DeepSpeedTrainingWorker:
     # -------------------------------------------------------------- construction
 
     def _load_policy(self) -> nn.Module:
-        policy, _ = load_model(self.config.model, dtype=self.config.torch_dtype, seed=self.config.seed)
+        policy, _ = load_model(
+            self.config.model, dtype=self.config.torch_dtype, seed=self.config.seed
+        )
         if self.config.batch_invariant:
             apply_batch_invariant(policy)  # before deepspeed.initialize: same Parameter objects
         return policy.to(self.device)
@@ -377,12 +450,16 @@ class DeepSpeedTrainingWorker:
         """
         batch = self._agreed(lambda: self._checked(batch))
         self.engine.eval()
-        out = [self._forward(mb) for mb in batch.micro_batches(self.config.trainer.micro_batch_size)]
+        out = [
+            self._forward(mb) for mb in batch.micro_batches(self.config.trainer.micro_batch_size)
+        ]
         return torch.cat(out).cpu()
 
     def _forward(self, mb: TrainBatch, module=None) -> torch.Tensor:
         module = self.engine if module is None else module
-        return module(mb.input_ids, mb.attention_mask, _targets(mb), self.config.rollout.temperature)
+        return module(
+            mb.input_ids, mb.attention_mask, _targets(mb), self.config.rollout.temperature
+        )
 
     def _checked(self, batch: TrainBatch) -> TrainBatch:
         if not isinstance(batch, TrainBatch):
@@ -397,12 +474,15 @@ class DeepSpeedTrainingWorker:
         if batch.num_sequences != accum * size:
             raise ValueError(
                 f"this rank's shard has {batch.num_sequences} sequences; a step takes exactly "
-                f"gradient_accumulation_steps x micro_batch_size = {accum} x {size} per rank")
+                f"gradient_accumulation_steps x micro_batch_size = {accum} x {size} per rank"
+            )
         micro = batch.micro_batches(size)
         for index, mb in enumerate(micro):
             if not bool(mb.response_mask.any()):
-                raise ValueError(f"micro-batch {index} (sequences {index * size}..{(index + 1) * size - 1}) "
-                                 "scores no completion token")
+                raise ValueError(
+                    f"micro-batch {index} (sequences {index * size}..{(index + 1) * size - 1}) "
+                    "scores no completion token"
+                )
         return micro
 
     def _agreed(self, check):
@@ -416,8 +496,10 @@ class DeepSpeedTrainingWorker:
         if error is not None:
             raise error
         if failed:
-            raise ValueError(f"{failed} other rank(s) rejected their batch (rank {self.rank}'s is valid); "
-                             "see their errors")
+            raise ValueError(
+                f"{failed} other rank(s) rejected their batch (rank {self.rank}'s is valid); "
+                "see their errors"
+            )
         return result
 
     # -------------------------------------------------------------- training
@@ -438,12 +520,20 @@ class DeepSpeedTrainingWorker:
         worker refuses further steps (strict mode is meant to stop the run).
         """
         if self._aborted:
-            raise RuntimeError("an earlier train_step was aborted by a ParityError after gradients were "
-                               "accumulated; build a new worker (and load_checkpoint) to continue")
+            raise RuntimeError(
+                "an earlier train_step was aborted by a ParityError after gradients were "
+                "accumulated; build a new worker (and load_checkpoint) to continue"
+            )
         micro = self._agreed(lambda: self._checked_for_step(batch))
-        units = self._all_reduce(sum(self._aggregation_units(mb) for mb in micro), "sum")  # global normalisers
+        units = self._all_reduce(
+            sum(self._aggregation_units(mb) for mb in micro), "sum"
+        )  # global normalisers
         self.engine.train()
-        sums, parity, norm = torch.zeros(6, dtype=torch.float64), torch.zeros(5, dtype=torch.float64), None
+        sums, parity, norm = (
+            torch.zeros(6, dtype=torch.float64),
+            torch.zeros(5, dtype=torch.float64),
+            None,
+        )
         for index, mb in enumerate(micro):
             logp = self._forward(mb)  # (b, T-1) fp32, the step's first forward of these tokens
             parity = _merge_parity(parity, self._check_parity(mb, logp.detach(), index))
@@ -458,12 +548,16 @@ class DeepSpeedTrainingWorker:
     def _aggregation_units(self, batch: TrainBatch) -> torch.Tensor:
         """Normalisers of every aggregation on this shard: [tokens, non-empty sequences, sequences]."""
         per_seq = batch.response_mask.sum(dim=1)
-        return torch.tensor([float(per_seq.sum()), float((per_seq > 0).sum()), float(batch.num_sequences)],
-                            dtype=torch.float64)
+        return torch.tensor(
+            [float(per_seq.sum()), float((per_seq > 0).sum()), float(batch.num_sequences)],
+            dtype=torch.float64,
+        )
 
     def _micro_units(self, mb: TrainBatch, units: torch.Tensor) -> float:
         """This micro-batch's share of the global normaliser of the configured aggregation."""
-        index = {"token-mean": 0, "seq-mean-token-mean": 1, "seq-mean-token-sum": 2}[self.config.algorithm.loss_aggregation]
+        index = {"token-mean": 0, "seq-mean-token-mean": 1, "seq-mean-token-sum": 2}[
+            self.config.algorithm.loss_aggregation
+        ]
         return float(self._aggregation_units(mb)[index] / units[index])
 
     def _micro_loss(self, mb: TrainBatch, logp: torch.Tensor, units: torch.Tensor):
@@ -474,16 +568,37 @@ class DeepSpeedTrainingWorker:
         algo, mask = self.config.algorithm, mb.response_mask
         is_weights = None
         if algo.tis_cap is not None:
-            is_weights = truncated_importance_weights(logp.detach(), mb.rollout_logprobs, mask, cap=algo.tis_cap)
-        pg, stats = policy_loss(logp, mb.rollout_logprobs, mb.advantages, mask, clip_eps=algo.clip_eps,
-                                clip_eps_high=algo.clip_eps_high, aggregation=algo.loss_aggregation,
-                                is_weights=is_weights)
+            is_weights = truncated_importance_weights(
+                logp.detach(), mb.rollout_logprobs, mask, cap=algo.tis_cap
+            )
+        pg, stats = policy_loss(
+            logp,
+            mb.rollout_logprobs,
+            mb.advantages,
+            mask,
+            clip_eps=algo.clip_eps,
+            clip_eps_high=algo.clip_eps_high,
+            aggregation=algo.loss_aggregation,
+            is_weights=is_weights,
+        )
         kl = self._reference_kl(mb, logp) if self.reference is not None else logp.new_zeros(())
         share = self._micro_units(mb, units)
         loss = (pg + algo.kl_coef * kl) * share
         tokens = mask.sum()
-        record = torch.stack([loss.detach(), pg.detach() * share, stats["clip_fraction"] * tokens,
-                              kl.detach() * share, -logp.detach()[mask].sum(), tokens.float()]).double().cpu()
+        record = (
+            torch.stack(
+                [
+                    loss.detach(),
+                    pg.detach() * share,
+                    stats["clip_fraction"] * tokens,
+                    kl.detach() * share,
+                    -logp.detach()[mask].sum(),
+                    tokens.float(),
+                ]
+            )
+            .double()
+            .cpu()
+        )
         return loss * (self.config.gradient_accumulation_steps * self.world_size), record
 
     def _reference_kl(self, mb: TrainBatch, logp: torch.Tensor) -> torch.Tensor:
@@ -494,10 +609,18 @@ class DeepSpeedTrainingWorker:
 
     def _stage0_grad_norm(self) -> float | None:
         """Plain ZeRO-0 fp32 keeps the averaged grads in .grad and DeepSpeed does not report their norm."""
-        if self.zero_stage != 0 or self.config.dtype != "float32" or not self.engine.is_gradient_accumulation_boundary():
+        if (
+            self.zero_stage != 0
+            or self.config.dtype != "float32"
+            or not self.engine.is_gradient_accumulation_boundary()
+        ):
             return None
         grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.double()) for g in grads])))
+        return float(
+            torch.linalg.vector_norm(
+                torch.stack([torch.linalg.vector_norm(g.double()) for g in grads])
+            )
+        )
 
     def _finish_step(self, sums, parity, units, stage0_norm: float | None) -> dict[str, float]:
         sums = self._all_reduce(sums, "sum")
@@ -506,9 +629,14 @@ class DeepSpeedTrainingWorker:
         norm = self.engine.get_global_grad_norm()
         norm = stage0_norm if norm is None else norm
         metrics = {
-            "loss": float(sums[0]), "policy_loss": float(sums[1]), "clip_fraction": float(sums[2]) / tokens,
-            "kl": float(sums[3]), "entropy": float(sums[4]) / tokens, "tokens": int(units[0]),
-            "grad_norm": float("nan") if norm is None else float(norm), "lr": float(self.engine.get_lr()[0]),
+            "loss": float(sums[0]),
+            "policy_loss": float(sums[1]),
+            "clip_fraction": float(sums[2]) / tokens,
+            "kl": float(sums[3]),
+            "entropy": float(sums[4]) / tokens,
+            "tokens": int(units[0]),
+            "grad_norm": float("nan") if norm is None else float(norm),
+            "lr": float(self.engine.get_lr()[0]),
             "step": self.global_step,
         }
         if self.config.parity != "off":
@@ -534,16 +662,29 @@ class DeepSpeedTrainingWorker:
         self._aborted = index > 0  # earlier micro-batches already accumulated gradients
         offset = index * self.config.trainer.micro_batch_size
         if found is None:
-            raise ParityError(f"parity: {count} mismatching token(s) on other ranks (none on rank {self.rank})",
-                              rank=self.rank, sequence=None, position=None, trainer_logprob=None, rollout_logprob=None)
+            raise ParityError(
+                f"parity: {count} mismatching token(s) on other ranks (none on rank {self.rank})",
+                rank=self.rank,
+                sequence=None,
+                position=None,
+                trainer_logprob=None,
+                rollout_logprob=None,
+            )
         seq, pos, mine, theirs = found
-        prompt_len = int(mb.response_mask[seq].nonzero()[0])  # first scored position = prompt length - 1
+        prompt_len = int(
+            mb.response_mask[seq].nonzero()[0]
+        )  # first scored position = prompt length - 1
         raise ParityError(
             f"parity: trainer logprob != rollout logprob at rank {self.rank}, sequence {offset + seq} of the shard, "
             f"completion token {pos - prompt_len} (position {pos} scores token {pos + 1}): trainer {mine!r} vs "
             f"rollout {theirs!r} (diff {mine - theirs:.3e}); {count} mismatching token(s) in this micro-batch over "
             f"all ranks; no optimizer step was taken",
-            rank=self.rank, sequence=offset + seq, position=pos, trainer_logprob=mine, rollout_logprob=theirs)
+            rank=self.rank,
+            sequence=offset + seq,
+            position=pos,
+            trainer_logprob=mine,
+            rollout_logprob=theirs,
+        )
 
     # -------------------------------------------------------------- weights and checkpoints
 
@@ -555,7 +696,9 @@ class DeepSpeedTrainingWorker:
         """
         policy = self.module.policy
         if self.zero_stage == 3:
-            with self._deepspeed.zero.GatheredParameters(list(policy.parameters()), modifier_rank=None):
+            with self._deepspeed.zero.GatheredParameters(
+                list(policy.parameters()), modifier_rank=None
+            ):
                 return _cpu_state_dict(policy) if self.rank == 0 else None
         return _cpu_state_dict(policy)
 
@@ -569,8 +712,12 @@ class DeepSpeedTrainingWorker:
         directory = Path(directory)
         tag = tag or f"step{self.global_step}"
         staging = f".{tag}.tmp"
-        self.engine.save_checkpoint(str(directory), tag=staging, client_state={"rl_engine_step": self.global_step},
-                                    save_latest=False)
+        self.engine.save_checkpoint(
+            str(directory),
+            tag=staging,
+            client_state={"rl_engine_step": self.global_step},
+            save_latest=False,
+        )
         self._barrier()
         if self.rank == 0:
             final = directory / tag
@@ -608,10 +755,15 @@ class DeepSpeedTrainingWorker:
             logger.info(message)
 
     def _log_step(self, m: dict) -> None:
-        parity = (f" | parity exact {m['parity/exact_match_fraction']:.4f} max|d| {m['parity/max_abs_diff']:.2e}"
-                  if "parity/num_tokens" in m else "")
-        self._log(f"step {m['step']}: loss {m['loss']:+.5f} pg {m['policy_loss']:+.5f} kl {m['kl']:.2e} "
-                  f"clip {m['clip_fraction']:.3f} grad_norm {m['grad_norm']:.3e} tokens {m['tokens']}{parity}")
+        parity = (
+            f" | parity exact {m['parity/exact_match_fraction']:.4f} max|d| {m['parity/max_abs_diff']:.2e}"
+            if "parity/num_tokens" in m
+            else ""
+        )
+        self._log(
+            f"step {m['step']}: loss {m['loss']:+.5f} pg {m['policy_loss']:+.5f} kl {m['kl']:.2e} "
+            f"clip {m['clip_fraction']:.3f} grad_norm {m['grad_norm']:.3e} tokens {m['tokens']}{parity}"
+        )
 
 
 def _merge_parity(total: torch.Tensor, part: torch.Tensor) -> torch.Tensor:

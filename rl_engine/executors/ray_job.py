@@ -43,10 +43,16 @@ class RolloutActor:
             apply_batch_invariant(model)
         self.vocab_size = model.config.vocab_size
         self.eos_token_id = model.config.eos_token_id
-        self.engine = RolloutEngine(model, device="cpu", max_batch_size=config.rollout.max_batch_size)
+        self.engine = RolloutEngine(
+            model, device="cpu", max_batch_size=config.rollout.max_batch_size
+        )
 
     def model_info(self) -> dict:
-        return {"vocab_size": self.vocab_size, "eos_token_id": self.eos_token_id, "tokenizer": self.tokenizer}
+        return {
+            "vocab_size": self.vocab_size,
+            "eos_token_id": self.eos_token_id,
+            "tokenizer": self.tokenizer,
+        }
 
     def generate(self, prompts, sampling):
         return self.engine.generate(prompts, sampling)
@@ -61,8 +67,11 @@ class TrainerActor:
 
     def __init__(self, config: RunConfig, rank: int, world_size: int, master_port: int):
         os.environ.update(
-            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port),
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(master_port),
         )
         from rl_engine.executors.deepspeed_trainer import DeepSpeedTrainingWorker
 
@@ -84,8 +93,12 @@ def _sampling(config: RunConfig, step: int, eos_token_id):
 
     r = config.rollout
     return SamplingParams(
-        max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-        n=r.samples_per_prompt, seed=config.seed * 100_003 + step,
+        max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        n=r.samples_per_prompt,
+        seed=config.seed * 100_003 + step,
         eos_token_id=eos_token_id if isinstance(eos_token_id, int) else None,
     )
 
@@ -93,7 +106,9 @@ def _sampling(config: RunConfig, step: int, eos_token_id):
 def _generate(engines, prompts, sampling):
     """Spread prompts over the engines; return completions in prompt order with global indices."""
     shards = [list(range(i, len(prompts), len(engines))) for i in range(len(engines))]
-    futures = [e.generate.remote([prompts[j] for j in idx], sampling) for e, idx in zip(engines, shards)]
+    futures = [
+        e.generate.remote([prompts[j] for j in idx], sampling) for e, idx in zip(engines, shards)
+    ]
     completions = []
     for idx, result in zip(shards, ray.get(futures)):
         for c in result:
@@ -122,38 +137,63 @@ def run_job(config: RunConfig) -> list[dict]:
     if started_ray:
         ray.init(
             num_cpus=config.trainer.num_ranks + config.rollout.num_engines,
-            include_dashboard=False, log_to_driver=True,
+            include_dashboard=False,
+            log_to_driver=True,
             runtime_env={"env_vars": {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}},
         )
     try:
-        engines = [RolloutActor.options(num_cpus=1).remote(config) for _ in range(config.rollout.num_engines)]
+        engines = [
+            RolloutActor.options(num_cpus=1).remote(config)
+            for _ in range(config.rollout.num_engines)
+        ]
         port = _free_port()
         trainers = [
             TrainerActor.options(num_cpus=1).remote(config, rank, config.trainer.num_ranks, port)
             for rank in range(config.trainer.num_ranks)
         ]
         info = ray.get(engines[0].model_info.remote())
-        task = make_task(config.rollout.task, vocab_size=info["vocab_size"], tokenizer=info["tokenizer"], seed=config.seed)
+        task = make_task(
+            config.rollout.task,
+            vocab_size=info["vocab_size"],
+            tokenizer=info["tokenizer"],
+            seed=config.seed,
+        )
         pad_id = info["eos_token_id"] if isinstance(info["eos_token_id"], int) else 0
         history = []
-        log.info("job: %d trainer rank(s), %d rollout engine(s), batch_invariant=%s, %d steps",
-                 len(trainers), len(engines), config.batch_invariant, config.steps)
+        log.info(
+            "job: %d trainer rank(s), %d rollout engine(s), batch_invariant=%s, %d steps",
+            len(trainers),
+            len(engines),
+            config.batch_invariant,
+            config.steps,
+        )
         for step in range(config.steps):
             started = time.perf_counter()
             prompts = task.prompts(config.rollout.prompts_per_step, step)
             completions = _generate(engines, prompts, _sampling(config, step, info["eos_token_id"]))
-            rewards = task.rewards([c.prompt_index for c in completions], [c.token_ids for c in completions], step)
+            rewards = task.rewards(
+                [c.prompt_index for c in completions], [c.token_ids for c in completions], step
+            )
             batch = TrainBatch.from_completions(
-                completions, rewards, group_size=config.rollout.samples_per_prompt, pad_token_id=pad_id,
+                completions,
+                rewards,
+                group_size=config.rollout.samples_per_prompt,
+                pad_token_id=pad_id,
                 normalize_std=config.algorithm.normalize_std,
             )
             world = len(trainers)
-            metrics = ray.get([t.train_step.remote(batch.shard(r, world)) for r, t in enumerate(trainers)])[0]
+            metrics = ray.get(
+                [t.train_step.remote(batch.shard(r, world)) for r, t in enumerate(trainers)]
+            )[0]
             # export_weights is collective under ZeRO-3: every rank gathers, rank 0 returns the dict
             state = ray.get([t.export_weights.remote() for t in trainers])[0]
             ray.get([e.load_weights.remote(state, step + 1) for e in engines])
-            metrics = {**metrics, "step": step, "reward_mean": sum(rewards) / len(rewards),
-                       "step_seconds": time.perf_counter() - started}
+            metrics = {
+                **metrics,
+                "step": step,
+                "reward_mean": sum(rewards) / len(rewards),
+                "step_seconds": time.perf_counter() - started,
+            }
             history.append(metrics)
             log.info(_summary_line(step, metrics))
             write_text_atomic(out / "metrics.jsonl", "".join(_jsonl(m) for m in history))
@@ -186,7 +226,12 @@ def _plot(history: list[dict], path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
     ax1.plot(steps, [m["reward_mean"] for m in history], marker="o")
     ax1.set(title="mean reward", xlabel="step")
-    ax2.plot(steps, [m["parity/exact_match_fraction"] for m in history], marker="o", label="exact-match fraction")
+    ax2.plot(
+        steps,
+        [m["parity/exact_match_fraction"] for m in history],
+        marker="o",
+        label="exact-match fraction",
+    )
     ax2.set(title="trainer == rollout (bitwise)", xlabel="step", ylim=(-0.05, 1.05))
     ax2.legend(loc="lower right")
     fig.tight_layout()

@@ -93,7 +93,9 @@ def _swap_modules(model: nn.Module, family: Family, handle: PatchHandle) -> None
     targets = []
     for parent_name, parent in model.named_modules():
         for child_name, child in parent.named_children():
-            replacement = _replacement_for(child, child_name, family, input_embeddings, output_embeddings)
+            replacement = _replacement_for(
+                child, child_name, family, input_embeddings, output_embeddings
+            )
             if replacement is not None:
                 path = f"{parent_name}.{child_name}" if parent_name else child_name
                 targets.append((parent, child_name, child, replacement, path))

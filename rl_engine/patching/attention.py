@@ -51,7 +51,9 @@ def positions_from_mask(mask, batch_size, q_length, kv_length, device):
     return k_pos[:, kv_length - q_length :], k_pos
 
 
-def invariant_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+def invariant_attention_forward(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs
+):
     """HF attention interface: q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) -> ((B, Tq, Hq, D), None)."""
     if dropout:
         raise ValueError(
@@ -87,7 +89,9 @@ def register_attention() -> None:
 PLAIN_CACHED_NAME = "rl_engine_plain_cached"
 
 
-def plain_cached_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+def plain_cached_attention_forward(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs
+):
     """Invariance OFF: plain SDPA, over the rollout engine's KV cache when `rl_kv_cache` is given.
 
     With a cache: q (B, Hq, Tq, D) attends causally to the cache's aligned keys
@@ -100,14 +104,22 @@ def plain_cached_attention_forward(module, query, key, value, attention_mask, dr
 
     cache = kwargs.pop(KV_CACHE_KWARG, None)
     if cache is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     key, value, q_pos = cache.update(module.layer_idx, key, value)  # (B, Hkv, L, D), (B, Tq)
     kv_len = int(q_pos.max()) + 1
     key, value = key[:, :, :kv_len], value[:, :, :kv_len]
     slots = torch.arange(kv_len, device=query.device)
     allowed = slots[None, None, :] <= q_pos.clamp(min=0)[:, :, None]  # (B, Tq, L)
     out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=allowed[:, None], dropout_p=dropout, scale=scaling, enable_gqa=True
+        query,
+        key,
+        value,
+        attn_mask=allowed[:, None],
+        dropout_p=dropout,
+        scale=scaling,
+        enable_gqa=True,
     )  # (B, Hq, Tq, D)
     return out.transpose(1, 2).contiguous(), None
 

@@ -27,11 +27,21 @@ def test_metrics_are_exact_for_equal_inputs_and_count_mismatches():
 
 
 def test_report_invariant_exact_plain_not(tmp_path):
-    config = RunConfig.from_dict({
-        "model": "tiny-qwen3", "dtype": "bfloat16", "output_dir": str(tmp_path), "parity": "report",
-        "rollout": {"prompts_per_step": 3, "samples_per_prompt": 2, "max_new_tokens": 8, "max_batch_size": 4},
-        "trainer": {"micro_batch_size": 4},
-    })
+    config = RunConfig.from_dict(
+        {
+            "model": "tiny-qwen3",
+            "dtype": "bfloat16",
+            "output_dir": str(tmp_path),
+            "parity": "report",
+            "rollout": {
+                "prompts_per_step": 3,
+                "samples_per_prompt": 2,
+                "max_new_tokens": 8,
+                "max_batch_size": 4,
+            },
+            "trainer": {"micro_batch_size": 4},
+        }
+    )
     report = run_diagnosis(config)
     invariant, plain = report.results
     assert invariant.mode == "invariant" and invariant.metrics.exact_match_fraction == 1.0

@@ -45,12 +45,25 @@ def cell_name(stage: int, world: int, dtype: str) -> str:
     return f"zero{stage}-world{world}-{dtype}"
 
 
-def cell_config(stage: int, world: int, dtype: str, model: str | None = None, **overrides) -> RunConfig:
+def cell_config(
+    stage: int, world: int, dtype: str, model: str | None = None, **overrides
+) -> RunConfig:
     data = {
-        "model": model or MODELS[dtype], "dtype": dtype, "seed": 3, "parity": "strict",
-        "rollout": {"prompts_per_step": PROMPTS_PER_STEP, "samples_per_prompt": GROUP, "temperature": 0.9},
-        "trainer": {"num_ranks": world, "micro_batch_size": 4 // world, "lr": 5e-5,
-                    "deepspeed": str(REPO / "configs" / "deepspeed" / f"zero{stage}.json")},
+        "model": model or MODELS[dtype],
+        "dtype": dtype,
+        "seed": 3,
+        "parity": "strict",
+        "rollout": {
+            "prompts_per_step": PROMPTS_PER_STEP,
+            "samples_per_prompt": GROUP,
+            "temperature": 0.9,
+        },
+        "trainer": {
+            "num_ranks": world,
+            "micro_batch_size": 4 // world,
+            "lr": 5e-5,
+            "deepspeed": str(REPO / "configs" / "deepspeed" / f"zero{stage}.json"),
+        },
         "algorithm": {"kl_coef": 0.05},
     }
     for section, values in overrides.items():
@@ -72,8 +85,13 @@ def prompts(vocab_size: int, seed: int) -> list[list[int]]:
 
 def generate(engine: RolloutEngine, config: RunConfig, seed: int):
     """Ragged completions: some stop early on one of ~10% of the ids."""
-    sampling = SamplingParams(max_new_tokens=6, temperature=config.rollout.temperature, n=GROUP, seed=seed,
-                              stop_token_ids=tuple(range(3, engine.vocab_size // 10)))
+    sampling = SamplingParams(
+        max_new_tokens=6,
+        temperature=config.rollout.temperature,
+        n=GROUP,
+        seed=seed,
+        stop_token_ids=tuple(range(3, engine.vocab_size // 10)),
+    )
     return engine.generate(prompts(engine.vocab_size, seed), sampling)
 
 
@@ -89,7 +107,9 @@ def rewards(completions) -> list[float]:
 
 
 def to_batch(completions) -> TrainBatch:
-    return TrainBatch.from_completions(completions, rewards(completions), group_size=GROUP, pad_token_id=0)
+    return TrainBatch.from_completions(
+        completions, rewards(completions), group_size=GROUP, pad_token_id=0
+    )
 
 
 def broadcast(obj, rank: int, world: int):
@@ -113,11 +133,15 @@ def run_cell(stage: int, world: int, dtype: str, completions, workdir: Path) -> 
     out = {"rank": rank, "mask": shard.response_mask, "rollout_lp": shard.rollout_logprobs}
     clock("worker")
     out["lp0"] = worker.compute_logprobs(shard)
-    out["external_params"] = [tuple(p.ds_shape) for p in getattr(worker.module, "_external_params", {}).values()]
+    out["external_params"] = [
+        tuple(p.ds_shape) for p in getattr(worker.module, "_external_params", {}).values()
+    ]
     out["lm_head_numel_outside_forward"] = worker.module.head_parameters()[0].numel()
     metrics = [worker.train_step(shard)]  # strict: raises on any mismatch
     worker.save_checkpoint(workdir / "ckpt")
-    worker.config = dataclasses.replace(worker.config, parity="report")  # same batch is off-policy now
+    worker.config = dataclasses.replace(
+        worker.config, parity="report"
+    )  # same batch is off-policy now
     metrics.append(worker.train_step(shard))
     weights2 = worker.export_weights()
     metrics += [worker.train_step(shard) for _ in range(2)]
@@ -183,6 +207,10 @@ def _strict_mismatch(worker, shard: TrainBatch, rank: int, world: int):
     try:
         worker.train_step(shard)
     except ParityError as err:
-        return {"message": str(err), "sequence": err.sequence, "position": err.position,
-                "step_unchanged": worker.global_step == step}
+        return {
+            "message": str(err),
+            "sequence": err.sequence,
+            "position": err.position,
+            "step_unchanged": worker.global_step == step,
+        }
     return None

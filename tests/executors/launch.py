@@ -22,11 +22,21 @@ def free_port() -> int:
 
 
 def rank_env(rank: int, world: int, port: int) -> dict:
-    return {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "DS_ACCELERATOR": "cpu",
+        "OMP_NUM_THREADS": "1",
+    }
 
 
-def run_ranks(spec: dict, world: int, out_dir: Path, timeout: float = 300) -> tuple[list[dict], str | None]:
+def run_ranks(
+    spec: dict, world: int, out_dir: Path, timeout: float = 300
+) -> tuple[list[dict], str | None]:
     """Run `world` ranks on `spec`; return (each rank's {cell: result}, the first error text or None).
 
     As soon as one rank fails the others are killed (they may wait in a collective forever).
@@ -36,8 +46,15 @@ def run_ranks(spec: dict, world: int, out_dir: Path, timeout: float = 300) -> tu
     spec_path.write_text(json.dumps({**spec, "world": world, "out_dir": str(out_dir)}))
     port = free_port()
     logs = [open(out_dir / f"rank{rank}.log", "w") for rank in range(world)]  # noqa: SIM115 - closed below
-    procs = [subprocess.Popen([sys.executable, str(RUNNER), str(spec_path)], env=rank_env(rank, world, port),
-                              stdout=log, stderr=subprocess.STDOUT) for rank, log in enumerate(logs)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(RUNNER), str(spec_path)],
+            env=rank_env(rank, world, port),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        for rank, log in enumerate(logs)
+    ]
     try:
         error = _wait(procs, out_dir, timeout)
     finally:
@@ -64,7 +81,9 @@ def _wait(procs, out_dir: Path, timeout: float) -> str | None:
 
 def _error_text(out_dir: Path, rank: int, code: int) -> str:
     error = out_dir / f"rank{rank}.error"
-    detail = error.read_text() if error.is_file() else (out_dir / f"rank{rank}.log").read_text()[-4000:]
+    detail = (
+        error.read_text() if error.is_file() else (out_dir / f"rank{rank}.log").read_text()[-4000:]
+    )
     return f"rank {rank} failed (exit {code}):\n{detail}"
 
 

@@ -10,14 +10,27 @@ from rl_engine.rollout import Completion
 
 
 def completion(prompt, tokens, logprobs=None, index=0):
-    logprobs = torch.linspace(-1.0, -2.0, len(tokens)) if logprobs is None else torch.as_tensor(logprobs)
-    return Completion(prompt_ids=list(prompt), token_ids=list(tokens), logprobs=logprobs.float(),
-                      finish_reason="length", weight_version=0, prompt_index=index, sample_index=0)
+    logprobs = (
+        torch.linspace(-1.0, -2.0, len(tokens)) if logprobs is None else torch.as_tensor(logprobs)
+    )
+    return Completion(
+        prompt_ids=list(prompt),
+        token_ids=list(tokens),
+        logprobs=logprobs.float(),
+        finish_reason="length",
+        weight_version=0,
+        prompt_index=index,
+        sample_index=0,
+    )
 
 
 def two_groups():
-    comps = [completion([5, 6, 7], [10, 11]), completion([5, 6, 7], [12, 13, 14, 15]),
-             completion([8], [20]), completion([8], [21, 22, 23])]
+    comps = [
+        completion([5, 6, 7], [10, 11]),
+        completion([5, 6, 7], [12, 13, 14, 15]),
+        completion([8], [20]),
+        completion([8], [21, 22, 23]),
+    ]
     return comps, [1.0, 0.0, 0.5, 2.0]
 
 
@@ -34,7 +47,10 @@ def test_layout_is_right_padded_and_aligned():
     assert batch.num_tokens == 2 + 4 + 1 + 3
     assert batch.rollout_logprobs[~batch.response_mask].abs().sum() == 0
     # GRPO advantages within each group of 2: +/- the same magnitude
-    assert batch.advantages[0] > 0 > batch.advantages[1] and batch.advantages[3] > 0 > batch.advantages[2]
+    assert (
+        batch.advantages[0] > 0 > batch.advantages[1]
+        and batch.advantages[3] > 0 > batch.advantages[2]
+    )
     assert batch.rewards.tolist() == rewards
 
 
@@ -42,7 +58,9 @@ def test_shard_and_micro_batches():
     comps, rewards = two_groups()
     batch = TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0)
     shard = batch.shard(1, 2)
-    assert torch.equal(shard.input_ids, batch.input_ids[2:]) and torch.equal(shard.advantages, batch.advantages[2:])
+    assert torch.equal(shard.input_ids, batch.input_ids[2:]) and torch.equal(
+        shard.advantages, batch.advantages[2:]
+    )
     micro = batch.micro_batches(3)
     assert [m.num_sequences for m in micro] == [3, 1]
     assert torch.equal(torch.cat([m.rollout_logprobs for m in micro]), batch.rollout_logprobs)
@@ -58,7 +76,9 @@ def test_validate_names_out_of_vocabulary_tokens():
     comps, rewards = two_groups()
     comps[3] = completion([8], [21, 1000, 23])
     batch = TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0)
-    with pytest.raises(ValueError, match=r"sequence 3: token ids span \[8, 1000\] but the vocabulary has 1000"):
+    with pytest.raises(
+        ValueError, match=r"sequence 3: token ids span \[8, 1000\] but the vocabulary has 1000"
+    ):
         batch.validate(1000)
     with pytest.raises(ValueError, match="sequence 3"):
         TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0, vocab_size=1000)
@@ -121,9 +141,24 @@ def test_shapes_and_mask_consistency_are_checked():
     comps, rewards = two_groups()
     batch = TrainBatch.from_completions(comps, rewards, group_size=2, pad_token_id=0)
     with pytest.raises(ValueError, match=r"TrainBatch.advantages must have shape \(4,\)"):
-        TrainBatch(batch.input_ids, batch.attention_mask, batch.response_mask, batch.rollout_logprobs,
-                   batch.advantages[:3], batch.rewards)
+        TrainBatch(
+            batch.input_ids,
+            batch.attention_mask,
+            batch.response_mask,
+            batch.rollout_logprobs,
+            batch.advantages[:3],
+            batch.rewards,
+        )
     mask = batch.response_mask.clone()
     mask[0, 5] = True  # scores padding
-    with pytest.raises(ValueError, match=r"response_mask\[0, 5\] is set but token 5 or 6 of sequence 0 is padding"):
-        TrainBatch(batch.input_ids, batch.attention_mask, mask, batch.rollout_logprobs, batch.advantages, batch.rewards)
+    with pytest.raises(
+        ValueError, match=r"response_mask\[0, 5\] is set but token 5 or 6 of sequence 0 is padding"
+    ):
+        TrainBatch(
+            batch.input_ids,
+            batch.attention_mask,
+            mask,
+            batch.rollout_logprobs,
+            batch.advantages,
+            batch.rewards,
+        )

@@ -13,11 +13,18 @@ from rl_engine.config import AlgorithmConfig, RolloutConfig, RunConfig, TrainerC
 
 def test_defaults():
     c = RunConfig()
-    assert (c.model, c.dtype, c.batch_invariant, c.parity) == ("tiny-llama", "float32", True, "strict")
+    assert (c.model, c.dtype, c.batch_invariant, c.parity) == (
+        "tiny-llama",
+        "float32",
+        True,
+        "strict",
+    )
     assert c.torch_dtype is torch.float32
     assert (c.rollout.samples_per_prompt, c.rollout.task, c.rollout.top_k) == (4, "count", 0)
     assert c.trainer.deepspeed == {"zero_optimization": {"stage": 0}, "steps_per_print": 1_000_000}
-    assert c.trainer.zero_stage is None and c.algorithm.name == "grpo" and c.algorithm.tis_cap is None
+    assert (
+        c.trainer.zero_stage is None and c.algorithm.name == "grpo" and c.algorithm.tis_cap is None
+    )
     assert c.sequences_per_step == 16 and c.gradient_accumulation_steps == 4
     assert RunConfig(dtype="bfloat16").torch_dtype is torch.bfloat16
 
@@ -37,7 +44,11 @@ def test_yaml_round_trip(tmp_path):
         "algorithm: {name: ppo, kl_coef: 0.1, tis_cap: 2.0, loss_aggregation: seq-mean-token-mean}\n"
     )
     config = RunConfig.from_yaml(path)
-    assert config.rollout.temperature == 0.7 and config.trainer.zero_stage == 3 and config.algorithm.tis_cap == 2.0
+    assert (
+        config.rollout.temperature == 0.7
+        and config.trainer.zero_stage == 3
+        and config.algorithm.tis_cap == 2.0
+    )
     config.to_yaml(tmp_path / "again.yaml")
     assert RunConfig.from_yaml(tmp_path / "again.yaml") == config
     assert RunConfig.from_dict(dataclasses.asdict(config)) == config
@@ -50,7 +61,9 @@ def test_empty_yaml_gives_defaults(tmp_path):
 
 def test_unknown_keys_are_listed_with_their_section():
     with pytest.raises(ValueError) as err:
-        RunConfig.from_dict({"modle": "x", "trainer": {"lr": 1e-4, "micro_batch": 2}, "rollout": {"topk": 3}})
+        RunConfig.from_dict(
+            {"modle": "x", "trainer": {"lr": 1e-4, "micro_batch": 2}, "rollout": {"topk": 3}}
+        )
     message = str(err.value)
     assert "modle" in message and "trainer.micro_batch" in message and "rollout.topk" in message
     assert "micro_batch_size" in message  # the valid keys are listed
@@ -113,8 +126,13 @@ def test_strict_parity_needs_invariance():
 
 
 def test_batch_must_split_into_micro_batches_over_ranks_for_training():
-    config = RunConfig(rollout=RolloutConfig(prompts_per_step=3, samples_per_prompt=2), trainer=TrainerConfig(micro_batch_size=4))
-    with pytest.raises(ValueError, match="multiple of trainer.micro_batch_size x trainer.num_ranks"):
+    config = RunConfig(
+        rollout=RolloutConfig(prompts_per_step=3, samples_per_prompt=2),
+        trainer=TrainerConfig(micro_batch_size=4),
+    )
+    with pytest.raises(
+        ValueError, match="multiple of trainer.micro_batch_size x trainer.num_ranks"
+    ):
         config.gradient_accumulation_steps  # noqa: B018 - the property raises
 
 

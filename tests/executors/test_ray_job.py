@@ -9,13 +9,25 @@ from rl_engine.executors.ray_job import run_job
 
 
 def _config(tmp_path, **trainer):
-    return RunConfig.from_dict({
-        "model": "tiny-llama", "dtype": "float32", "seed": 3, "batch_invariant": True, "parity": "strict",
-        "output_dir": str(tmp_path / "run"), "steps": 2,
-        "rollout": {"num_engines": 1, "max_batch_size": 3, "prompts_per_step": 2, "samples_per_prompt": 4,
-                    "max_new_tokens": 6},
-        "trainer": {"micro_batch_size": 4, "lr": 1e-2, **trainer},
-    })
+    return RunConfig.from_dict(
+        {
+            "model": "tiny-llama",
+            "dtype": "float32",
+            "seed": 3,
+            "batch_invariant": True,
+            "parity": "strict",
+            "output_dir": str(tmp_path / "run"),
+            "steps": 2,
+            "rollout": {
+                "num_engines": 1,
+                "max_batch_size": 3,
+                "prompts_per_step": 2,
+                "samples_per_prompt": 4,
+                "max_new_tokens": 6,
+            },
+            "trainer": {"micro_batch_size": 4, "lr": 1e-2, **trainer},
+        }
+    )
 
 
 @pytest.mark.slow

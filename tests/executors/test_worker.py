@@ -38,7 +38,9 @@ def nudged(batch: TrainBatch, *sequences: int, token: int = 1) -> TrainBatch:
     """Copy of `batch` with the rollout logprob of completion token `token` of each sequence moved by 1 ulp."""
     logprobs = batch.rollout_logprobs.clone()
     for seq in sequences:
-        pos = int(batch.response_mask[seq].nonzero()[min(token, int(batch.response_mask[seq].sum()) - 1)])
+        pos = int(
+            batch.response_mask[seq].nonzero()[min(token, int(batch.response_mask[seq].sum()) - 1)]
+        )
         logprobs[seq, pos] = torch.nextafter(logprobs[seq, pos], torch.tensor(0.0))
     return dataclasses.replace(batch, rollout_logprobs=logprobs)
 
@@ -50,28 +52,50 @@ def weights_equal(a: dict, b: dict) -> bool:
 # ------------------------------------------------------------------ DeepSpeed config errors
 
 BAD_DEEPSPEED = [
-    ({"zero_optimization": {"stage": 7}}, r"DeepSpeed rejected the config: deepspeed\.zero_optimization\.stage: "),
-    ({"zero_optimization": {"stagex": 1}}, r"deepspeed\.zero_optimization\.stagex: Extra inputs are not permitted"),
+    (
+        {"zero_optimization": {"stage": 7}},
+        r"DeepSpeed rejected the config: deepspeed\.zero_optimization\.stage: ",
+    ),
+    (
+        {"zero_optimization": {"stagex": 1}},
+        r"deepspeed\.zero_optimization\.stagex: Extra inputs are not permitted",
+    ),
     ({"bf16": {"enabled": True}}, r"deepspeed\.bf16\.enabled is True but dtype is 'float32'"),
     ({"fp16": {"enabled": True}}, r"deepspeed\.fp16\.enabled"),
-    ({"train_micro_batch_size_per_gpu": 3}, r"deepspeed\.train_micro_batch_size_per_gpu = 3 contradicts"),
+    (
+        {"train_micro_batch_size_per_gpu": 3},
+        r"deepspeed\.train_micro_batch_size_per_gpu = 3 contradicts",
+    ),
     ({"gradient_accumulation_steps": 4}, r"deepspeed\.gradient_accumulation_steps = 4 contradicts"),
     ({"train_batch_size": 5}, r"deepspeed\.train_batch_size = 5 contradicts"),
-    ({"gradient_clipping": 0.5}, r"deepspeed\.gradient_clipping = 0\.5 contradicts .*trainer\.grad_clip"),
-    ({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}}, r"deepspeed\.zero_optimization\.reduce_bucket_size is 'auto'"),
-    ({"optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}, r"deepspeed\.optimizer is not supported"),
+    (
+        {"gradient_clipping": 0.5},
+        r"deepspeed\.gradient_clipping = 0\.5 contradicts .*trainer\.grad_clip",
+    ),
+    (
+        {"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}},
+        r"deepspeed\.zero_optimization\.reduce_bucket_size is 'auto'",
+    ),
+    (
+        {"optimizer": {"type": "Adam", "params": {"lr": 1e-3}}},
+        r"deepspeed\.optimizer is not supported",
+    ),
     ({"zero_optimization": 3}, r"deepspeed\.zero_optimization must be an object"),
 ]
 
 
-@pytest.mark.parametrize(("ds", "match"), BAD_DEEPSPEED, ids=[m.split("\\")[-1][:30] for _, m in BAD_DEEPSPEED])
+@pytest.mark.parametrize(
+    ("ds", "match"), BAD_DEEPSPEED, ids=[m.split("\\")[-1][:30] for _, m in BAD_DEEPSPEED]
+)
 def test_invalid_deepspeed_config_raises_before_any_engine(ds, match):
     with pytest.raises(ValueError, match=match):
         make_worker(trainer={"deepspeed": ds})
 
 
 def test_bf16_must_be_on_for_bfloat16():
-    with pytest.raises(ValueError, match=r"deepspeed\.bf16\.enabled is False but dtype is 'bfloat16'"):
+    with pytest.raises(
+        ValueError, match=r"deepspeed\.bf16\.enabled is False but dtype is 'bfloat16'"
+    ):
         make_worker(dtype="bfloat16", trainer={"deepspeed": {"bf16": {"enabled": False}}})
 
 
@@ -106,15 +130,21 @@ def test_bad_batches_raise_before_a_step(worker, batch):
     before = worker.export_weights()
     ids = batch.input_ids.clone()
     ids[2, 3] = worker.vocab_size + 5
-    with pytest.raises(ValueError, match=rf"sequence 2: token ids span \[\d+, {worker.vocab_size + 5}\]"):
+    with pytest.raises(
+        ValueError, match=rf"sequence 2: token ids span \[\d+, {worker.vocab_size + 5}\]"
+    ):
         worker.train_step(dataclasses.replace(batch, input_ids=ids))
     with pytest.raises(ValueError, match="response_mask selects no tokens"):
-        worker.train_step(dataclasses.replace(batch, response_mask=torch.zeros_like(batch.response_mask)))
+        worker.train_step(
+            dataclasses.replace(batch, response_mask=torch.zeros_like(batch.response_mask))
+        )
     with pytest.raises(ValueError, match="shard has 4 sequences; a step takes exactly"):
         worker.train_step(batch.shard(0, 2))
     no_tokens_first = batch.response_mask.clone()
     no_tokens_first[:4] = False  # micro-batch 0 = sequences 0..3
-    with pytest.raises(ValueError, match=r"micro-batch 0 \(sequences 0..3\) scores no completion token"):
+    with pytest.raises(
+        ValueError, match=r"micro-batch 0 \(sequences 0..3\) scores no completion token"
+    ):
         worker.train_step(dataclasses.replace(batch, response_mask=no_tokens_first))
     with pytest.raises(TypeError, match="batch must be a TrainBatch"):
         worker.train_step({"input_ids": batch.input_ids})
@@ -128,7 +158,9 @@ def test_export_weights_are_the_hf_state_dict(worker):
     reference, _ = load_model("tiny-llama", seed=3)
     expected = reference.state_dict()
     assert list(exported) == list(expected)
-    assert all(torch.equal(exported[k], expected[k]) for k in expected), "initial weights must be the seed's"
+    assert all(torch.equal(exported[k], expected[k]) for k in expected), (
+        "initial weights must be the seed's"
+    )
     assert exported["lm_head.weight"] is exported["model.embed_tokens.weight"]  # tied: one tensor
 
 
@@ -164,10 +196,21 @@ def test_parity_error_survives_pickling():
     """Ray ships exceptions between processes: the details must survive."""
     import pickle
 
-    err = pickle.loads(pickle.dumps(ParityError("m", rank=1, sequence=2, position=3, trainer_logprob=-1.0,
-                                                rollout_logprob=-1.5)))
-    assert (str(err), err.rank, err.sequence, err.position, err.trainer_logprob, err.rollout_logprob) == (
-        "m", 1, 2, 3, -1.0, -1.5)
+    err = pickle.loads(
+        pickle.dumps(
+            ParityError(
+                "m", rank=1, sequence=2, position=3, trainer_logprob=-1.0, rollout_logprob=-1.5
+            )
+        )
+    )
+    assert (
+        str(err),
+        err.rank,
+        err.sequence,
+        err.position,
+        err.trainer_logprob,
+        err.rollout_logprob,
+    ) == ("m", 1, 2, 3, -1.0, -1.5)
 
 
 def test_strict_mismatch_after_accumulation_blocks_the_worker(batch):
@@ -184,8 +227,15 @@ def test_strict_mismatch_after_accumulation_blocks_the_worker(batch):
 
 def test_invariance_off_reports_mismatch_and_uses_tis():
     """fp32: about 20% of tokens differ without invariance (tiny bf16 models happen to match anyway)."""
-    config = cell_config(0, 1, "float32", model="tiny-llama", batch_invariant=False, parity="report",
-                         algorithm={"tis_cap": 2.0})
+    config = cell_config(
+        0,
+        1,
+        "float32",
+        model="tiny-llama",
+        batch_invariant=False,
+        parity="report",
+        algorithm={"tis_cap": 2.0},
+    )
     off_batch = to_batch(generate(rollout_engine(config), config, seed=5))
     worker = DeepSpeedTrainingWorker(config, device="cpu")
     metrics = worker.train_step(off_batch)
@@ -205,11 +255,18 @@ def test_loss_is_the_full_batch_loss(aggregation, batch):
     worker = make_worker(algorithm={"kl_coef": 0.0, "loss_aggregation": aggregation})
     metrics = worker.train_step(batch)
     # On-policy and bitwise equal: the trainer's logprobs ARE the rollout's, so the ratio is exactly 1.
-    expected, _ = policy_loss(batch.rollout_logprobs, batch.rollout_logprobs, batch.advantages,
-                              batch.response_mask, aggregation=aggregation)
+    expected, _ = policy_loss(
+        batch.rollout_logprobs,
+        batch.rollout_logprobs,
+        batch.advantages,
+        batch.response_mask,
+        aggregation=aggregation,
+    )
     assert metrics["policy_loss"] == pytest.approx(float(expected), rel=1e-6, abs=1e-7)
     assert metrics["loss"] == pytest.approx(metrics["policy_loss"], rel=1e-6, abs=1e-7)
-    assert metrics["entropy"] == pytest.approx(-float(batch.rollout_logprobs[batch.response_mask].mean()), rel=1e-6)
+    assert metrics["entropy"] == pytest.approx(
+        -float(batch.rollout_logprobs[batch.response_mask].mean()), rel=1e-6
+    )
 
 
 @pytest.mark.slow
@@ -218,7 +275,9 @@ def test_zero3_untied_lm_head_qwen2():
     config = cell_config(3, 1, "float32", model="tiny-qwen2")
     qwen_batch = to_batch(generate(rollout_engine(config), config, seed=5))
     worker = DeepSpeedTrainingWorker(config, device="cpu")
-    assert worker.module.head_parameters()[0].numel() == 0, "ZeRO-3 should partition the untied LM head"
+    assert worker.module.head_parameters()[0].numel() == 0, (
+        "ZeRO-3 should partition the untied LM head"
+    )
     mask = qwen_batch.response_mask
     assert torch.equal(worker.compute_logprobs(qwen_batch)[mask], qwen_batch.rollout_logprobs[mask])
     metrics = worker.train_step(qwen_batch)
@@ -229,5 +288,7 @@ def test_zero3_untied_lm_head_qwen2():
 
 
 def test_sequences_per_step_must_fill_the_micro_batches():
-    with pytest.raises(ValueError, match="multiple of trainer.micro_batch_size x trainer.num_ranks = 3 x 1"):
+    with pytest.raises(
+        ValueError, match="multiple of trainer.micro_batch_size x trainer.num_ranks = 3 x 1"
+    ):
         make_worker(trainer={"micro_batch_size": 3})

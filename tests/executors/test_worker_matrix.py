@@ -44,7 +44,9 @@ def two_rank_job(workdir):
         files[dtype] = str(Path(workdir) / f"completions-{dtype}.pt")
         torch.save(cached_completions(dtype), files[dtype])
     cells = [[stage, dtype] for dtype in DTYPES for stage in (0, 3, 1, 2)]
-    ranks, error = run_ranks({"cells": cells, "completions": files}, 2, Path(workdir) / "world2", timeout=420)
+    ranks, error = run_ranks(
+        {"cells": cells, "completions": files}, 2, Path(workdir) / "world2", timeout=420
+    )
     return ranks, error
 
 
@@ -65,7 +67,9 @@ def check_cell(results: list[dict], stage: int, dtype: str) -> None:
         _check_new_rollout_parity(r)
         _check_resume(r)
         if stage == 3:
-            assert r["lm_head_numel_outside_forward"] == 0, "ZeRO-3 should partition the LM-head weight"
+            assert r["lm_head_numel_outside_forward"] == 0, (
+                "ZeRO-3 should partition the LM-head weight"
+            )
             assert r["external_params"], "LM-head weight not registered as an external parameter"
     # Metrics are all-reduced: every rank reports the same numbers.
     assert all(r["metrics"] == results[0]["metrics"] for r in results)
@@ -73,7 +77,9 @@ def check_cell(results: list[dict], stage: int, dtype: str) -> None:
 
 def _check_initial_parity(r: dict) -> None:
     mask = r["mask"]
-    assert torch.equal(r["lp0"][mask], r["rollout_lp"][mask]), "trainer != rollout logprobs before training"
+    assert torch.equal(r["lp0"][mask], r["rollout_lp"][mask]), (
+        "trainer != rollout logprobs before training"
+    )
     assert torch.count_nonzero(r["lp0"][~mask]) == 0, "unscored positions must be 0"
     assert r["lp0"].dtype == torch.float32
 
@@ -82,10 +88,14 @@ def _check_metrics(metrics: list[dict], config, global_tokens: int, timings) -> 
     first = metrics[0]
     assert first["parity/exact_match_fraction"] == 1.0 and first["parity/max_abs_diff"] == 0.0
     assert first["parity/num_tokens"] == global_tokens == first["tokens"]
-    assert first["parity/kl"] == 0.0 and first["kl"] == 0.0, "policy == reference before the first update"
+    assert first["parity/kl"] == 0.0 and first["kl"] == 0.0, (
+        "policy == reference before the first update"
+    )
     assert metrics[1]["kl"] > 0.0, "KL to the reference must grow once the policy moved"
     losses = [m["loss"] for m in metrics]
-    assert all(b < a for a, b in zip(losses, losses[1:])), f"loss not decreasing on a fixed batch: {losses} ({timings})"
+    assert all(b < a for a, b in zip(losses, losses[1:])), (
+        f"loss not decreasing on a fixed batch: {losses} ({timings})"
+    )
     for m in metrics:
         assert math.isfinite(m["grad_norm"]) and m["grad_norm"] > 0, m
         assert m["lr"] == config.trainer.lr and math.isfinite(m["entropy"]) and m["entropy"] > 0
@@ -95,14 +105,20 @@ def _check_metrics(metrics: list[dict], config, global_tokens: int, timings) -> 
 
 def _check_new_rollout_parity(r: dict) -> None:
     mask = r["new_mask"]
-    assert torch.equal(r["new_lp"][mask], r["new_rollout_lp"][mask]), "exported weights: rollout != trainer"
+    assert torch.equal(r["new_lp"][mask], r["new_rollout_lp"][mask]), (
+        "exported weights: rollout != trainer"
+    )
 
 
 def _check_resume(r: dict) -> None:
     assert r["resumed_step"] == 1
-    assert r["resumed_metrics"] == r["metrics"][1], "resumed step 2 differs from the uninterrupted step 2"
+    assert r["resumed_metrics"] == r["metrics"][1], (
+        "resumed step 2 differs from the uninterrupted step 2"
+    )
     if r["rank"] == 0:
-        assert r["resume_weight_diff"] == [], f"weights differ after resume: {r['resume_weight_diff']}"
+        assert r["resume_weight_diff"] == [], (
+            f"weights differ after resume: {r['resume_weight_diff']}"
+        )
 
 
 def _cells(quick_marks: bool):
@@ -133,7 +149,9 @@ def test_two_rank_cell(stage, dtype, two_rank_job):
     assert bad_last["step_unchanged"] and bad_first["step_unchanged"]
 
 
-@pytest.mark.parametrize("dtype", [pytest.param("float32"), pytest.param("bfloat16", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "dtype", [pytest.param("float32"), pytest.param("bfloat16", marks=pytest.mark.slow)]
+)
 def test_zero3_logprobs_equal_zero0_one_rank(dtype, workdir):
     zero0, zero3 = _one_rank(0, dtype, workdir), _one_rank(3, dtype, workdir)
     assert torch.equal(zero3["lp0"], zero0["lp0"])
@@ -143,7 +161,10 @@ def test_zero3_logprobs_equal_zero0_one_rank(dtype, workdir):
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_zero3_logprobs_equal_zero0_two_ranks(dtype, two_rank_job):
-    zero0, zero3 = _two_rank_results(two_rank_job, 0, dtype), _two_rank_results(two_rank_job, 3, dtype)
+    zero0, zero3 = (
+        _two_rank_results(two_rank_job, 0, dtype),
+        _two_rank_results(two_rank_job, 3, dtype),
+    )
     for a, b in zip(zero0, zero3):
         assert torch.equal(a["lp0"], b["lp0"])
 

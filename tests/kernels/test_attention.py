@@ -229,12 +229,17 @@ def test_decode_through_kv_index_equals_prefill(dtype):
             kc = _garbage((slots, hkv, cap, 64), torch.float32, step).to(cache_dtype)
             vc = _garbage((slots, hkv, cap, 64), torch.float32, step + 1).to(cache_dtype)
             for (i, p), s in zip(pick, slot_of.tolist()):
-                kc[s, :, : p + 1], vc[s, :, : p + 1] = seqs[i][1][:, : p + 1], seqs[i][2][:, : p + 1]
+                kc[s, :, : p + 1], vc[s, :, : p + 1] = (
+                    seqs[i][1][:, : p + 1],
+                    seqs[i][2][:, : p + 1],
+                )
             q = torch.stack([seqs[i][0][:, p : p + 1] for i, p in pick])  # (B, Hq, 1, D)
             pos = torch.tensor([[p] for _, p in pick])
             out = attention(q, kc, vc, q_positions=pos, kv_index=slot_of)
             for b, (i, p) in enumerate(pick):
-                assert torch.equal(out[b, :, 0], alone[i][:, p]), f"length {lengths[i]} position {p}"
+                assert torch.equal(out[b, :, 0], alone[i][:, p]), (
+                    f"length {lengths[i]} position {p}"
+                )
     # consecutive slots, every block read in place
     kc = torch.zeros((2, hkv, BLOCK_K, 64))
     vc = torch.zeros((2, hkv, BLOCK_K, 64))
@@ -242,7 +247,9 @@ def test_decode_through_kv_index_equals_prefill(dtype):
         kc[s], vc[s] = (t[:, :BLOCK_K].float() for t in seqs[i][1:])
     q = torch.stack([seqs[i][0][:, p : p + 1] for i, p in ((2, 16), (3, 127))])
     out = attention(q, kc, vc, q_positions=torch.tensor([[16], [127]]), kv_index=torch.arange(2))
-    assert torch.equal(out[0, :, 0], alone[2][:, 16]) and torch.equal(out[1, :, 0], alone[3][:, 127])
+    assert torch.equal(out[0, :, 0], alone[2][:, 16]) and torch.equal(
+        out[1, :, 0], alone[3][:, 127]
+    )
 
 
 def test_non_finite_garbage_is_ignored():

@@ -70,7 +70,9 @@ def test_negative_control_plain_linear_is_not_invariant():
     pool, w, _ = _weights(576, 1536, torch.float32)
     alone = F.linear(pool[:1], w)[0]
     in_batch = F.linear(pool[:64], w)[0]
-    assert not torch.equal(alone, in_batch), "plain F.linear became batch-invariant: re-check the negative control"
+    assert not torch.equal(alone, in_batch), (
+        "plain F.linear became batch-invariant: re-check the negative control"
+    )
 
 
 @pytest.mark.multiprocess
@@ -93,7 +95,9 @@ def test_thread_count_invariance(dtype):
             assert torch.equal(out[key][0], out[key.replace("single", "linear")][0])
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float64, 1e-10), (torch.float32, 1e-4), (torch.bfloat16, 5e-2)]
+)
 def test_backward_matches_reference_and_is_deterministic(dtype, tol):
     pool, w, b = _weights(1500, 70, dtype)
     x = pool[:9]
@@ -153,4 +157,6 @@ def test_amx_machines_use_narrow_16bit_slices_and_stay_invariant(monkeypatch):
     for batch, row in probe_batches(pool[3], pool, [1, 5, 64, 300]):
         assert torch.equal(linear(batch, w, b)[row], alone)
     ref = pool.double() @ w.double().t() + b.double()
-    torch.testing.assert_close(linear(pool, w, b).double(), ref, atol=3e-2 * ref.abs().max().item(), rtol=0)
+    torch.testing.assert_close(
+        linear(pool, w, b).double(), ref, atol=3e-2 * ref.abs().max().item(), rtol=0
+    )

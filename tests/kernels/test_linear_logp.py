@@ -35,9 +35,14 @@ def _rollout_side(h, w, b, t, temperature):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-@pytest.mark.parametrize("n,hidden,vocab,bias", [(1, 64, 1000, False), (37, 96, 1000, True), (300, 576, 4099, False), (70, 1100, 333, False)])
+@pytest.mark.parametrize(
+    "n,hidden,vocab,bias",
+    [(1, 64, 1000, False), (37, 96, 1000, True), (300, 576, 4099, False), (70, 1100, 333, False)],
+)
 @pytest.mark.parametrize("chunk_elements", [1, 5000, 8 * 1024 * 1024])
-def test_bitwise_equal_to_materialised_logits(monkeypatch, n, hidden, vocab, bias, temperature, dtype, chunk_elements):
+def test_bitwise_equal_to_materialised_logits(
+    monkeypatch, n, hidden, vocab, bias, temperature, dtype, chunk_elements
+):
     monkeypatch.setattr(linear_logp_module, "CHUNK_ELEMENTS", chunk_elements)
     h, w, b, t = _problem(n, hidden, vocab, dtype, bias)
     ours = linear_logp(h, w, t, b, temperature=temperature)
@@ -88,7 +93,9 @@ def test_backward_matches_reference(monkeypatch, dtype, tol):
 def test_gradcheck_fp64():
     h, w, b, t = _problem(6, 8, 11, torch.float64, bias=True)
     leaves = [x.requires_grad_(True) for x in (h, w, b)]
-    assert torch.autograd.gradcheck(lambda hh, ww, bb: linear_logp(hh, ww, t, bb, temperature=0.5), leaves)
+    assert torch.autograd.gradcheck(
+        lambda hh, ww, bb: linear_logp(hh, ww, t, bb, temperature=0.5), leaves
+    )
 
 
 def test_empty_batch_keeps_autograd():
@@ -102,9 +109,14 @@ def test_empty_batch_keeps_autograd():
 
 def test_bad_inputs_name_the_problem():
     h, w, _, t = _problem(5, 64, 1000, torch.float32)
-    with pytest.raises(ValueError, match=r"targets out of range: min \d+, max 1000, but the vocabulary size is 1000"):
+    with pytest.raises(
+        ValueError,
+        match=r"targets out of range: min \d+, max 1000, but the vocabulary size is 1000",
+    ):
         linear_logp(h, w, torch.tensor([1, 2, 3, 4, 1000]))
-    with pytest.raises(ValueError, match=r"targets shape \(4,\) must equal hidden's leading shape \(5,\)"):
+    with pytest.raises(
+        ValueError, match=r"targets shape \(4,\) must equal hidden's leading shape \(5,\)"
+    ):
         linear_logp(h, w, t[:4])
     with pytest.raises(TypeError, match="hidden must be a floating-point tensor"):
         linear_logp(h.long(), w, t)

@@ -6,7 +6,15 @@ from rl_engine.kernels.native import attention, linear_logp
 
 
 def test_every_op_resolves_on_cpu_to_native():
-    assert set(list_ops()) >= {"embedding", "linear", "lm_head", "rms_norm", "log_softmax", "attention", "linear_logp"}
+    assert set(list_ops()) >= {
+        "embedding",
+        "linear",
+        "lm_head",
+        "rms_norm",
+        "log_softmax",
+        "attention",
+        "linear_logp",
+    }
     for name in OP_NAMES:
         fn = get_op(name, "cpu")
         assert fn.__module__.startswith("rl_engine.kernels.native"), name

@@ -69,7 +69,10 @@ def test_embedding_rows_are_weight_rows_and_ids_are_checked():
     w = _rows(32, torch.float32, n=1000)
     ids = torch.tensor([[0, 999, 5], [7, 7, 3]])
     assert torch.equal(embedding(ids, w), w[ids])
-    with pytest.raises(ValueError, match=r"token ids out of range: min 0, max 1000, but the vocabulary size is 1000"):
+    with pytest.raises(
+        ValueError,
+        match=r"token ids out of range: min 0, max 1000, but the vocabulary size is 1000",
+    ):
         embedding(torch.tensor([0, 1000]), w)
     with pytest.raises(ValueError, match="min -1"):
         embedding(torch.tensor([-1, 3]), w)
@@ -89,7 +92,9 @@ def test_embedding_backward_matches_reference_and_is_deterministic():
     assert torch.equal(grads[0], grads[1])
     expected = torch.zeros(10, 16)
     weights = torch.arange(96.0).reshape(2, 3, 16)
-    for (b, t), token in zip([(b, t) for b in range(2) for t in range(3)], ids.reshape(-1).tolist()):
+    for (b, t), token in zip(
+        [(b, t) for b in range(2) for t in range(3)], ids.reshape(-1).tolist()
+    ):
         expected[token] += weights[b, t]
     assert torch.equal(grads[0], expected)
 

@@ -56,7 +56,12 @@ def test_every_op_on_the_path_is_replaced_and_parameters_are_kept(name):
     tied = model.config.tie_word_embeddings
     handle = apply_batch_invariant(model)
     assert {id(p) for p in model.parameters()} == params_before
-    assert not any(type(m) is nn.Linear or type(m).__name__.endswith("RMSNorm") and "Invariant" not in type(m).__name__ for m in model.modules())
+    assert not any(
+        type(m) is nn.Linear
+        or type(m).__name__.endswith("RMSNorm")
+        and "Invariant" not in type(m).__name__
+        for m in model.modules()
+    )
     assert not any(type(m) is nn.Embedding for m in model.modules())
     counts = handle.summary()
     layers = model.config.num_hidden_layers
@@ -132,11 +137,18 @@ def test_token_logprobs_shape_masking_and_accuracy():
     ids, mask = _pad(seqs, "left")
     with torch.no_grad():
         ours = token_logprobs(model, ids, mask)
-        logits = plain(ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+        logits = plain(
+            ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)
+        ).logits
     assert ours.shape == (2, 11) and ours.dtype == torch.float32
     assert torch.equal(ours[1, :5], torch.zeros(5))  # padding context or target
     ref = torch.log_softmax(logits.double(), -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
-    torch.testing.assert_close(ours[mask[:, 1:].bool() & mask[:, :-1].bool()], ref[mask[:, 1:].bool() & mask[:, :-1].bool()].float(), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        ours[mask[:, 1:].bool() & mask[:, :-1].bool()],
+        ref[mask[:, 1:].bool() & mask[:, :-1].bool()].float(),
+        atol=1e-4,
+        rtol=0,
+    )
 
 
 def test_token_logprobs_never_materialises_full_logits():
@@ -151,7 +163,9 @@ def test_token_logprobs_never_materialises_full_logits():
 
 def test_token_logprobs_bad_input():
     model = _model("tiny-llama")
-    with pytest.raises(ValueError, match="token ids out of range: min 3, max 1000, but the vocabulary size is 1000"):
+    with pytest.raises(
+        ValueError, match="token ids out of range: min 3, max 1000, but the vocabulary size is 1000"
+    ):
         token_logprobs(model, torch.tensor([[3, 1000]]))
     with pytest.raises(ValueError, match="at least 2 tokens"):
         token_logprobs(model, torch.tensor([[3]]))
@@ -170,7 +184,9 @@ def test_negative_control_unpatched_model_depends_on_the_batch(dtype, capsys):
     same = sum(int((a == b).sum()) for a, b in zip(alone, batched))
     total = sum(a.numel() for a in alone)
     with capsys.disabled():
-        print(f"\n[negative control] unpatched tiny-llama {dtype}: {same}/{total} tokens bitwise equal alone vs batched")
+        print(
+            f"\n[negative control] unpatched tiny-llama {dtype}: {same}/{total} tokens bitwise equal alone vs batched"
+        )
     assert same < total
 
 

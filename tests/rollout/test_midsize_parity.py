@@ -16,12 +16,26 @@ from rl_engine.rollout import RolloutEngine, SamplingParams
 
 CONFIGS = {
     "llama-h1152-d128": lambda: LlamaConfig(
-        vocab_size=5003, hidden_size=1152, intermediate_size=2600, num_hidden_layers=2,
-        num_attention_heads=9, num_key_value_heads=3, head_dim=128, tie_word_embeddings=False),
+        vocab_size=5003,
+        hidden_size=1152,
+        intermediate_size=2600,
+        num_hidden_layers=2,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=128,
+        tie_word_embeddings=False,
+    ),
     "qwen2-h1100-d110-tied": lambda: Qwen2Config(
-        vocab_size=4099, hidden_size=1100, intermediate_size=3000, num_hidden_layers=2,
-        num_attention_heads=10, num_key_value_heads=2, head_dim=110, tie_word_embeddings=True,
-        use_sliding_window=False),
+        vocab_size=4099,
+        hidden_size=1100,
+        intermediate_size=3000,
+        num_hidden_layers=2,
+        num_attention_heads=10,
+        num_key_value_heads=2,
+        head_dim=110,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+    ),
 }
 
 
@@ -35,10 +49,16 @@ def test_midsize_engine_logprobs_equal_recompute(name, dtype):
     apply_batch_invariant(model)
     engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, config.vocab_size, (n,), generator=g).tolist() for n in (5, 130, 17, 64, 9)]
-    completions = engine.generate(prompts, SamplingParams(max_new_tokens=12, temperature=0.7, n=2, seed=1))
+    prompts = [
+        torch.randint(3, config.vocab_size, (n,), generator=g).tolist() for n in (5, 130, 17, 64, 9)
+    ]
+    completions = engine.generate(
+        prompts, SamplingParams(max_new_tokens=12, temperature=0.7, n=2, seed=1)
+    )
     with torch.no_grad():
         for c in completions:
             ids = torch.tensor([c.prompt_ids + c.token_ids])
             recomputed = token_logprobs(model, ids, temperature=0.7)[0, len(c.prompt_ids) - 1 :]
-            assert torch.equal(recomputed, c.logprobs), f"prompt {c.prompt_index} sample {c.sample_index}"
+            assert torch.equal(recomputed, c.logprobs), (
+                f"prompt {c.prompt_index} sample {c.sample_index}"
+            )

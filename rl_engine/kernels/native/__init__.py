@@ -12,4 +12,13 @@ from rl_engine.kernels.native.log_softmax import log_softmax
 from rl_engine.kernels.native.rms_norm import rms_norm
 from rl_engine.kernels.native.silu import silu
 
-__all__ = ["attention", "embedding", "linear", "lm_head", "linear_logp", "log_softmax", "rms_norm", "silu"]
+__all__ = [
+    "attention",
+    "embedding",
+    "linear",
+    "lm_head",
+    "linear_logp",
+    "log_softmax",
+    "rms_norm",
+    "silu",
+]

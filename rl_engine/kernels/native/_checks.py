@@ -36,7 +36,9 @@ def check_projection(name: str, x: torch.Tensor, weight: torch.Tensor, bias) -> 
     check_floating(name, x)
     check_floating("weight", weight)
     if weight.dim() != 2:
-        raise ValueError(f"weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}"
+        )
     check_last_dim(name, x, weight.shape[1], "weight's in_features")
     check_same_dtype(name, x, "weight", weight)
     if bias is not None and bias.shape != (weight.shape[0],):

@@ -53,7 +53,9 @@ def k_slice_for(dtype: torch.dtype) -> int:
     return K_SLICE
 
 
-def fixed_order_matmul(x: torch.Tensor, weight: torch.Tensor, *, out_dtype: torch.dtype) -> torch.Tensor:
+def fixed_order_matmul(
+    x: torch.Tensor, weight: torch.Tensor, *, out_dtype: torch.dtype
+) -> torch.Tensor:
     """x (M, K) @ weight (N, K)^T -> (M, N) in `out_dtype`, row-invariant."""
     rows, k = x.shape
     if rows < MIN_ROWS:

@@ -571,8 +571,10 @@ def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=No
     zeros for padding queries.
     """
     scale = _validate(q, k, v, q_positions, k_positions, scale, kv_index)
-    if kv_index is not None and torch.is_grad_enabled() and (
-        q.requires_grad or k.requires_grad or v.requires_grad
+    if (
+        kv_index is not None
+        and torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
     ):  # the backward works on per-row keys
         k, v, kv_index = k.index_select(0, kv_index), v.index_select(0, kv_index), None
     return _InvariantAttention.apply(q, k, v, q_positions, k_positions, scale, kv_index)

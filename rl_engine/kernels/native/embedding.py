@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from rl_engine.kernels.native._checks import check_floating, check_index_range
 
 
-def embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+def embedding(
+    ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None
+) -> torch.Tensor:
     """ids (...) int, weight (V, H) -> (..., H) in weight.dtype."""
     check_floating("weight", weight)
     if weight.dim() != 2:

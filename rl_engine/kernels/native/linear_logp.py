@@ -107,7 +107,9 @@ def _validate(hidden, weight, targets, bias, ignore_index):
             f"targets shape {tuple(targets.shape)} must equal hidden's leading shape "
             f"{tuple(hidden.shape[:-1])} (hidden is {tuple(hidden.shape)})"
         )
-    check_index_range("targets", targets, weight.shape[0], "the vocabulary size", ignore=ignore_index)
+    check_index_range(
+        "targets", targets, weight.shape[0], "the vocabulary size", ignore=ignore_index
+    )
 
 
 def linear_logp(
