@@ -28,14 +28,17 @@ OP_NAMES = (
 
 # backend name -> module that exposes one function per op name
 _BACKEND_MODULES = {
+    "cpp": "rl_engine.kernels.cpp",
     "native": "rl_engine.kernels.native",
     "triton": "rl_engine.kernels.triton",
 }
 
 # device type -> backends to try, in order of preference, when none is requested.
-# The Triton backend is preferred on GPUs once it provides the op.
+# The Triton backend is preferred on GPUs once it provides the op. On CPUs the
+# C++ backend is the default; if it cannot build or load, the lookup raises
+# (it never falls back to native: the two give different bits).
 _DEVICE_BACKENDS = {
-    "cpu": ("native",),
+    "cpu": ("cpp", "native"),
     "cuda": ("triton", "native"),
 }
 
@@ -116,7 +119,7 @@ def _lookup(name: str, backend: str, *, required: bool) -> OpImpl | None:
     try:
         module = _load_backend(backend)
     except ImportError as err:
-        if required:
+        if required or backend == "cpp":
             raise RuntimeError(f"backend {backend!r} was requested but cannot load: {err}") from err
         return None
     fn = getattr(module, name, None)

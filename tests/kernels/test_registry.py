@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from rl_engine.kernels import OP_NAMES, get_op, list_backends, list_ops
+from rl_engine.kernels import OP_NAMES, cpp, get_op, list_backends, list_ops
 from rl_engine.kernels.native import attention, linear_logp
 
 
-def test_every_op_resolves_on_cpu_to_native():
+def test_every_op_resolves_on_cpu_to_cpp_and_native_stays_reachable():
     assert set(list_ops()) >= {
         "embedding",
         "linear",
@@ -15,10 +15,12 @@ def test_every_op_resolves_on_cpu_to_native():
         "attention",
         "linear_logp",
     }
+    assert list_backends("cpu") == ["cpp", "native"]
     for name in OP_NAMES:
-        fn = get_op(name, "cpu")
-        assert fn.__module__.startswith("rl_engine.kernels.native"), name
-    assert get_op("linear_logp", torch.device("cpu")) is linear_logp
+        assert get_op(name, "cpu") is getattr(cpp, name), name
+        native_fn = get_op(name, "cpu", backend="native")
+        assert native_fn.__module__.startswith("rl_engine.kernels.native"), name
+    assert get_op("linear_logp", torch.device("cpu"), backend="native") is linear_logp
     assert get_op("attention", "cpu", backend="native") is attention
 
 

@@ -1,0 +1,108 @@
+"""Batch-invariant causal attention (grouped-query) on CPU, one query row at a time.
+
+Contract: the one of `rl_engine.kernels.native.attention` (same arguments,
+shapes, layouts, padding and kv_index semantics, exact zeros for padding
+queries, output in q.dtype, statistics in fp32).
+
+Numerics (csrc/kernels_impl.h, `attention_row`): every query row is computed
+alone against the keys at positions 0..p of its sequence, in an order that
+depends on p and the head dim only: scores are fixed-order dot products (the
+GEMM's 16-lane order), the max is exact, exp is the kernels' own, the
+softmax denominator is a 16-lane sum with a fixed tree, and p @ v adds one
+key at a time in increasing position. Nothing is tiled by shape, so a decode
+step, a prefill row, a chunked-prefill row and any batch or thread count give
+the same bits, and a decode query costs O(p * D) instead of a 16-row tile.
+Keys past p are never read, so garbage there (even inf or nan) cannot leak.
+
+Backward: the native one (plain masked softmax gradients, deterministic).
+fp64 (gradcheck) and fp16 go through the native op.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl_engine.kernels.cpp._extension import current_isa, extension
+from rl_engine.kernels.native.attention import _backward as native_backward
+from rl_engine.kernels.native.attention import _validate
+from rl_engine.kernels.native.attention import attention as native_attention
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _aligned_keys(x: torch.Tensor, k_positions: torch.Tensor, length: int) -> torch.Tensor:
+    """Keys or values by position: (B, Hkv, length, D) fp32, zero where no slot holds a position."""
+    B, Hkv, _, D = x.shape
+    out = torch.zeros((B, Hkv, length, D), dtype=torch.float32, device=x.device)
+    kp = k_positions.long()
+    sb, slot = ((kp >= 0) & (kp < length)).nonzero(as_tuple=True)
+    out[sb, :, kp[sb, slot]] = x[sb, :, slot].float()  # (N, Hkv, D)
+    return out
+
+
+def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
+    """fp32 (B, Hq, Tq, D): every valid query row through the fixed-order row kernel."""
+    B = q.shape[0]
+    q_positions = q_positions.long()
+    if k_positions is not None:
+        length = max(int(q_positions.max()) + 1, 1) if q_positions.numel() else 1
+        k, v = _aligned_keys(k, k_positions, length), _aligned_keys(v, k_positions, length)
+    elif q_positions.numel() and int(q_positions.max()) >= k.shape[2]:
+        raise ValueError(
+            f"q_positions: a query at position {int(q_positions.max())} needs that many keys "
+            f"plus one, but k holds {k.shape[2]} (aligned layout: slot j = position j)"
+        )
+    rows = kv_index.long() if kv_index is not None else torch.arange(B, device=q.device)
+    q32, k32, v32 = (t.float().contiguous() for t in (q, k, v))
+    return extension().attention(q32, k32, v32, q_positions, rows, scale, current_isa())
+
+
+class _FixedOrderAttention(torch.autograd.Function):
+    """kv_index is always None here when gradients are needed (see attention)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_positions, k_positions, scale, kv_index=None):
+        ctx.save_for_backward(q, k, v, q_positions, k_positions)
+        ctx.scale = scale
+        if q.numel() == 0:
+            return q.new_zeros(q.shape)
+        return attention_forward(q, k, v, q_positions, k_positions, scale, kv_index).to(q.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, q_positions, k_positions = ctx.saved_tensors
+        if q.numel() == 0 or k.numel() == 0:
+            dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        else:
+            dq, dk, dv = native_backward(grad_out, q, k, v, q_positions, k_positions, ctx.scale)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None) -> torch.Tensor:
+    """Batch-invariant causal GQA attention; the contract of the native op.
+
+    q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D); q_positions: (B, Tq) int;
+    k_positions: (B, Tk) int or None (aligned KV-cache layout); kv_index: (B,)
+    int or None (rows of (S, Hkv, Tk, D) caches). Returns (B, Hq, Tq, D) in q.dtype.
+    """
+    if q.dtype not in KERNEL_DTYPES or q.device.type != "cpu":
+        return native_attention(
+            q,
+            k,
+            v,
+            q_positions=q_positions,
+            k_positions=k_positions,
+            scale=scale,
+            kv_index=kv_index,
+        )
+    scale = _validate(q, k, v, q_positions, k_positions, scale, kv_index)
+    if q.shape[-1] > 256:
+        raise ValueError(f"q has head dim {q.shape[-1]}; the cpp backend supports up to 256")
+    if (
+        kv_index is not None
+        and torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
+    ):  # the backward works on per-row keys
+        k, v, kv_index = k.index_select(0, kv_index), v.index_select(0, kv_index), None
+    return _FixedOrderAttention.apply(q, k, v, q_positions, k_positions, scale, kv_index)

@@ -1,0 +1,181 @@
+// Torch-facing side of the fixed-order CPU kernels: checks, ISA dispatch and
+// threading. Threads only ever split output rows / columns (or whole query
+// rows), never a reduction, so the bits do not depend on the thread count.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include "kernels.h"
+
+namespace {
+
+struct Kernels {
+  decltype(&rl_avx2::gemm_f32) gemm_f32;
+  decltype(&rl_avx2::gemm_bf16) gemm_bf16;
+  decltype(&rl_avx2::silu_f32) silu_f32;
+  decltype(&rl_avx2::silu_bf16) silu_bf16;
+  decltype(&rl_avx2::attention_row) attention_row;
+};
+
+#define RL_KERNELS(ns) \
+  Kernels { ns::gemm_f32, ns::gemm_bf16, ns::silu_f32, ns::silu_bf16, ns::attention_row }
+
+// ISA names as the Python side spells them (RL_ENGINE_CPU_ISA).
+bool isa_supported(const std::string& isa) {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512dq");
+  if (isa == "avx2") return avx2;
+  if (isa == "avx512") return avx512;
+  if (isa == "avx512_bf16") return avx512 && __builtin_cpu_supports("avx512bf16");
+  return false;
+}
+
+const Kernels& kernels_for(const std::string& isa) {
+  static const Kernels avx2 = RL_KERNELS(rl_avx2);
+  static const Kernels avx512 = RL_KERNELS(rl_avx512);
+  static const Kernels avx512_bf16 = RL_KERNELS(rl_avx512_bf16);
+  TORCH_CHECK(isa_supported(isa), "CPU instruction set '", isa,
+              "' is not supported by this CPU (or unknown); known: avx2, avx512, avx512_bf16");
+  if (isa == "avx2") return avx2;
+  if (isa == "avx512") return avx512;
+  return avx512_bf16;
+}
+
+void check_rows(const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.dim() == 2, name, " must be 2-D, got ", t.dim(), " dims");
+  TORCH_CHECK(t.stride(1) == 1 || t.size(1) <= 1, name, " must have unit stride along K");
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
+              " must be float32 or bfloat16, got ", t.scalar_type());
+}
+
+// Output tiles handed to one task. Speed only: a tile never splits a dot product.
+constexpr int64_t kTaskRows = 64;
+constexpr int64_t kTaskCols = 64;
+
+}  // namespace
+
+// x (M, K) @ w (N, K)^T -> (M, N) float32.
+at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa) {
+  check_rows("x", x);
+  check_rows("weight", w);
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "x is ", x.scalar_type(), " but weight is ",
+              w.scalar_type());
+  TORCH_CHECK(x.size(1) == w.size(1), "x has K=", x.size(1), " but weight has K=", w.size(1));
+  const Kernels& k = kernels_for(isa);
+  const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
+  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
+  if (M == 0 || N == 0) return y;
+  if (K == 0) return y.zero_();
+  const int64_t mt = (M + kTaskRows - 1) / kTaskRows, nt = (N + kTaskCols - 1) / kTaskCols;
+  const int64_t ldx = x.stride(0), ldw = w.stride(0);
+  float* yp = y.data_ptr<float>();
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const void* xp = x.data_ptr();
+  const void* wp = w.data_ptr();
+  at::parallel_for(0, mt * nt, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t m0 = (t / nt) * kTaskRows, n0 = (t % nt) * kTaskCols;
+      const int64_t m = std::min(kTaskRows, M - m0), n = std::min(kTaskCols, N - n0);
+      if (bf16) {
+        const auto* xb = static_cast<const uint16_t*>(xp) + m0 * ldx;
+        const auto* wb = static_cast<const uint16_t*>(wp) + n0 * ldw;
+        k.gemm_bf16(xb, ldx, wb, ldw, yp + m0 * N + n0, N, m, n, K);
+      } else {
+        const auto* xf = static_cast<const float*>(xp) + m0 * ldx;
+        const auto* wf = static_cast<const float*>(wp) + n0 * ldw;
+        k.gemm_f32(xf, ldx, wf, ldw, yp + m0 * N + n0, N, m, n, K);
+      }
+    }
+  });
+  return y;
+}
+
+// Elementwise SiLU, same dtype out. Every element goes through the same vector code.
+at::Tensor silu(const at::Tensor& x_in, const std::string& isa) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16,
+              "x must be float32 or bfloat16, got ", x_in.scalar_type());
+  const Kernels& k = kernels_for(isa);
+  at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty_like(x);
+  const int64_t n = x.numel();
+  constexpr int64_t kChunk = 1 << 14;  // multiple of 16: chunk borders never split a vector
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const void* xp = x.data_ptr();
+  void* yp = y.data_ptr();
+  at::parallel_for(0, (n + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
+    const int64_t lo = begin * kChunk, hi = std::min(n, end * kChunk);
+    if (bf16) {
+      k.silu_bf16(static_cast<const uint16_t*>(xp) + lo, static_cast<uint16_t*>(yp) + lo, hi - lo);
+    } else {
+      k.silu_f32(static_cast<const float*>(xp) + lo, static_cast<float*>(yp) + lo, hi - lo);
+    }
+  });
+  return y;
+}
+
+// Causal GQA attention, one task per (sequence, kv head, query pair).
+// q (B, Hq, Tq, D), k and v (S, Hkv, Tk, D): fp32, contiguous. Query (b, t) at
+// position p = q_positions[b, t] reads positions 0..p of row kv_rows[b] of k, v;
+// p < 0 is padding (output 0). Queries t and Tq-1-t share a task, so that the
+// two threads get about equal work in a causal prefill.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& q_positions, const at::Tensor& kv_rows, double scale,
+                     const std::string& isa) {
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    TORCH_CHECK(t->dim() == 4 && t->scalar_type() == at::kFloat && t->is_contiguous(),
+                "q, k, v must be contiguous 4-D float32 tensors");
+  }
+  TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same shape");
+  TORCH_CHECK(q_positions.scalar_type() == at::kLong && kv_rows.scalar_type() == at::kLong,
+              "q_positions and kv_rows must be int64");
+  const int64_t B = q.size(0), Hq = q.size(1), Tq = q.size(2), D = q.size(3);
+  const int64_t S = k.size(0), Hkv = k.size(1), Tk = k.size(2);
+  TORCH_CHECK(k.size(3) == D && Hkv > 0 && Hq % Hkv == 0, "k/v heads or head dim mismatch");
+  TORCH_CHECK(D >= 1 && D <= 256, "head dim must be in [1, 256], got ", D);
+  const at::Tensor pos = q_positions.contiguous(), rows = kv_rows.contiguous();
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  const int64_t* rp = rows.data_ptr<int64_t>();
+  int64_t max_pos = -1;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(rp[b] >= 0 && rp[b] < S, "kv row ", rp[b], " outside [0, ", S, ")");
+    for (int64_t t = 0; t < Tq; ++t) max_pos = std::max(max_pos, pp[b * Tq + t]);
+  }
+  TORCH_CHECK(max_pos < Tk, "a query at position ", max_pos, " needs ", max_pos + 1,
+              " keys, but k holds ", Tk);
+  const Kernels& kern = kernels_for(isa);
+  at::Tensor out = at::zeros_like(q);
+  if (max_pos < 0) return out;
+  const int G = (int)(Hq / Hkv);
+  const int64_t L = (max_pos + 1 + 15) / 16 * 16;
+  at::Tensor scratch = at::empty({at::get_num_threads(), G * L}, q.options());
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t pairs = (Tq + 1) / 2;
+  at::parallel_for(0, B * Hkv * pairs, 1, [&](int64_t begin, int64_t end) {
+    float* scr = scratch.data_ptr<float>() + at::get_thread_num() * G * L;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / (Hkv * pairs), h = (task / pairs) % Hkv, i = task % pairs;
+      const int64_t pair[2] = {i, Tq - 1 - i};
+      for (int u = 0; u < (pair[0] == pair[1] ? 1 : 2); ++u) {
+        const int64_t t = pair[u], p = pp[b * Tq + t];
+        if (p < 0) continue;
+        const int64_t qoff = ((b * Hq + h * G) * Tq + t) * D;
+        const int64_t koff = (rp[b] * Hkv + h) * Tk * D;
+        kern.attention_row(qp + qoff, Tq * D, G, kp + koff, vp + koff, D, p + 1, D, (float)scale,
+                           op + qoff, Tq * D, scr);
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("isa_supported", &isa_supported, "whether this CPU runs the named instruction-set path");
+  m.def("gemm", &gemm, "fixed-order x @ w^T -> float32");
+  m.def("silu", &silu, "fixed-order SiLU");
+  m.def("attention", &attention, "fixed-order causal GQA attention forward");
+}

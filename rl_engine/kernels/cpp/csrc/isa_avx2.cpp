@@ -1,0 +1,13 @@
+// The fixed-order kernels compiled for avx2. No torch headers in this file:
+// inline code compiled for one target must not be shared with the others.
+#include <immintrin.h>
+#include <cstdint>
+
+#pragma GCC target("avx2,fma")
+
+
+namespace rl_avx2 {
+constexpr int MR_MAX = 2, NR_MAX = 3;  // register tile; speed only, never the bits
+#include "vec_avx2.h"
+#include "kernels_impl.h"
+}  // namespace rl_avx2

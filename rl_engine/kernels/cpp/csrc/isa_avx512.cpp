@@ -1,0 +1,13 @@
+// The fixed-order kernels compiled for avx512. No torch headers in this file:
+// inline code compiled for one target must not be shared with the others.
+#include <immintrin.h>
+#include <cstdint>
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")
+
+
+namespace rl_avx512 {
+constexpr int MR_MAX = 4, NR_MAX = 4;  // register tile; speed only, never the bits
+#include "vec_avx512.h"
+#include "kernels_impl.h"
+}  // namespace rl_avx512

@@ -1,0 +1,20 @@
+// Entry points of the per-ISA kernel files (isa_*.cpp), one namespace each.
+#pragma once
+#include <cstdint>
+
+#define RL_DECLARE_KERNELS(ns)                                                                 \
+  namespace ns {                                                                               \
+  void gemm_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,            \
+                int64_t ldy, int64_t M, int64_t N, int64_t K);                                 \
+  void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, float* y,     \
+                 int64_t ldy, int64_t M, int64_t N, int64_t K);                                \
+  void silu_f32(const float* x, float* y, int64_t n);                                          \
+  void silu_bf16(const uint16_t* x, uint16_t* y, int64_t n);                                   \
+  void attention_row(const float* q, int64_t ldq, int G, const float* k, const float* v,       \
+                     int64_t ldk, int64_t n, int64_t D, float scale, float* out, int64_t ldo,  \
+                     float* scratch);                                                          \
+  }
+
+RL_DECLARE_KERNELS(rl_avx2)
+RL_DECLARE_KERNELS(rl_avx512)
+RL_DECLARE_KERNELS(rl_avx512_bf16)
