@@ -11,10 +11,10 @@ import time
 
 
 def main() -> int:
-    from rl_engine.kernels.cpp._extension import BUILD_DIR, extension, supported_isas
-
     start = time.perf_counter()
     try:
+        from rl_engine.kernels.cpp._extension import BUILD_DIR, extension, supported_isas
+
         extension()
         paths = supported_isas()
     except RuntimeError as err:

@@ -13,11 +13,11 @@ struct Kernels {
   decltype(&rl_avx2::gemm_bf16) gemm_bf16;
   decltype(&rl_avx2::silu_f32) silu_f32;
   decltype(&rl_avx2::silu_bf16) silu_bf16;
-  decltype(&rl_avx2::attention_row) attention_row;
+  decltype(&rl_avx2::attention_block) attention_block;
 };
 
 #define RL_KERNELS(ns) \
-  Kernels { ns::gemm_f32, ns::gemm_bf16, ns::silu_f32, ns::silu_bf16, ns::attention_row }
+  Kernels { ns::gemm_f32, ns::gemm_bf16, ns::silu_f32, ns::silu_bf16, ns::attention_block }
 
 // ISA names as the Python side spells them (RL_ENGINE_CPU_ISA).
 bool isa_supported(const std::string& isa) {
@@ -115,11 +115,12 @@ at::Tensor silu(const at::Tensor& x_in, const std::string& isa) {
   return y;
 }
 
-// Causal GQA attention, one task per (sequence, kv head, query pair).
+// Causal GQA attention. A task is (sequence, kv head, a pair of query blocks):
+// blocks i and nb-1-i share a task so that threads get about equal work in a
+// causal prefill. Blocks only group rows; each row's arithmetic is its own.
 // q (B, Hq, Tq, D), k and v (S, Hkv, Tk, D): fp32, contiguous. Query (b, t) at
 // position p = q_positions[b, t] reads positions 0..p of row kv_rows[b] of k, v;
-// p < 0 is padding (output 0). Queries t and Tq-1-t share a task, so that the
-// two threads get about equal work in a causal prefill.
+// p < 0 is padding (output 0).
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& q_positions, const at::Tensor& kv_rows, double scale,
                      const std::string& isa) {
@@ -134,6 +135,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t S = k.size(0), Hkv = k.size(1), Tk = k.size(2);
   TORCH_CHECK(k.size(3) == D && Hkv > 0 && Hq % Hkv == 0, "k/v heads or head dim mismatch");
   TORCH_CHECK(D >= 1 && D <= 256, "head dim must be in [1, 256], got ", D);
+  TORCH_CHECK(Hq / Hkv <= 256, "at most 256 query heads per kv head, got ", Hq / Hkv);
   const at::Tensor pos = q_positions.contiguous(), rows = kv_rows.contiguous();
   const int64_t* pp = pos.data_ptr<int64_t>();
   const int64_t* rp = rows.data_ptr<int64_t>();
@@ -148,25 +150,26 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   at::Tensor out = at::zeros_like(q);
   if (max_pos < 0) return out;
   const int G = (int)(Hq / Hkv);
+  const int64_t QB = std::max<int64_t>(1, std::min<int64_t>(16, 256 / G));  // queries per block
   const int64_t L = (max_pos + 1 + 15) / 16 * 16;
-  at::Tensor scratch = at::empty({at::get_num_threads(), G * L}, q.options());
+  const int64_t per_thread = D * 16 + QB * G * (D + L);
+  at::Tensor scratch = at::empty({at::get_num_threads(), per_thread}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const int64_t pairs = (Tq + 1) / 2;
+  const int64_t nb = (Tq + QB - 1) / QB, pairs = (nb + 1) / 2;
   at::parallel_for(0, B * Hkv * pairs, 1, [&](int64_t begin, int64_t end) {
-    float* scr = scratch.data_ptr<float>() + at::get_thread_num() * G * L;
+    float* scr = scratch.data_ptr<float>() + at::get_thread_num() * per_thread;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / (Hkv * pairs), h = (task / pairs) % Hkv, i = task % pairs;
-      const int64_t pair[2] = {i, Tq - 1 - i};
-      for (int u = 0; u < (pair[0] == pair[1] ? 1 : 2); ++u) {
-        const int64_t t = pair[u], p = pp[b * Tq + t];
-        if (p < 0) continue;
-        const int64_t qoff = ((b * Hq + h * G) * Tq + t) * D;
+      const int64_t blocks[2] = {i, nb - 1 - i};
+      for (int u = 0; u < (blocks[0] == blocks[1] ? 1 : 2); ++u) {
+        const int64_t t0 = blocks[u] * QB, nq = std::min(QB, Tq - t0);
+        const int64_t qoff = ((b * Hq + h * G) * Tq + t0) * D;
         const int64_t koff = (rp[b] * Hkv + h) * Tk * D;
-        kern.attention_row(qp + qoff, Tq * D, G, kp + koff, vp + koff, D, p + 1, D, (float)scale,
-                           op + qoff, Tq * D, scr);
+        kern.attention_block(qp + qoff, Tq * D, G, (int)nq, pp + b * Tq + t0, kp + koff, vp + koff,
+                             Tk, D, (float)scale, op + qoff, scr);
       }
     }
   });

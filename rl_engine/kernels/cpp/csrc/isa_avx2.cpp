@@ -8,6 +8,8 @@
 
 namespace rl_avx2 {
 constexpr int MR_MAX = 2, NR_MAX = 3;  // register tile; speed only, never the bits
+constexpr int ATT_ROWS = 4;      // attention score rows per register tile
+constexpr int PV_ACC_BUDGET = 6; // attention p @ v accumulators (16-lane vectors)
 #include "vec_avx2.h"
 #include "kernels_impl.h"
 }  // namespace rl_avx2

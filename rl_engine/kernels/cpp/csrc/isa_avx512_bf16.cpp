@@ -8,6 +8,8 @@
 
 namespace rl_avx512_bf16 {
 constexpr int MR_MAX = 4, NR_MAX = 4;  // register tile; speed only, never the bits
+constexpr int ATT_ROWS = 8;      // attention score rows per register tile
+constexpr int PV_ACC_BUDGET = 24; // attention p @ v accumulators (16-lane vectors)
 #include "vec_avx512.h"
 #include "kernels_impl.h"
 }  // namespace rl_avx512_bf16

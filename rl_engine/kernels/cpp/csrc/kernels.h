@@ -10,9 +10,9 @@
                  int64_t ldy, int64_t M, int64_t N, int64_t K);                                \
   void silu_f32(const float* x, float* y, int64_t n);                                          \
   void silu_bf16(const uint16_t* x, uint16_t* y, int64_t n);                                   \
-  void attention_row(const float* q, int64_t ldq, int G, const float* k, const float* v,       \
-                     int64_t ldk, int64_t n, int64_t D, float scale, float* out, int64_t ldo,  \
-                     float* scratch);                                                          \
+  void attention_block(const float* q, int64_t ldq_head, int G, int nq, const int64_t* pos,   \
+                       const float* k, const float* v, int64_t Tk, int64_t D, float scale,     \
+                       float* out, float* scratch);                                            \
   }
 
 RL_DECLARE_KERNELS(rl_avx2)
