@@ -25,9 +25,9 @@ from rl_engine.diagnostics.divergence import (
     first_divergence,
     prefill_trace,
 )
-from rl_engine.diagnostics.metrics import MismatchMetrics, mismatch_metrics
 from rl_engine.io import write_json_atomic, write_text_atomic
 from rl_engine.logprobs import token_logprobs
+from rl_engine.parity import MismatchMetrics, mismatch_metrics
 
 log = logging.getLogger("rl_engine.diagnose")
 
@@ -99,15 +99,7 @@ def _load(config: RunConfig, invariant: bool):
 def _sampling(config: RunConfig, n: int):
     from rl_engine.rollout import SamplingParams
 
-    r = config.rollout
-    return SamplingParams(
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        n=n,
-        seed=config.seed,
-    )
+    return SamplingParams.from_config(config.rollout, seed=config.seed, n=n)
 
 
 def _right_padded(seqs: list[list[int]]):
@@ -169,7 +161,7 @@ def diagnose_mode(config: RunConfig, invariant: bool) -> ModeResult:
     engine = RolloutEngine(model, device="cpu", max_batch_size=config.rollout.max_batch_size)
     completions = engine.generate(prompts, _sampling(config, config.rollout.samples_per_prompt))
     recomputed = trainer_logprobs(
-        model, completions, config.trainer.micro_batch_size, config.rollout.temperature or 1.0
+        model, completions, config.trainer.micro_batch_size, completions[0].logprob_temperature
     )
     rollout_lp = torch.cat([c.logprobs for c in completions])
     trainer_lp = torch.cat(recomputed)
