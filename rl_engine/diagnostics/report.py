@@ -34,7 +34,7 @@ log = logging.getLogger("rl_engine.diagnose")
 
 @dataclass
 class ModeResult:
-    mode: str  # "invariant" | "plain"
+    batch_invariant: bool
     metrics: MismatchMetrics
     abs_diffs: list[float] = field(repr=False)
     modules: list[ModuleDivergence] = field(repr=False)
@@ -54,7 +54,7 @@ class DiagnosisReport:
         lines = [
             f"# Logprob mismatch: {self.model} ({self.dtype})",
             "",
-            "| kernels | tokens | exact match | max abs dlogp | mean abs dlogp | k3 KL | mean abs dprob | first divergence |",
+            "| batch_invariant | tokens | exact match | max abs dlogp | mean abs dlogp | k3 KL | mean abs dprob | first divergence |",
             "|---|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in self.results:
@@ -64,7 +64,7 @@ class DiagnosisReport:
                 source = "the attention kernel" if fd.name.endswith("o_proj") else "a functional op"
                 where += f", its input already differed: born in {source} feeding it"
             lines.append(
-                f"| {r.mode} | {m.num_tokens} | {m.exact_match_fraction:.4f} | {m.max_abs_diff:.3e} | "
+                f"| {str(r.batch_invariant).lower()} | {m.num_tokens} | {m.exact_match_fraction:.4f} | {m.max_abs_diff:.3e} | "
                 f"{m.mean_abs_diff:.3e} | {m.k3_kl:.3e} | {m.mean_abs_prob_diff:.3e} | {where} |"
             )
         return "\n".join(lines)
@@ -74,7 +74,7 @@ class DiagnosisReport:
             "model": self.model,
             "dtype": self.dtype,
             "modes": {
-                r.mode: {
+                f"batch_invariant={str(r.batch_invariant).lower()}": {
                     "metrics": r.metrics.as_dict(),
                     "first_divergence": None
                     if r.first_divergence is None
@@ -166,12 +166,14 @@ def diagnose_mode(config: RunConfig, invariant: bool) -> ModeResult:
     rollout_lp = torch.cat([c.logprobs for c in completions])
     trainer_lp = torch.cat(recomputed)
     modules = _module_divergence(model, engine, completions, prompts, config)
-    mode = "invariant" if invariant else "plain"
     metrics = mismatch_metrics(trainer_lp, rollout_lp)
     log.info(
-        "%s: %d tokens, exact match %.4f", mode, metrics.num_tokens, metrics.exact_match_fraction
+        "batch_invariant=%s: %d tokens, exact match %.4f",
+        invariant,
+        metrics.num_tokens,
+        metrics.exact_match_fraction,
     )
-    return ModeResult(mode, metrics, (trainer_lp - rollout_lp).abs().tolist(), modules)
+    return ModeResult(invariant, metrics, (trainer_lp - rollout_lp).abs().tolist(), modules)
 
 
 def run_diagnosis(config: RunConfig, output_dir: str | None = None) -> DiagnosisReport:
@@ -201,9 +203,13 @@ def _plot(report: DiagnosisReport, path: Path) -> None:
             diffs,
             bins=[10.0**e for e in range(-12, 1)],
             alpha=0.6,
-            label=f"{r.mode}: {r.metrics.exact_match_fraction:.1%} exact",
+            label=f"batch_invariant={r.batch_invariant}: {r.metrics.exact_match_fraction:.1%} exact",
         )
-        ax2.plot([max(m.max_abs_diff, 1e-12) for m in r.modules], marker=".", label=r.mode)
+        ax2.plot(
+            [max(m.max_abs_diff, 1e-12) for m in r.modules],
+            marker=".",
+            label=f"batch_invariant={r.batch_invariant}",
+        )
     ax1.set(
         xscale="log",
         title="|trainer - rollout| per token (0 shown at 1e-12)",
