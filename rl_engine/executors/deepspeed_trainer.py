@@ -1,14 +1,11 @@
 """`DeepSpeedTrainingWorker`: one DeepSpeed data-parallel rank of the RL trainer.
 
-A step, top to bottom (`train_step`): every rank checks its shard and the ranks
-agree before any forward (`batch_checks`: a bad shard anywhere is a `BatchError`
-on every rank); each micro-batch is scored teacher-forced at the batch's
+`train_step` reads top to bottom as the step: the ranks agree on their shards
+before any forward (`batch_checks`), each micro-batch is scored at the batch's
 `logprob_temperature` (`policy.LogprobModule`), checked against the rollout's
-logprobs token by token *before* the update (parity), and its GRPO/PPO loss
-(`step_loss`) is backpropagated; DeepSpeed steps at the accumulation boundary
-(ZeRO 0-3, fp32 or bf16, clipping), every rank applying the update or none
-(`policy.StepGuard`). Distributed setup lives in `distributed`, the DeepSpeed
-config in `ds_config`, weights and checkpoints in `checkpoints`.
+logprobs before the update (parity), its loss (`step_loss`) backpropagated, and
+DeepSpeed steps with every rank applying the update or none (`policy.StepGuard`).
+Setup: `distributed`, `ds_config`; weights and checkpoints: `checkpoints`.
 """
 
 from __future__ import annotations
@@ -31,7 +28,14 @@ from rl_engine.executors.distributed import Collectives, DistEnv, import_deepspe
 from rl_engine.executors.ds_config import build_deepspeed_config, validate_with_deepspeed
 from rl_engine.executors.errors import BatchError, ParityError, parity_error
 from rl_engine.executors.policy import LogprobModule, StepGuard, release_zero3_parameters
-from rl_engine.executors.step_loss import RECORD_SIZE, TOKENS, micro_loss, step_metrics
+from rl_engine.executors.step_loss import (
+    RECORD_SIZE,
+    TOKENS,
+    grad_norm,
+    micro_loss,
+    step_metrics,
+    summary,
+)
 from rl_engine.logprobs import IGNORE_INDEX
 from rl_engine.models import load_model
 from rl_engine.parity import NUM_SUMS, MismatchMetrics, merge_sums, parity_sums, reduce_sums
@@ -125,11 +129,10 @@ class DeepSpeedTrainingWorker:
         parity/{exact_match_fraction, max_abs_diff, mean_abs_diff, kl, num_tokens}: the
         trainer's logprobs of this step's first forward vs the rollout's, before the update.
 
-        Raises BatchError on every rank for a bad shard on any rank, before any forward.
-        parity 'strict': each micro-batch is checked right after its forward, before its
-        backward; a mismatch on any rank raises ParityError on every rank, no update taken.
-        An exception after a backward leaves gradients inside DeepSpeed: the worker then
-        refuses further steps (build a new one and load_checkpoint).
+        A bad shard on any rank: BatchError on every rank, before any forward. parity 'strict':
+        a mismatch in any micro-batch (checked before its backward) raises ParityError on every
+        rank, no update taken. After an exception that follows a backward, the worker refuses
+        further steps (gradients are left inside DeepSpeed).
         """
         self._require_usable()
         micro = agree_on_batch(self.comm, lambda: self._micro_batches(batch, step=True))
@@ -197,12 +200,7 @@ class DeepSpeedTrainingWorker:
         plain = self.zero_stage == 0 and self.config.dtype == "float32"
         if not plain or not self.engine.is_gradient_accumulation_boundary():
             return None
-        norms = [
-            torch.linalg.vector_norm(p.grad.double())
-            for p in self.module.parameters()
-            if p.grad is not None
-        ]
-        return float(torch.linalg.vector_norm(torch.stack(norms)))
+        return grad_norm(self.module)
 
     def _finish_step(self, sums, parity, stage0_norm: float | None) -> dict[str, float]:
         sums, parity = self.comm.all_reduce(sums), reduce_sums(parity, self.comm.all_reduce)
@@ -299,16 +297,7 @@ class DeepSpeedTrainingWorker:
             logger.info(message)
 
     def _log_step(self, m: dict) -> None:
-        parity = ""
-        if "parity/num_tokens" in m:
-            exact, diff = m["parity/exact_match_fraction"], m["parity/max_abs_diff"]
-            parity = f" | parity exact {exact:.4f} max|d| {diff:.2e}"
-        skipped = f" | SKIPPED ({m['skip_reason']})" if m["skipped_update"] else ""
-        self._log(
-            f"step {m['step']}: loss {m['loss']:+.5f} pg {m['policy_loss']:+.5f} kl {m['kl']:.2e} "
-            f"clip {m['clip_fraction']:.3f} grad_norm {m['grad_norm']:.3e} tokens {m['tokens']}"
-            f"{parity}{skipped}"
-        )
+        self._log(summary(m))
 
 
 def _frozen_copy(policy: nn.Module) -> LogprobModule:

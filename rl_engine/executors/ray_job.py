@@ -179,7 +179,8 @@ def run_job(config: RunConfig) -> list[dict]:
             )[0]
             # export_weights is collective under ZeRO-3: every rank gathers, rank 0 returns the dict
             state = ray.get([t.export_weights.remote() for t in trainers])[0]
-            ray.get([e.load_weights.remote(state, step + 1) for e in engines])
+            # the worker's version: a skipped update keeps the old weights and version
+            ray.get([e.load_weights.remote(state, metrics["weight_version"]) for e in engines])
             metrics = {
                 **metrics,
                 "step": step,

@@ -93,3 +93,25 @@ def step_metrics(
     if parity is not None:
         metrics.update(parity.step_metrics())
     return metrics
+
+
+def grad_norm(module: torch.nn.Module) -> float:
+    """The global L2 norm of the gradients held in `.grad` (fp64)."""
+    norms = [
+        torch.linalg.vector_norm(p.grad.double()) for p in module.parameters() if p.grad is not None
+    ]
+    return float(torch.linalg.vector_norm(torch.stack(norms)))
+
+
+def summary(m: dict) -> str:
+    """One log line of a step's metrics."""
+    parity = ""
+    if "parity/num_tokens" in m:
+        exact, diff = m["parity/exact_match_fraction"], m["parity/max_abs_diff"]
+        parity = f" | parity exact {exact:.4f} max|d| {diff:.2e}"
+    skipped = f" | SKIPPED ({m['skip_reason']})" if m["skipped_update"] else ""
+    return (
+        f"step {m['step']}: loss {m['loss']:+.5f} pg {m['policy_loss']:+.5f} kl {m['kl']:.2e} "
+        f"clip {m['clip_fraction']:.3f} grad_norm {m['grad_norm']:.3e} tokens {m['tokens']}"
+        f"{parity}{skipped}"
+    )
