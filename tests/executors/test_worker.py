@@ -215,6 +215,9 @@ def test_parity_error_survives_pickling():
         err.trainer_logprob,
         err.rollout_logprob,
     ) == ("m", 1, 2, 3, -1.0, -1.5)
+    batch_error = pickle.loads(pickle.dumps(BatchError("bad batch on rank(s) 1", ranks=(1,))))
+    assert isinstance(batch_error, ValueError) and batch_error.ranks == (1,)
+    assert str(batch_error) == "bad batch on rank(s) 1"
 
 
 def test_strict_mismatch_after_accumulation_blocks_the_worker(batch):
