@@ -85,6 +85,21 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must hold ints >= 0, got {bad[0]!r}")
         object.__setattr__(self, "stop_token_ids", stop)  # lists become tuples: stays hashable
 
+    @classmethod
+    def from_config(
+        cls, rollout, *, seed: int, n: int | None = None, eos_token_id: int | None = None
+    ) -> SamplingParams:
+        """The sampling of a run's `rollout` config section (n defaults to samples_per_prompt)."""
+        return cls(
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            n=rollout.samples_per_prompt if n is None else n,
+            seed=seed,
+            eos_token_id=eos_token_id if isinstance(eos_token_id, int) else None,
+        )
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
