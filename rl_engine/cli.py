@@ -51,7 +51,11 @@ def cmd_bench(args) -> int:
     elif args.what == "rollout":
         from rl_engine.benchmarks.rollout import main
 
-        main(["--dtype", "bfloat16", "--batch", "8", "--repeats", "1"] if args.quick else [])
+        main(
+            ["--dtype", "bfloat16", "--batch", "8", "--repeats", "1", "--threads", "1"]
+            if args.quick
+            else []
+        )
     elif args.what == "train":
         from rl_engine.benchmarks.train_step import main
 

@@ -4,15 +4,19 @@ Contract: the one of `rl_engine.kernels.native.attention` (same arguments,
 shapes, layouts, padding and kv_index semantics, exact zeros for padding
 queries, output in q.dtype, statistics in fp32).
 
-Numerics (csrc/kernels_impl.h, `attention_row`): every query row is computed
-alone against the keys at positions 0..p of its sequence, in an order that
-depends on p and the head dim only: scores are fixed-order dot products (the
-GEMM's 16-lane order), the max is exact, exp is the kernels' own, the
-softmax denominator is a 16-lane sum with a fixed tree, and p @ v adds one
-key at a time in increasing position. Nothing is tiled by shape, so a decode
-step, a prefill row, a chunked-prefill row and any batch or thread count give
-the same bits, and a decode query costs O(p * D) instead of a 16-row tile.
-Keys past p are never read, so garbage there (even inf or nan) cannot leak.
+Numerics (csrc/kernels_impl.h, `attention_block`): every query row is computed
+against the keys at positions 0..p of its sequence in an order that depends on
+p and the head dim D only:
+- scores: 16 keys per vector, one FMA per d in increasing d (q pre-scaled);
+- the row max is exact; e = exp(s - max) with the kernels' own exp;
+- the denominator: lane j mod 16 in increasing j, then the fixed hsum tree;
+- p @ v: lanes over d, one FMA per key in increasing position; then / l.
+Rows are grouped in blocks (up to 16 queries x the G heads of a kv group) only
+to share key and value loads; nothing is tiled by shape, so a decode step, a
+prefill row, a chunked-prefill row and any batch or thread count give the
+same bits, and a decode query costs O(p * D) instead of a 16-row tile. Keys
+past p never reach a row's result (their lanes are -inf before the max, and
+p @ v stops at p), so garbage there, even inf or nan, cannot leak.
 
 Backward: the native one (plain masked softmax gradients, deterministic).
 fp64 (gradcheck) and fp16 go through the native op.

@@ -1,6 +1,6 @@
 """Fused, chunked per-token logprobs on CPU: log_softmax(lm_head(hidden) / T) at the targets.
 
-The native op's algorithm and contract (see rl_engine.kernels.native.linear_logp):
+The native op's algorithm, code and contract (rl_engine.kernels.native.linear_logp):
 each chunk of tokens calls this backend's `lm_head` (the fixed-order GEMM,
 M-independent by construction) and the shared `log_softmax`, so the result is
 bitwise equal to materialising all logits, whatever the chunk size. What
@@ -14,12 +14,14 @@ from __future__ import annotations
 import torch
 
 from rl_engine.kernels.cpp.linear import lm_head
-from rl_engine.kernels.native._checks import at_least_fp32
 from rl_engine.kernels.native.linear_logp import _validate
-from rl_engine.kernels.native.log_softmax import check_temperature, log_softmax
+from rl_engine.kernels.native.linear_logp import linear_logp_backward as native_backward
+from rl_engine.kernels.native.linear_logp import linear_logp_forward as native_forward
+from rl_engine.kernels.native.log_softmax import check_temperature
 
 # Logits held at once, in elements: 8M = 32 MiB per fp32 buffer (170 rows at a
-# 49152 vocabulary, rounded down to 128). Only speed and memory depend on it.
+# 49152 vocabulary, rounded down to a multiple of ROW_ALIGN). Only speed and
+# memory depend on it, never the bits.
 CHUNK_ELEMENTS = 8 * 1024 * 1024
 ROW_ALIGN = 64
 MAX_CHUNK_ROWS = 1024
@@ -30,50 +32,26 @@ def chunk_rows_for(vocab_size: int) -> int:
     return max(ROW_ALIGN, rows // ROW_ALIGN * ROW_ALIGN)
 
 
-def _chunk_logprobs(h, weight, bias, temperature):
-    return log_softmax(lm_head(h, weight, bias), temperature)  # (n, V) fp32
-
-
 def linear_logp_forward(hidden, weight, bias, targets, temperature, ignore_index):
-    n = hidden.shape[0]
-    out = torch.zeros(n, dtype=at_least_fp32(hidden.dtype), device=hidden.device)  # (N,)
-    live = targets != ignore_index
-    safe_targets = torch.where(live, targets, torch.zeros_like(targets))
     step = chunk_rows_for(weight.shape[0])
-    for start in range(0, n, step):
-        stop = min(start + step, n)
-        logp = _chunk_logprobs(hidden[start:stop], weight, bias, temperature)
-        picked = logp.gather(1, safe_targets[start:stop, None]).squeeze(1)
-        out[start:stop] = torch.where(live[start:stop], picked, torch.zeros_like(picked))
-    return out
+    return native_forward(
+        hidden, weight, bias, targets, temperature, ignore_index, project=lm_head, step=step
+    )
 
 
 def linear_logp_backward(grad_out, hidden, weight, bias, targets, temperature, ignore_index):
-    n, vocab = hidden.shape[0], weight.shape[0]
-    live = targets != ignore_index
-    safe_targets = torch.where(live, targets, torch.zeros_like(targets))
-    acc = at_least_fp32(weight.dtype)
-    coeff = torch.where(live, grad_out.to(acc), torch.zeros_like(grad_out, dtype=acc))
-    grad_hidden = torch.empty_like(hidden)
-    grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
-    grad_bias = torch.zeros(vocab, dtype=acc, device=weight.device) if bias is not None else None
-    step = chunk_rows_for(vocab)
-    for start in range(0, n, step):
-        stop = min(start + step, n)
-        h = hidden[start:stop]  # (n, H)
-        probs = _chunk_logprobs(h, weight, bias, temperature).exp_()  # (n, V)
-        grad_logits = probs.neg_()
-        grad_logits.scatter_add_(1, safe_targets[start:stop, None], torch.ones_like(probs[:, :1]))
-        grad_logits.mul_(coeff[start:stop, None] / temperature)  # (n, V)
-        g = grad_logits.to(weight.dtype)
-        grad_hidden[start:stop] = (g @ weight).to(hidden.dtype)
-        grad_weight += g.t() @ h.to(weight.dtype)
-        if grad_bias is not None:
-            grad_bias += grad_logits.sum(0)
-    grad_weight = grad_weight.to(weight.dtype)
-    if grad_bias is not None:
-        grad_bias = grad_bias.to(bias.dtype)
-    return grad_hidden, grad_weight, grad_bias
+    step = chunk_rows_for(weight.shape[0])
+    return native_backward(
+        grad_out,
+        hidden,
+        weight,
+        bias,
+        targets,
+        temperature,
+        ignore_index,
+        project=lm_head,
+        step=step,
+    )
 
 
 class _LinearLogp(torch.autograd.Function):

@@ -28,25 +28,40 @@ def chunk_rows_for(vocab_size: int) -> int:
     return max(MIN_ROWS, min(MAX_CHUNK_ROWS, CHUNK_ELEMENTS // max(vocab_size, 1)))
 
 
-def _chunk_logprobs(h, weight, bias, temperature):
-    return log_softmax(lm_head(h, weight, bias), temperature)  # (n, V) fp32
+def _chunk_logprobs(h, weight, bias, temperature, project):
+    return log_softmax(project(h, weight, bias), temperature)  # (n, V) fp32
 
 
-def linear_logp_forward(hidden, weight, bias, targets, temperature, ignore_index):
+# `project` (the LM-head op) and `step` (rows per chunk) let another backend reuse
+# this algorithm with its own row-invariant lm_head.
+def linear_logp_forward(
+    hidden, weight, bias, targets, temperature, ignore_index, *, project=lm_head, step=None
+):
     n = hidden.shape[0]
     out = torch.zeros(n, dtype=at_least_fp32(hidden.dtype), device=hidden.device)  # (N,)
     live = targets != ignore_index
     safe_targets = torch.where(live, targets, torch.zeros_like(targets))
-    step = chunk_rows_for(weight.shape[0])
+    step = step or chunk_rows_for(weight.shape[0])
     for start in range(0, n, step):
         stop = min(start + step, n)
-        logp = _chunk_logprobs(hidden[start:stop], weight, bias, temperature)
+        logp = _chunk_logprobs(hidden[start:stop], weight, bias, temperature, project)
         picked = logp.gather(1, safe_targets[start:stop, None]).squeeze(1)
         out[start:stop] = torch.where(live[start:stop], picked, torch.zeros_like(picked))
     return out
 
 
-def linear_logp_backward(grad_out, hidden, weight, bias, targets, temperature, ignore_index):
+def linear_logp_backward(
+    grad_out,
+    hidden,
+    weight,
+    bias,
+    targets,
+    temperature,
+    ignore_index,
+    *,
+    project=lm_head,
+    step=None,
+):
     n, vocab = hidden.shape[0], weight.shape[0]
     live = targets != ignore_index
     safe_targets = torch.where(live, targets, torch.zeros_like(targets))
@@ -55,11 +70,11 @@ def linear_logp_backward(grad_out, hidden, weight, bias, targets, temperature, i
     grad_hidden = torch.empty_like(hidden)
     grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
     grad_bias = torch.zeros(vocab, dtype=acc, device=weight.device) if bias is not None else None
-    step = chunk_rows_for(vocab)
+    step = step or chunk_rows_for(vocab)
     for start in range(0, n, step):
         stop = min(start + step, n)
         h = hidden[start:stop]  # (n, H)
-        probs = _chunk_logprobs(h, weight, bias, temperature).exp_()  # (n, V)
+        probs = _chunk_logprobs(h, weight, bias, temperature, project).exp_()  # (n, V)
         grad_logits = probs.neg_()
         grad_logits.scatter_add_(1, safe_targets[start:stop, None], torch.ones_like(probs[:, :1]))
         grad_logits.mul_(coeff[start:stop, None] / temperature)  # (n, V)
