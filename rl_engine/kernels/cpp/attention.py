@@ -44,10 +44,18 @@ def _aligned_keys(x: torch.Tensor, k_positions: torch.Tensor, length: int) -> to
     return out
 
 
+def _check_distinct_positions(q_positions: torch.Tensor) -> None:
+    ordered = q_positions.sort(dim=1).values  # (B, Tq)
+    if bool(((ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)).any()):
+        raise ValueError("q_positions: a sequence has the same position twice")
+
+
 def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
     """fp32 (B, Hq, Tq, D): every valid query row through the fixed-order row kernel."""
     B = q.shape[0]
     q_positions = q_positions.long()
+    if q_positions.shape[1] > 1:
+        _check_distinct_positions(q_positions)
     if k_positions is not None:
         length = max(int(q_positions.max()) + 1, 1) if q_positions.numel() else 1
         k, v = _aligned_keys(k, k_positions, length), _aligned_keys(v, k_positions, length)
