@@ -18,16 +18,17 @@ same bits, and a decode query costs O(p * D) instead of a 16-row tile. Keys
 past p never reach a row's result (their lanes are -inf before the max, and
 p @ v stops at p), so garbage there, even inf or nan, cannot leak.
 
-Backward: the native one (plain masked softmax gradients, deterministic).
+Backward: torch's SDPA backward on a recomputed forward (see
+attention_backward): deterministic and accurate, not invariant (it need not be).
 fp64 (gradcheck) and fp16 go through the native op.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from rl_engine.kernels.cpp._extension import current_isa, extension
-from rl_engine.kernels.native.attention import _backward as native_backward
 from rl_engine.kernels.native.attention import _validate
 from rl_engine.kernels.native.attention import attention as native_attention
 
@@ -41,6 +42,54 @@ def _aligned_keys(x: torch.Tensor, k_positions: torch.Tensor, length: int) -> to
     kp = k_positions.long()
     sb, slot = ((kp >= 0) & (kp < length)).nonzero(as_tuple=True)
     out[sb, :, kp[sb, slot]] = x[sb, :, slot].float()  # (N, Hkv, D)
+    return out
+
+
+def attention_backward(grad_out, q, k, v, q_positions, k_positions, scale):
+    """(dq, dk, dv) in fp32: torch's SDPA backward on the keys laid out by position.
+
+    Gradients need not be batch-invariant, only accurate and deterministic, so
+    the forward is recomputed with `F.scaled_dot_product_attention` (causal
+    mask from the positions) and differentiated by autograd. Padding queries
+    attend to key 0 (any finite row) with a zero output gradient, so they add
+    exactly nothing; slots no query sees get zero gradients.
+    """
+    q_positions = q_positions.long()
+    length = max(int(q_positions.max()) + 1, 1)  # positions any query sees
+    B, Hkv, Tk, D = k.shape
+    if k_positions is None:
+        kk = torch.zeros((B, Hkv, length, D), dtype=torch.float32, device=k.device)
+        vv = torch.zeros_like(kk)
+        n = min(length, Tk)
+        kk[:, :, :n], vv[:, :, :n] = k[:, :, :n], v[:, :, :n]
+    else:
+        kk, vv = _aligned_keys(k, k_positions, length), _aligned_keys(v, k_positions, length)
+    live = q_positions >= 0  # (B, Tq)
+    mask = torch.arange(length, device=q.device) <= q_positions[:, :, None]  # (B, Tq, L)
+    mask[:, :, 0] |= ~live
+    go = torch.where(live[:, None, :, None], grad_out.float(), 0.0)
+    with torch.enable_grad():
+        leaves = [t.detach().float().requires_grad_(True) for t in (q, kk, vv)]
+        out = F.scaled_dot_product_attention(
+            *leaves, attn_mask=mask[:, None], scale=scale, enable_gqa=True
+        )
+        dq, dkk, dvv = torch.autograd.grad(out, leaves, go)
+    dq = torch.where(live[:, None, :, None], dq, 0.0)
+    if k_positions is None:
+        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+        dv = torch.zeros_like(dk)
+        dk[:, :, :n], dv[:, :, :n] = dkk[:, :, :n], dvv[:, :, :n]
+        return dq, dk, dv
+    return dq, _back_to_slots(dkk, k_positions, Tk), _back_to_slots(dvv, k_positions, Tk)
+
+
+def _back_to_slots(grad: torch.Tensor, k_positions: torch.Tensor, slots: int) -> torch.Tensor:
+    """(B, Hkv, L, D) by position -> (B, Hkv, slots, D) by slot; empty or unseen slots get 0."""
+    B, Hkv, length, D = grad.shape
+    out = torch.zeros((B, Hkv, slots, D), dtype=grad.dtype, device=grad.device)
+    kp = k_positions.long()
+    sb, slot = ((kp >= 0) & (kp < length)).nonzero(as_tuple=True)
+    out[sb, :, slot] = grad[sb, :, kp[sb, slot]]
     return out
 
 
@@ -87,7 +136,7 @@ class _FixedOrderAttention(torch.autograd.Function):
         if q.numel() == 0 or k.numel() == 0:
             dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         else:
-            dq, dk, dv = native_backward(grad_out, q, k, v, q_positions, k_positions, ctx.scale)
+            dq, dk, dv = attention_backward(grad_out, q, k, v, q_positions, k_positions, ctx.scale)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
