@@ -1,0 +1,34 @@
+"""Importance-ratio distribution and mismatch by position, on hand-made logprobs."""
+
+import math
+
+import pytest
+import torch
+
+from rl_engine.importance_ratios import fraction_outside, mismatch_by_position, ratio_distribution
+
+
+def test_ratio_distribution_counts_tokens_and_sequences_outside_the_band():
+    rollout = [torch.zeros(3), torch.zeros(2)]
+    # token log-ratios: seq 0 -> [ln 3, 0, 0], seq 1 -> [-ln 1.8, -ln 1.8] (sequence ratio 1/3.24)
+    trainer = [torch.tensor([math.log(3.0), 0.0, 0.0]), torch.full((2,), -math.log(1.8))]
+    d = ratio_distribution(trainer, rollout)
+    assert d["token"]["min"] == pytest.approx(1 / 1.8) and d["token"]["max"] == pytest.approx(3.0)
+    assert d["token"]["outside"] == {"1.5": 3 / 5, "2.0": 1 / 5, "5.0": 0.0}
+    assert d["sequence"]["outside"] == {"1.5": 1.0, "2.0": 1.0, "5.0": 0.0}
+    assert d["token"]["quantiles"]["0.5"] == pytest.approx(1.0)
+    exact = ratio_distribution(rollout, [r.clone() for r in rollout])
+    assert exact["token"]["min"] == exact["token"]["max"] == 1.0
+    with pytest.raises(ValueError, match="threshold must be > 1"):
+        fraction_outside(torch.ones(2), 1.0)
+    with pytest.raises(ValueError, match="sequence 1: trainer logprobs"):
+        ratio_distribution(trainer, [torch.zeros(3), torch.zeros(3)])
+
+
+def test_mismatch_by_position_averages_over_the_sequences_that_reach_it():
+    trainer = [torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([-1.5])]
+    rollout = [torch.tensor([-1.0, -2.5, -3.0]), torch.tensor([-1.0])]
+    p = mismatch_by_position(trainer, rollout)
+    assert p["tokens"] == [2, 1, 1]
+    assert p["exact_match_fraction"] == [0.5, 0.0, 1.0]
+    assert p["mean_abs_diff"] == [0.25, 0.5, 0.0] and p["max_abs_diff"] == [0.5, 0.5, 0.0]
