@@ -1,6 +1,7 @@
-"""RL algorithms as pure torch functions: GRPO advantages, PPO/GRPO losses, KL, TIS."""
+"""RL algorithms as pure torch functions: GRPO advantages, PPO/GRPO losses, KL, rollout correction."""
 
 from rl_engine.algorithms.advantages import group_normalized_advantages
+from rl_engine.algorithms.correction import CORRECTION_MODES, RolloutCorrection, rollout_correction
 from rl_engine.algorithms.losses import (
     AGGREGATIONS,
     kl_k3,
@@ -11,9 +12,12 @@ from rl_engine.algorithms.losses import (
 
 __all__ = [
     "AGGREGATIONS",
+    "CORRECTION_MODES",
+    "RolloutCorrection",
     "group_normalized_advantages",
     "kl_k3",
     "masked_mean",
     "policy_loss",
+    "rollout_correction",
     "truncated_importance_weights",
 ]
