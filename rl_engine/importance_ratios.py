@@ -7,11 +7,14 @@ max, quantiles, the fraction outside [1/C, C]) tells how much a rollout correcti
 with threshold C would truncate or mask; the sequence ratio (exp of the sum of a
 sequence's token log-ratios) is what the sequence-level corrections look at.
 These complement the parity metrics (exact fraction, |dlogp|, k3 KL); torch only,
-fp64 sums.
+fp64 sums. `correction_sums` / `correction_metrics`: the same per training step,
+with what the rollout correction truncated or dropped, summed over micro-batches
+and ranks.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -96,4 +99,90 @@ def mismatch_by_position(
         "exact_match_fraction": (exact / seen).tolist(),
         "mean_abs_diff": (abs_sum / seen).tolist(),
         "max_abs_diff": abs_max.tolist(),
+    }
+
+
+# ---------------------------------------------------------------------------- per training step
+
+STEP_SUMS = (
+    "tokens",
+    "truncated",
+    "dropped",
+    "ratio_sum",
+    "ratio_max",
+    "neg_ratio_min",
+    "k3_sum",
+    "trainer_logp_sum",
+    "rollout_logp_sum",
+    "sequences",
+    "dropped_sequences",
+)
+_MAX_SUMS = (STEP_SUMS.index("ratio_max"), STEP_SUMS.index("neg_ratio_min"))
+
+
+def correction_sums(trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, correction):
+    """(len(STEP_SUMS),) fp64 sums of one micro-batch: add them up (max for the *_max / neg_*_min).
+
+    trainer / rollout / mask: (B, T); `correction`: the RolloutCorrection applied to them.
+    """
+    from rl_engine.algorithms import kl_k3
+
+    valid = mask.bool()
+    if not bool(valid.any()):
+        return empty_correction_sums()
+    a, b = trainer.detach().double()[valid], rollout.double()[valid]
+    ratio = torch.exp(a - b)
+    has_tokens = valid.any(dim=1)
+    dropped_rows = has_tokens & ~correction.mask.any(dim=1)
+    values = [
+        valid.sum(),
+        correction.truncated.sum(),
+        correction.dropped.sum(),
+        ratio.sum(),
+        ratio.max(),
+        -ratio.min(),
+        kl_k3(rollout, trainer.detach(), mask=valid).double().sum(),  # KL(rollout || trainer)
+        a.sum(),
+        b.sum(),
+        has_tokens.sum(),
+        dropped_rows.sum(),
+    ]
+    return torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in values]).cpu()
+
+
+def merge_correction_sums(total: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+    merged = total + part
+    for i in _MAX_SUMS:
+        merged[i] = torch.maximum(total[i], part[i])
+    return merged
+
+
+def reduce_correction_sums(sums: torch.Tensor, all_reduce) -> torch.Tensor:
+    """Over ranks: `all_reduce(tensor, "sum" | "max")` returns the reduced copy."""
+    summed = all_reduce(sums, "sum")
+    idx = list(_MAX_SUMS)
+    summed[idx] = all_reduce(sums[idx].clone(), "max")
+    return summed
+
+
+def empty_correction_sums() -> torch.Tensor:
+    sums = torch.zeros(len(STEP_SUMS), dtype=torch.float64)
+    sums[list(_MAX_SUMS)] = -float("inf")
+    return sums
+
+
+def correction_metrics(sums: torch.Tensor) -> dict[str, float]:
+    """`correction/*` metrics of a step: ratio stats, fractions truncated / masked, k3 KL, perplexities."""
+    s = dict(zip(STEP_SUMS, sums.tolist()))
+    tokens = max(s["tokens"], 1.0)
+    return {
+        "correction/ratio_mean": s["ratio_sum"] / tokens,
+        "correction/ratio_min": -s["neg_ratio_min"],
+        "correction/ratio_max": s["ratio_max"],
+        "correction/truncated_fraction": s["truncated"] / tokens,
+        "correction/masked_fraction": s["dropped"] / tokens,
+        "correction/masked_sequence_fraction": s["dropped_sequences"] / max(s["sequences"], 1.0),
+        "correction/k3_kl": s["k3_sum"] / tokens,
+        "correction/trainer_ppl": math.exp(-s["trainer_logp_sum"] / tokens),
+        "correction/rollout_ppl": math.exp(-s["rollout_logp_sum"] / tokens),
     }

@@ -32,3 +32,37 @@ def test_mismatch_by_position_averages_over_the_sequences_that_reach_it():
     assert p["tokens"] == [2, 1, 1]
     assert p["exact_match_fraction"] == [0.5, 0.0, 1.0]
     assert p["mean_abs_diff"] == [0.25, 0.5, 0.0] and p["max_abs_diff"] == [0.5, 0.5, 0.0]
+
+
+def test_step_metrics_merge_over_micro_batches_and_report_what_the_correction_did():
+    from rl_engine.algorithms import rollout_correction
+    from rl_engine.importance_ratios import (
+        correction_metrics,
+        correction_sums,
+        empty_correction_sums,
+        merge_correction_sums,
+    )
+
+    rollout = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, float("nan")]])
+    trainer = rollout + torch.tensor([[0.0, math.log(3.0), 0.0], [math.log(0.25), 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    total = empty_correction_sums()
+    for rows in (slice(0, 1), slice(1, 2)):  # two micro-batches
+        c = rollout_correction(
+            trainer[rows], rollout[rows], mask[rows], mode="token_mask", threshold=2.0
+        )
+        total = merge_correction_sums(
+            total, correction_sums(trainer[rows], rollout[rows], mask[rows], c)
+        )
+    m = correction_metrics(total)
+    assert m["correction/ratio_max"] == pytest.approx(3.0) and m[
+        "correction/ratio_min"
+    ] == pytest.approx(0.25)
+    assert m["correction/ratio_mean"] == pytest.approx((1 + 3 + 1 + 0.25 + 1) / 5)
+    assert (
+        m["correction/masked_fraction"] == pytest.approx(2 / 5)
+        and m["correction/truncated_fraction"] == 0
+    )
+    assert m["correction/masked_sequence_fraction"] == 0.0 and m["correction/k3_kl"] > 0
+    assert m["correction/rollout_ppl"] == pytest.approx(math.exp(5.7 / 5), rel=1e-6)
+    assert m["correction/trainer_ppl"] < m["correction/rollout_ppl"] * 3
