@@ -4,6 +4,8 @@ from rl_engine.algorithms.advantages import group_normalized_advantages
 from rl_engine.algorithms.correction import CORRECTION_MODES, RolloutCorrection, rollout_correction
 from rl_engine.algorithms.losses import (
     AGGREGATIONS,
+    aggregate,
+    aggregation_units,
     kl_k3,
     masked_mean,
     policy_loss,
@@ -14,6 +16,8 @@ __all__ = [
     "AGGREGATIONS",
     "CORRECTION_MODES",
     "RolloutCorrection",
+    "aggregate",
+    "aggregation_units",
     "group_normalized_advantages",
     "kl_k3",
     "masked_mean",

@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 from rl_engine.config import DTYPES
-from rl_engine.diagnostics.metrics import mismatch_metrics
 from rl_engine.diagnostics.report import (
     DiagnosisReport,
     ModeResult,
@@ -35,6 +34,7 @@ from rl_engine.diagnostics.report import (
     write_report,
 )
 from rl_engine.importance_ratios import THRESHOLDS, mismatch_by_position, ratio_distribution
+from rl_engine.parity import mismatch_metrics
 from rl_engine.rollout.files import BadLine, RolloutFile, parse_rollouts, rollout_files
 
 log = logging.getLogger("rl_engine.diagnose")
@@ -51,13 +51,13 @@ class RolloutDiagnosisReport(DiagnosisReport):
     lines_used: int = 0
     bad_lines: list[BadLine] = field(default_factory=list)
     temperatures: list[float] = field(default_factory=list)
-    extras: dict[str, dict] = field(default_factory=dict)  # mode -> ratios, by_position, worst
+    extras: dict[str, dict] = field(default_factory=dict)  # mode key -> ratios, by_position, worst
     seconds: float = 0.0
 
     @property
     def exact(self) -> bool:
         """Every token equal (torch.equal per token) with invariance on."""
-        invariant = next(r for r in self.results if r.mode == "invariant")
+        invariant = next(r for r in self.results if r.batch_invariant)
         return invariant.metrics.exact_match_fraction == 1.0
 
     def as_dict(self) -> dict:
@@ -98,7 +98,7 @@ class RolloutDiagnosisReport(DiagnosisReport):
             "Importance ratio trainer / rollout = exp(trainer - rollout), per token "
             "(and per sequence: exp of the sum of its token log-ratios):",
             "",
-            f"| kernels | min | {head} | max | mean | {outside} | sequences {outside} |",
+            f"| batch_invariant | min | {head} | max | mean | {outside} | sequences {outside} |",
             "|---|" + "---:|" * (4 + len(qs) + 2 * len(THRESHOLDS)),
         ]
         for mode, extra in self.extras.items():
@@ -107,7 +107,7 @@ class RolloutDiagnosisReport(DiagnosisReport):
             fracs = [tok["outside"][str(c)] for c in THRESHOLDS]
             seq_fracs = [seq["outside"][str(c)] for c in THRESHOLDS]
             rows.append(
-                f"| {mode} | "
+                f"| {mode.split('=')[1]} | "
                 + " | ".join(f"{v:.9g}" for v in cells)
                 + " | "
                 + " | ".join(f"{v:.4f}" for v in fracs + seq_fracs)
@@ -118,7 +118,7 @@ class RolloutDiagnosisReport(DiagnosisReport):
     @staticmethod
     def _worst_table(mode: str, worst: list[dict]) -> list[str]:
         rows = [
-            f"Worst tokens, {mode} kernels:",
+            f"Worst tokens, {mode}:",
             "",
             "| line | position | token | rollout logprob | trainer logprob | dlogp |",
             "|---|---:|---|---:|---:|---:|",
@@ -162,7 +162,7 @@ def diagnose_rollouts(
             apply_batch_invariant(model)
         result, extra = _diagnose_mode(model, tokenizer, parsed, invariant)
         results.append(result)
-        extras[result.mode] = extra
+        extras[mode_key(invariant)] = extra
     report = RolloutDiagnosisReport(
         model=str(model_spec),
         dtype=dtype,
@@ -171,7 +171,7 @@ def diagnose_rollouts(
         lines_used=len(parsed.completions),
         bad_lines=parsed.bad_lines,
         temperatures=sorted({c.logprob_temperature for c in parsed.completions}),
-        extras={"invariant": extras["invariant"], "plain": extras["plain"]},
+        extras={key: extras[key] for key in (mode_key(True), mode_key(False))},
         seconds=time.perf_counter() - started,
     )
     write_report(report, Path(output_dir), _plot)
@@ -234,17 +234,25 @@ def _next_batch(completions, order: list[int], start: int) -> list[int]:
     return batch
 
 
+def mode_key(invariant: bool) -> str:
+    """The mode's key in report.json, as in diagnose --config."""
+    return f"batch_invariant={str(invariant).lower()}"
+
+
 def _diagnose_mode(model, tokenizer, parsed: RolloutFile, invariant: bool):
-    mode = "invariant" if invariant else "plain"
     completions = parsed.completions
     trainer = recompute(model, completions)
     rollout = [c.logprobs for c in completions]
     trainer_flat, rollout_flat = torch.cat(trainer), torch.cat(rollout)
     metrics = mismatch_metrics(trainer_flat, rollout_flat)
     log.info(
-        "%s: %d tokens, exact match %.4f", mode, metrics.num_tokens, metrics.exact_match_fraction
+        "batch_invariant=%s: %d tokens, exact match %.4f",
+        invariant,
+        metrics.num_tokens,
+        metrics.exact_match_fraction,
     )
-    result = ModeResult(mode, metrics, (trainer_flat - rollout_flat).abs().tolist(), modules=[])
+    diffs = (trainer_flat - rollout_flat).abs().tolist()
+    result = ModeResult(invariant, metrics, diffs, modules=[])
     extra = {
         "ratios": ratio_distribution(trainer, rollout),
         "by_position": mismatch_by_position(trainer, rollout),
@@ -285,9 +293,10 @@ def _plot(report: RolloutDiagnosisReport, path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
     histogram_panel(ax1, report.results)
     for r in report.results:
-        by_pos = report.extras[r.mode]["by_position"]
-        ax2.plot([max(v, 1e-12) for v in by_pos["mean_abs_diff"]], label=f"{r.mode}: mean")
-        ax2.plot([max(v, 1e-12) for v in by_pos["max_abs_diff"]], ls=":", label=f"{r.mode}: max")
+        key = mode_key(r.batch_invariant)
+        by_pos = report.extras[key]["by_position"]
+        ax2.plot([max(v, 1e-12) for v in by_pos["mean_abs_diff"]], label=f"{key}: mean")
+        ax2.plot([max(v, 1e-12) for v in by_pos["max_abs_diff"]], ls=":", label=f"{key}: max")
     ax2.set(
         yscale="log",
         title="|dlogp| by position in the completion (0 shown at 1e-12)",

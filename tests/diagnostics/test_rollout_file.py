@@ -53,7 +53,7 @@ def _diagnose(path, out, *extra) -> tuple[int, dict]:
 
 def test_hf_generate_in_bf16_is_not_exact_and_the_report_says_how_far(hf_file, tmp_path):
     code, data = _diagnose(hf_file, tmp_path, "--dtype", "bfloat16")
-    invariant, plain = data["modes"]["invariant"], data["modes"]["plain"]
+    invariant, plain = data["modes"]["batch_invariant=true"], data["modes"]["batch_invariant=false"]
     assert code == 1
     assert invariant["metrics"]["exact_match_fraction"] < 1.0  # HF's decode path != trainer's
     assert plain["metrics"]["exact_match_fraction"] < 1.0
@@ -71,7 +71,7 @@ def test_hf_generate_in_bf16_is_not_exact_and_the_report_says_how_far(hf_file, t
     worst = invariant["worst_tokens"][0]
     assert worst["line"].startswith("hf.jsonl:") and worst["trainer"] != worst["rollout"]
     assert data["source"]["logprob_temperatures"] == [TEMPERATURE]
-    assert "| invariant |" in (tmp_path / "report.md").read_text()
+    assert "| true |" in (tmp_path / "report.md").read_text()
     assert (tmp_path / "mismatch.png").stat().st_size > 0
 
 
@@ -87,8 +87,8 @@ def test_the_projects_invariant_engine_diagnoses_exact(tmp_path):
     path = write_rollouts(tmp_path / "own.jsonl", completions)
     code, data = _diagnose(path, tmp_path / "report", "--dtype", "bfloat16")
     assert code == 0
-    assert data["modes"]["invariant"]["metrics"]["exact_match_fraction"] == 1.0
-    assert data["modes"]["invariant"]["worst_tokens"] == []  # no token differs
+    assert data["modes"]["batch_invariant=true"]["metrics"]["exact_match_fraction"] == 1.0
+    assert data["modes"]["batch_invariant=true"]["worst_tokens"] == []  # no token differs
 
 
 def test_recompute_never_materialises_full_vocabulary_logits(hf_file):
