@@ -33,8 +33,7 @@ from rl_engine.diagnostics.report import (
     trainer_logprobs,
     write_report,
 )
-from rl_engine.importance_ratios import THRESHOLDS, mismatch_by_position, ratio_distribution
-from rl_engine.parity import mismatch_metrics
+from rl_engine.parity import THRESHOLDS, mismatch_by_position, mismatch_metrics, ratio_distribution
 from rl_engine.rollout.files import BadLine, RolloutFile, parse_rollouts, rollout_files
 
 log = logging.getLogger("rl_engine.diagnose")

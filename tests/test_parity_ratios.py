@@ -1,11 +1,11 @@
-"""Importance-ratio distribution and mismatch by position, on hand-made logprobs."""
+"""rl_engine.parity: importance-ratio distribution, mismatch by position and correction step metrics, on hand-made logprobs."""
 
 import math
 
 import pytest
 import torch
 
-from rl_engine.importance_ratios import fraction_outside, mismatch_by_position, ratio_distribution
+from rl_engine.parity import fraction_outside, mismatch_by_position, ratio_distribution
 
 
 def test_ratio_distribution_counts_tokens_and_sequences_outside_the_band():
@@ -36,7 +36,7 @@ def test_mismatch_by_position_averages_over_the_sequences_that_reach_it():
 
 def test_step_metrics_merge_over_micro_batches_and_report_what_the_correction_did():
     from rl_engine.algorithms import rollout_correction
-    from rl_engine.importance_ratios import (
+    from rl_engine.parity import (
         correction_metrics,
         correction_sums,
         empty_correction_sums,
