@@ -150,8 +150,6 @@ class AlgorithmConfig:
     """Weight of the k3 KL to a frozen reference policy (0 = no reference model)."""
     loss_aggregation: str = "token-mean"
     """'token-mean', 'seq-mean-token-mean' or 'seq-mean-token-sum'."""
-    tis_cap: float | None = None
-    """Truncated importance-sampling cap for runs with invariance off (None = no TIS)."""
     normalize_std: bool = True
     """Divide group-centred rewards by the group std (False = Dr. GRPO)."""
     rollout_correction: str = "none"
@@ -166,8 +164,6 @@ class AlgorithmConfig:
             _number("algorithm.clip_eps_high", self.clip_eps_high, low=0.0)
         _number("algorithm.kl_coef", self.kl_coef, low=0.0)
         _choice("algorithm.loss_aggregation", self.loss_aggregation, AGGREGATIONS)
-        if self.tis_cap is not None:
-            _number("algorithm.tis_cap", self.tis_cap, low=0.0, low_open=True)
         _choice("algorithm.normalize_std", self.normalize_std, (True, False))
         _choice("algorithm.rollout_correction", self.rollout_correction, CORRECTION_MODES)
         _number("algorithm.correction_threshold", self.correction_threshold, low=1.0, low_open=True)

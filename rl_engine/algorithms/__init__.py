@@ -9,7 +9,6 @@ from rl_engine.algorithms.losses import (
     kl_k3,
     masked_mean,
     policy_loss,
-    truncated_importance_weights,
 )
 
 __all__ = [
@@ -23,5 +22,4 @@ __all__ = [
     "masked_mean",
     "policy_loss",
     "rollout_correction",
-    "truncated_importance_weights",
 ]
