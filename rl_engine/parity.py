@@ -296,6 +296,11 @@ def correction_metrics(sums: torch.Tensor) -> dict[str, float]:
         "correction/masked_fraction": s["dropped"] / tokens,
         "correction/masked_sequence_fraction": s["dropped_sequences"] / max(s["sequences"], 1.0),
         "correction/k3_kl": s["k3_sum"] / tokens,
-        "correction/trainer_ppl": math.exp(-s["trainer_logp_sum"] / tokens),
-        "correction/rollout_ppl": math.exp(-s["rollout_logp_sum"] / tokens),
+        "correction/trainer_ppl": _exp(-s["trainer_logp_sum"] / tokens),
+        "correction/rollout_ppl": _exp(-s["rollout_logp_sum"] / tokens),
     }
+
+
+def _exp(x: float) -> float:
+    """math.exp, inf instead of OverflowError (a non-finite loss step still reports its metrics)."""
+    return math.inf if x > 709.0 else math.exp(x)

@@ -66,3 +66,15 @@ def test_step_metrics_merge_over_micro_batches_and_report_what_the_correction_di
     assert m["correction/masked_sequence_fraction"] == 0.0 and m["correction/k3_kl"] > 0
     assert m["correction/rollout_ppl"] == pytest.approx(math.exp(5.7 / 5), rel=1e-6)
     assert m["correction/trainer_ppl"] < m["correction/rollout_ppl"] * 3
+
+
+def test_step_metrics_of_non_finite_logprobs_are_reported_not_raised():
+    from rl_engine.algorithms import rollout_correction
+    from rl_engine.parity import correction_metrics, correction_sums
+
+    rollout = torch.tensor([[-1.0, -2.0]])
+    trainer = torch.tensor([[-1.0, -float("inf")]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    c = rollout_correction(trainer, rollout, mask, mode="token_truncate", threshold=2.0)
+    m = correction_metrics(correction_sums(trainer, rollout, mask, c))
+    assert m["correction/trainer_ppl"] == math.inf and m["correction/ratio_min"] == 0.0
