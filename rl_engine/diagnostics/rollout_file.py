@@ -34,7 +34,13 @@ from rl_engine.diagnostics.report import (
     write_report,
 )
 from rl_engine.parity import THRESHOLDS, mismatch_by_position, mismatch_metrics, ratio_distribution
-from rl_engine.rollout.files import BadLine, RolloutFile, parse_rollouts, rollout_files
+from rl_engine.rollout.files import (
+    BadLine,
+    RolloutFile,
+    RolloutFileError,
+    parse_rollouts,
+    rollout_files,
+)
 
 log = logging.getLogger("rl_engine.diagnose")
 
@@ -178,8 +184,6 @@ def diagnose_rollouts(
 
 
 def _usable(parsed: RolloutFile, skip_bad_lines: bool) -> RolloutFile:
-    from rl_engine.rollout.files import RolloutFileError
-
     if parsed.bad_lines and not skip_bad_lines:
         raise RolloutFileError(parsed.bad_lines)
     if parsed.bad_lines:
