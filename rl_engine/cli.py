@@ -36,11 +36,42 @@ def cmd_train(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
+    if args.rollouts is not None:
+        return cmd_diagnose_rollouts(args)
     from rl_engine.diagnostics.report import run_diagnosis
 
     report = run_diagnosis(_load_config(args.config), output_dir=args.output_dir)
     print(report.markdown())
     return 0
+
+
+def cmd_diagnose_rollouts(args) -> int:
+    """0: every token exact with invariance on; 1: not; 2 (from main): unusable input."""
+    from rl_engine.diagnostics.rollout_file import diagnose_rollouts
+
+    report = diagnose_rollouts(
+        args.rollouts,
+        args.model,
+        dtype=args.dtype,
+        output_dir=args.output_dir or "runs/diagnose_rollouts",
+        skip_bad_lines=args.skip_bad_lines,
+    )
+    print(report.markdown())
+    return 0 if report.exact else 1
+
+
+def _check_diagnose_args(parser: argparse.ArgumentParser, args) -> None:
+    if args.command != "diagnose":
+        return
+    if args.rollouts is not None and args.model is None:
+        parser.error("diagnose --rollouts needs --model SPEC")
+    if args.rollouts is None and (args.model, args.dtype, args.skip_bad_lines) != (
+        None,
+        None,
+        False,
+    ):
+        parser.error("--model, --dtype and --skip-bad-lines go with diagnose --rollouts")
+    args.dtype = args.dtype or "float32"
 
 
 def cmd_bench(args) -> int:
@@ -71,11 +102,28 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", required=True, help="run config, e.g. configs/demo.yaml")
     train.set_defaults(fn=cmd_train)
     diag = sub.add_parser(
-        "diagnose", help="rollout vs. trainer logprob mismatch, invariance on and off"
+        "diagnose",
+        help="rollout vs. trainer logprob mismatch, invariance on and off "
+        "(--rollouts exits 0 when exact with invariance on, 1 when not, 2 for unusable input)",
     )
-    diag.add_argument("--config", required=True, help="run config, e.g. configs/diagnose_tiny.yaml")
+    source = diag.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="run config, e.g. configs/diagnose_tiny.yaml")
+    source.add_argument(
+        "--rollouts", help="rollout file (JSONL, docs/rollouts.md) of any engine to diagnose"
+    )
+    diag.add_argument("--model", help="with --rollouts: the model spec that sampled them")
     diag.add_argument(
-        "--output-dir", default=None, help="where the report goes (default: <output_dir>/diagnosis)"
+        "--dtype", choices=["float32", "bfloat16"], help="with --rollouts (default float32)"
+    )
+    diag.add_argument(
+        "--skip-bad-lines",
+        action="store_true",
+        help="with --rollouts: skip malformed lines (counted in the report) instead of exiting 2",
+    )
+    diag.add_argument(
+        "--output-dir",
+        default=None,
+        help="where the report goes (default: <output_dir>/diagnosis; runs/diagnose_rollouts)",
     )
     diag.set_defaults(fn=cmd_diagnose)
     bench = sub.add_parser("bench", help="benchmarks: invariant path vs. plain torch, same run")
@@ -87,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_diagnose_args(parser, args)
     _setup_logging(args.verbose)
     try:
         return args.fn(args)

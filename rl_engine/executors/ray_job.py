@@ -1,6 +1,8 @@
 """The RL job: Ray starts N DeepSpeed ranks and M rollout engines and runs GRPO steps.
 
-One step:  prompts -> engines generate (recording logprobs) -> task rewards ->
+One step:  prompts -> engines generate (recording logprobs) -> task rewards (or:
+the next groups of `rollout.source`, with their rewards; saved to
+rollouts/step_N.jsonl with `rollout.save`; see executors/rollout_source.py) ->
 TrainBatch (group-normalised advantages) -> every rank trains on its shard and
 checks its logprobs against the rollout's, bit for bit -> rank 0 exports the
 new weights -> engines load them (weight_version = step + 1).
@@ -12,12 +14,14 @@ import logging
 import os
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 import ray
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.distributed import free_port
+from rl_engine.executors.rollout_source import StepRollouts
 from rl_engine.io import write_json_atomic, write_text_atomic
 
 log = logging.getLogger("rl_engine.job")
@@ -151,6 +155,7 @@ def run_job(config: RunConfig) -> list[dict]:
             seed=config.seed,
         )
         pad_id = info["eos_token_id"] if isinstance(info["eos_token_id"], int) else 0
+        rollouts = StepRollouts(config, task, info["vocab_size"])  # engines, or rollout.source
         history = []
         log.info(
             "job: %d trainer rank(s), %d rollout engine(s), batch_invariant=%s, %d steps",
@@ -161,11 +166,8 @@ def run_job(config: RunConfig) -> list[dict]:
         )
         for step in range(config.steps):
             started = time.perf_counter()
-            prompts = task.prompts(config.rollout.prompts_per_step, step)
-            completions = _generate(engines, prompts, _sampling(config, step, info["eos_token_id"]))
-            rewards = task.rewards(
-                [c.prompt_index for c in completions], [c.token_ids for c in completions], step
-            )
+            sampling = _sampling(config, step, info["eos_token_id"])
+            completions, rewards = rollouts(step, partial(_generate, engines, sampling=sampling))
             batch = TrainBatch.from_completions(
                 completions,
                 rewards,

@@ -64,10 +64,11 @@ class Completion:
     token_ids: list[int]
     logprobs: torch.Tensor  # (len(token_ids),) fp32
     finish_reason: str  # "stop" (EOS / stop token, included in token_ids) | "length"
-    weight_version: int
+    weight_version: int | None  # None: read from a rollout file that did not say
     prompt_index: int
     sample_index: int
     logprob_temperature: float = 1.0
+    reward: float | None = None  # set by the job before saving, or read from a rollout file
 
 
 @dataclass
