@@ -7,11 +7,9 @@ that setup fails instead of a run failing (or worse, running other kernels) late
 from __future__ import annotations
 
 import sys
-import time
 
 
 def main() -> int:
-    start = time.perf_counter()
     try:
         from rl_engine.kernels.cpp._extension import BUILD_DIR, extension, supported_isas
 
@@ -20,10 +18,7 @@ def main() -> int:
     except RuntimeError as err:
         print(f"rl_engine C++ kernels: {err}", file=sys.stderr)
         return 1
-    took = time.perf_counter() - start
-    print(
-        f"rl_engine C++ kernels ready in {BUILD_DIR} ({took:.0f} s); ISA paths: {', '.join(paths)}"
-    )
+    print(f"rl_engine C++ kernels ready in {BUILD_DIR}; ISA paths: {', '.join(paths)}")
     return 0
 
 

@@ -59,6 +59,24 @@ void silu_bf16(const uint16_t* x, uint16_t* y, int64_t n) {
 
 // ----------------------------------------------------------------------------- fp32 GEMM
 
+// y[i, j] = hsum(acc[i][j]); a 4 x 4 tile through the batched hsum16 where the ISA has one.
+#ifdef RL_HAVE_HSUM16
+#define RL_STORE_SUMS(acc, y, ldy)                                       \
+  if constexpr (MR == 4 && NR == 4) {                                    \
+    float t_[16];                                                        \
+    hsum16(&acc[0][0], t_);                                              \
+    for (int i = 0; i < 4; ++i)                                          \
+      for (int j = 0; j < 4; ++j) y[i * ldy + j] = t_[i * 4 + j];        \
+  } else {                                                               \
+    for (int i = 0; i < MR; ++i)                                         \
+      for (int j = 0; j < NR; ++j) y[i * ldy + j] = hsum(acc[i][j]);     \
+  }
+#else
+#define RL_STORE_SUMS(acc, y, ldy)   \
+  for (int i = 0; i < MR; ++i)       \
+    for (int j = 0; j < NR; ++j) y[i * ldy + j] = hsum(acc[i][j]);
+#endif
+
 // y[i, j] = dot(x row i, w row j) for an MR x NR tile; rows are K long.
 template <int MR, int NR>
 static void tile_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,
@@ -84,8 +102,7 @@ static void tile_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, f
       for (int j = 0; j < NR; ++j) acc[i][j] = fmadd(xv, wv[j], acc[i][j]);
     }
   }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) y[i * ldy + j] = hsum(acc[i][j]);
+  RL_STORE_SUMS(acc, y, ldy)
 }
 
 // ----------------------------------------------------------------------------- bf16 GEMM
@@ -134,8 +151,7 @@ static void tile_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t
       for (int64_t t = k; t < K; ++t) wt[j][t - k] = w[j * ldw + t];
     bf16_step<MR, NR>(&xt[0][0], 32, &wt[0][0], 32, acc);
   }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) y[i * ldy + j] = hsum(acc[i][j]);
+  RL_STORE_SUMS(acc, y, ldy)
 }
 
 // ----------------------------------------------------------------------------- GEMM drivers
