@@ -2,6 +2,8 @@
 
 from rl_engine.models.loading import (
     SMOLLM2_NAME,
+    check_model_spec,
+    has_tokenizer,
     list_models,
     load_model,
     smollm2_gguf_path,
@@ -12,6 +14,8 @@ __all__ = [
     "SMOLLM2_NAME",
     "TINY_CONFIGS",
     "build_tiny_model",
+    "check_model_spec",
+    "has_tokenizer",
     "list_models",
     "load_model",
     "smollm2_gguf_path",
