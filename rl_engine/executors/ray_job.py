@@ -32,6 +32,7 @@ from rl_engine.executors.faults import (
     ActorInfo,
     JobStopped,
     StopOnSignal,
+    first_line,
     gather,
     stop_actors,
 )
@@ -138,21 +139,37 @@ class TrainerActor:
         )
         self.worker = DeepSpeedTrainingWorker(self.config, device=device)
         if resume_from is not None:
-            self.worker.load_checkpoint(resume_from)
+            self.load_checkpoint(resume_from)
 
     def train_step(self, batch) -> dict:
         started = time.perf_counter()
-        metrics = self.worker.train_step(batch)
+        metrics = self._collective("train_step", self.worker.train_step, batch)
         return {**metrics, "time/train_compute": time.perf_counter() - started}
 
     def export_weights(self):
-        return self.worker.export_weights()
+        return self._collective("export_weights", self.worker.export_weights)
 
     def save_checkpoint(self, directory: str) -> None:
-        self.worker.save_checkpoint(directory, tag="state")
+        self._collective("save_checkpoint", self.worker.save_checkpoint, directory, tag="state")
+
+    def load_checkpoint(self, directory: str) -> None:
+        self._collective("load_checkpoint", self.worker.load_checkpoint, directory)
 
     def compute_logprobs(self, batch):
-        return self.worker.compute_logprobs(batch)
+        return self._collective("compute_logprobs", self.worker.compute_logprobs, batch)
+
+    def _collective(self, what: str, fn, *args, **kwargs):
+        """Run a worker call; a collective that timed out becomes a TimeoutError that says so."""
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as err:
+            if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
+                raise
+            limit = self.config.trainer.collective_timeout_s
+            raise TimeoutError(
+                f"trainer rank {self.rank}: {what} waited more than trainer.collective_timeout_s = "
+                f"{limit:g} s in a collective for the other ranks ({first_line(str(err))})"
+            ) from None
 
 
 def _sampling(config: RunConfig, step: int, eos_token_id):
@@ -219,7 +236,7 @@ class _Job:
         self.groups = []
         self.weights = None  # the state dict the engines serve (saved with checkpoints)
         self.version = 0
-        self.last_checkpoint: ckpt.Checkpoint | None = ckpt.latest(run_dir) if history else None
+        self.last_checkpoint: ckpt.Checkpoint | None = None
 
     # ------------------------------------------------------------------ start
 
@@ -255,11 +272,10 @@ class _Job:
         self._describe_actors()
         started = time.perf_counter()
         log.info(
-            "loading the model in %d engine(s) and %d DeepSpeed rank(s) (ZeRO-%s); a machine's first "
+            "loading the model in %d engine(s) and %d DeepSpeed rank(s); a machine's first "
             "run also builds DeepSpeed's CPU op (about a minute; `make setup` builds it ahead)",
             n_engines,
             n_ranks,
-            config.trainer.zero_stage if config.trainer.zero_stage is not None else "from config",
         )
         master = self.trainers[0]
         port = gather([(master, master.handle.free_port.remote())])[0]
