@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import signal
 from dataclasses import dataclass, field
 
@@ -83,13 +84,14 @@ def gather(calls: list[tuple[ActorInfo, ray.ObjectRef]]) -> list:
 
 
 def death_cause(err: RayActorError) -> str:
-    """The sentence of Ray's (multi-line) actor-death message that says why."""
-    text = str(err)
-    for marker in ("killed by", "SIGKILL", "exit code", "exited", "OOM", "out of memory"):
-        for line in text.splitlines():
-            if marker in line:
-                return first_line(line.strip())
-    return first_line(text)
+    """Ray's (multi-line) actor-death message cut to what says why."""
+    text = " ".join(str(err).split())
+    detail = re.search(
+        r"Worker exit type: (\S+) Worker exit detail: (.*?)(?: Some common causes|$)", text
+    )
+    if detail:
+        return f"its process exited ({detail.group(1)}: {detail.group(2).strip()})"
+    return first_line(text.split(" Some common causes")[0])
 
 
 def first_line(text: str, limit: int = 300) -> str:
