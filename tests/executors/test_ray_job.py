@@ -45,5 +45,5 @@ def test_ray_job_trains_with_bitwise_parity_every_step(tmp_path, num_ranks, zero
     assert [json.loads(line)["step"] for line in lines] == [0, 1]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["trainer"]["num_ranks"] == num_ranks
-    assert (out / "checkpoint" / "latest").read_text().strip() == "step2"
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step000002"
     assert not list(out.glob(".*.tmp")), "atomic writes left temporary files behind"
