@@ -12,6 +12,14 @@ import os
 import sys
 
 
+def use_venv_op_cache() -> None:
+    """Keep DeepSpeed's JIT op cache inside this environment (its default, keyed by op name only,
+    makes two checkouts rebuild each other's op); `make setup` builds the op there."""
+    from pathlib import Path
+
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+
+
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -130,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    use_venv_op_cache()
     args = build_parser().parse_args(argv)
     _setup_logging(args.verbose)
     try:
