@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 import ray
@@ -54,3 +55,34 @@ def test_zero3_ranks_and_engines_one_per_node_keep_exact_parity(tmp_path, two_no
     for role in ("trainer rank", "rollout engine"):
         nodes = sorted(a["node_id"] for a in actors if a["role"] == role)
         assert nodes == sorted(two_nodes), f"{role}s not one per node: {nodes}"
+
+
+def test_ray_job_submit_to_an_existing_cluster(tmp_path):
+    """`ray job submit`'s path: the entrypoint runs with RAY_ADDRESS set and must join the
+    running cluster without declaring resources (ray.init(num_cpus=...) would raise)."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from rl_engine.executors.cluster import free_port
+    from tests.executors.jobs import REPO, wait_for, write_config
+
+    os.environ.pop("RAY_ADDRESS", None)
+    port = free_port()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "include_dashboard": True, "dashboard_port": port},
+    )
+    try:
+        run = tmp_path / "run"
+        config = write_config(job_config(run, steps=2), tmp_path / "job.yaml")
+        client = JobSubmissionClient(f"http://127.0.0.1:{port}")
+        job = client.submit_job(
+            entrypoint=f"{sys.executable} -m rl_engine.cli train --config {config}",
+            runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu"}},
+        )
+        done = {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED}
+        wait_for(lambda: client.get_job_status(job) in done, 300, what="the submitted job")
+        logs = client.get_job_logs(job)
+        assert client.get_job_status(job) == JobStatus.SUCCEEDED, logs[-3000:]
+        assert "connecting to the Ray cluster" in logs and "done: 2 steps" in logs
+    finally:
+        cluster.shutdown()
