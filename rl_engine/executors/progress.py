@@ -25,11 +25,14 @@ class StepProgress:
     """Steps done out of `total`; a bar with reward and parity when stderr is a terminal."""
 
     def __init__(self, total: int, done: int, *, tty: bool | None = None):
-        self._bar = None
+        self._bar = self._redirect = None
         if sys.stderr.isatty() if tty is None else tty:
             from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             self._bar = tqdm(total=total, initial=done, unit="step", desc="train", file=sys.stderr)
+            self._redirect = logging_redirect_tqdm()  # log lines print above the bar
+            self._redirect.__enter__()
 
     def update(self, metrics: dict) -> None:
         if self._bar is None:
@@ -43,4 +46,5 @@ class StepProgress:
 
     def close(self) -> None:
         if self._bar is not None:
+            self._redirect.__exit__(None, None, None)
             self._bar.close()

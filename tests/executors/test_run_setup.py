@@ -189,3 +189,28 @@ def test_kernel_facts_differences_are_named():
         ClusterError, match="cpu_flags .* on trainer rank 0 but .* on rollout engine 1"
     ):
         check_same_kernels({"trainer rank 0": here, "rollout engine 1": other})
+
+
+def test_progress_is_a_bar_on_a_terminal_and_plain_lines_otherwise(caplog, capsys):
+    from rl_engine.executors.progress import StepProgress
+
+    record = {
+        "step": 4,
+        "reward_mean": 0.25,
+        "parity/exact_match_fraction": 1.0,
+        "parity/max_abs_diff": 0.0,
+        "parity/num_tokens": 48,
+        "loss": 0.5,
+        "kl": 0.0,
+        "time/step": 0.2,
+    }
+    caplog.set_level("INFO", logger="rl_engine.job")
+    plain = StepProgress(10, 4, tty=False)
+    plain.update(record)
+    plain.close()
+    assert "step   4 | reward 0.250 | parity exact 1.0000" in caplog.text
+    bar = StepProgress(10, 4, tty=True)
+    bar.update(record)
+    bar.close()
+    err = capsys.readouterr().err
+    assert "5/10" in err and "reward=0.250" in err and "parity=1.0000" in err
