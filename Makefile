@@ -30,7 +30,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
 demo: setup
-	$(BIN)/rl-engine train --config configs/demo.yaml
+	$(BIN)/rl-engine train --config configs/demo.yaml --overwrite
 
 bench: setup
 	$(BIN)/rl-engine bench kernels
