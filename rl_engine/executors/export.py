@@ -23,7 +23,7 @@ log = logging.getLogger("rl_engine.export")
 
 def export_checkpoint(run_dir: str | Path, to: str | Path, step: int | None = None) -> Path:
     """Write the checkpoint after `step` steps (latest by default) to `to`; returns `to`."""
-    from rl_engine.models import load_model
+    from rl_engine.models import load_model, quiet_loading
 
     run_dir, to = Path(run_dir), Path(to)
     if not run_dir.is_dir():
@@ -33,7 +33,9 @@ def export_checkpoint(run_dir: str | Path, to: str | Path, step: int | None = No
     found = ckpt.at_step(run_dir, step)
     config = RunConfig.from_yaml(found.config_path)
     log.info("exporting %s (model %s, %s) to %s", found.path, config.model, config.dtype, to)
-    model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+    quiet_loading()
+    loaded, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+    model = _dense_copy_of(loaded, config)
     model.load_state_dict(found.load_weights(), strict=True)
     staging = to.with_name(f".{to.name}.tmp")
     if staging.exists():
@@ -48,3 +50,16 @@ def export_checkpoint(run_dir: str | Path, to: str | Path, step: int | None = No
         to.rmdir()  # empty (checked above)
     os.replace(staging, to)
     return to
+
+
+def _dense_copy_of(model, config: RunConfig):
+    """A plain model of the same architecture: one loaded from GGUF carries a quantizer that
+    refuses save_pretrained (and would make from_pretrained look for a .gguf file)."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    hf_config = copy.deepcopy(model.config)
+    if hasattr(hf_config, "quantization_config"):
+        del hf_config.quantization_config
+    return AutoModelForCausalLM.from_config(hf_config, dtype=config.torch_dtype)

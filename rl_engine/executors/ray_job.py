@@ -51,10 +51,9 @@ log = logging.getLogger("rl_engine.job")
 
 def _quiet_model_loading() -> None:
     """Model-loading chatter (transformers, GGUF dequantisation bars, DeepSpeed info) off in actors."""
-    import transformers
+    from rl_engine.models import quiet_loading
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    quiet_loading()
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
 
 
@@ -241,20 +240,31 @@ class _Job:
     # ------------------------------------------------------------------ start
 
     def start(self, resume_from: ckpt.Checkpoint | None) -> None:
-        config, env = self.config, {"env_vars": cluster.actor_env()}
-        gpus = cluster.gpus_per_actor(config)
+        """Place and spawn the actors, compare their kernel facts, then load models (and state)."""
+        self._spawn_actors()
+        self._describe_actors()
+        self._load_actors(resume_from)
+
+    def _spawn_actors(self) -> None:
+        """One placement group per role; the actors start empty (nothing heavy before the checks)."""
+        config = self.config
         n_ranks, n_engines = config.trainer.num_ranks, config.rollout.num_engines
-        rank_group = cluster.reserve("trainer", n_ranks, config.trainer.placement, config)
-        self.groups.append(rank_group)
-        engine_group = cluster.reserve("rollout", n_engines, config.rollout.placement, config)
-        self.groups.append(engine_group)
-        options = dict(num_cpus=1, num_gpus=gpus, runtime_env=env, max_restarts=0)
+        ranks = cluster.reserve("trainer", n_ranks, config.trainer.placement, config)
+        self.groups.append(ranks)
+        engines = cluster.reserve("rollout", n_engines, config.rollout.placement, config)
+        self.groups.append(engines)
+        options = dict(
+            num_cpus=1,
+            num_gpus=cluster.gpus_per_actor(config),
+            runtime_env={"env_vars": cluster.actor_env()},
+            max_restarts=0,
+        )
         self.trainers = [
             ActorInfo(
                 "trainer rank",
                 r,
                 TrainerActor.options(
-                    **options, scheduling_strategy=cluster.in_group(rank_group, r)
+                    **options, scheduling_strategy=cluster.in_group(ranks, r)
                 ).remote(config, r, n_ranks),
             )
             for r in range(n_ranks)
@@ -264,18 +274,20 @@ class _Job:
                 "rollout engine",
                 e,
                 RolloutActor.options(
-                    **options, scheduling_strategy=cluster.in_group(engine_group, e)
+                    **options, scheduling_strategy=cluster.in_group(engines, e)
                 ).remote(config),
             )
             for e in range(n_engines)
         ]
-        self._describe_actors()
+
+    def _load_actors(self, resume_from: ckpt.Checkpoint | None) -> None:
+        """Models into every actor, DeepSpeed rendezvous at rank 0's node, checkpoint if resuming."""
         started = time.perf_counter()
         log.info(
             "loading the model in %d engine(s) and %d DeepSpeed rank(s); a machine's first "
             "run also builds DeepSpeed's CPU op (about a minute; `make setup` builds it ahead)",
-            n_engines,
-            n_ranks,
+            len(self.engines),
+            len(self.trainers),
         )
         master = self.trainers[0]
         port = gather([(master, master.handle.free_port.remote())])[0]
@@ -283,8 +295,7 @@ class _Job:
         starts = [
             (t, t.handle.start.remote(master.node_ip, port, resume_dir)) for t in self.trainers
         ]
-        infos = gather([(e, e.handle.start.remote()) for e in self.engines] + starts)
-        self.info = infos[0]
+        self.info = gather([(e, e.handle.start.remote()) for e in self.engines] + starts)[0]
         self.task = self._make_task()
         if resume_from is not None:
             self.sync_weights(resume_from.weight_version)

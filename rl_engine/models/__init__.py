@@ -6,6 +6,7 @@ from rl_engine.models.loading import (
     has_tokenizer,
     list_models,
     load_model,
+    quiet_loading,
     smollm2_gguf_path,
 )
 from rl_engine.models.tiny import TINY_CONFIGS, build_tiny_model
@@ -18,5 +19,6 @@ __all__ = [
     "has_tokenizer",
     "list_models",
     "load_model",
+    "quiet_loading",
     "smollm2_gguf_path",
 ]

@@ -67,6 +67,30 @@ def load_model(
     return _finish(model, dtype), tokenizer
 
 
+def quiet_loading() -> None:
+    """Silence transformers' loading chatter in this process: info/warning lines, the
+    weight-loading bar, and the GGUF de-quantisation bar (job actors and export).
+
+    The GGUF bar is a bare `tqdm` call that transformers' own switch does not reach (and
+    tqdm reads TQDM_DISABLE only when it is imported), so that module's `tqdm` name is
+    replaced by a disabled one. Errors still raise.
+    """
+    import functools
+
+    import transformers
+    from tqdm import std
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # no GGUF support installed: no bar to quiet
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if isinstance(bar, type) and issubclass(bar, std.tqdm):
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+
+
 def check_model_spec(spec: str | Path) -> None:
     """Raise what `load_model(spec)` would raise about the spec itself, without loading weights."""
     spec_str = str(spec)
