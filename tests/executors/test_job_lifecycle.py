@@ -28,6 +28,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow  # 30-45 s (1 rank) and 45-70 s (2 ranks): three jobs each
 @pytest.mark.parametrize(("num_ranks", "zero_stage"), [(1, 0), (2, 3)])
 def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, local_ray, num_ranks, zero_stage):
     """Run A: 3 steps. Run B: 2 steps (checkpoint at the end), then --resume to 3 steps.

@@ -18,7 +18,8 @@ from ray.cluster_utils import Cluster
 from rl_engine.executors.ray_job import run_job
 from tests.executors.jobs import job_config
 
-pytestmark = pytest.mark.multiprocess
+# a multi-raylet cluster plus a job: 35-65 s each
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
 @pytest.fixture
