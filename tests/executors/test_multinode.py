@@ -76,7 +76,8 @@ def test_ray_job_submit_to_an_existing_cluster(tmp_path):
         run = tmp_path / "run"
         config = write_config(job_config(run, steps=2), tmp_path / "job.yaml")
         client = JobSubmissionClient(f"http://127.0.0.1:{port}")
-        job = client.submit_job(
+        job = _submit_when_agent_is_up(
+            client,
             entrypoint=f"{sys.executable} -m rl_engine.cli train --config {config}",
             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "DS_ACCELERATOR": "cpu"}},
         )
@@ -87,3 +88,17 @@ def test_ray_job_submit_to_an_existing_cluster(tmp_path):
         assert "connecting to the Ray cluster" in logs and "done: 2 steps" in logs
     finally:
         cluster.shutdown()
+
+
+def _submit_when_agent_is_up(client, timeout: float = 120, **job) -> str:
+    """The dashboard answers before its job agent is up (seconds later on a loaded machine)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return client.submit_job(**job)
+        except RuntimeError as err:
+            if "No available agent" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
