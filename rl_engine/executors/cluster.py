@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -107,13 +106,6 @@ def in_group(group, index: int) -> PlacementGroupSchedulingStrategy:
     return PlacementGroupSchedulingStrategy(
         placement_group=group, placement_group_bundle_index=index
     )
-
-
-def free_port() -> int:
-    """A TCP port free on this node (all interfaces), for MASTER_PORT."""
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def node_identity() -> dict:

@@ -15,9 +15,10 @@ def summary_line(m: dict) -> str:
         if "parity/num_tokens" in m
         else ""
     )
+    skipped = f" | update SKIPPED ({m['skip_reason']})" if m.get("skipped_update") else ""
     return (
         f"step {m['step']:>3} | reward {m['reward_mean']:.3f} | {parity}loss {m['loss']:+.4f} "
-        f"| kl {m['kl']:.2e} | {m['time/step']:.1f}s"
+        f"| kl {m['kl']:.2e} | {m['time/step']:.1f}s{skipped}"
     )
 
 

@@ -3,7 +3,7 @@
 One step:  prompts -> engines generate (recording logprobs) -> task rewards ->
 TrainBatch (group-normalised advantages) -> every rank trains on its shard and
 checks its logprobs against the rollout's, bit for bit -> rank 0 exports the
-new weights -> engines load them (weight_version = step + 1).
+new weights -> engines load them (as the worker's weight_version: its optimizer updates).
 
 Around the steps: the config is validated before Ray starts (`preflight`), the run
 directory is claimed (`run_dir`), actors are placed on the cluster and their kernel
@@ -113,7 +113,10 @@ class TrainerActor:
         }
 
     def free_port(self) -> int:
-        return cluster.free_port()
+        """A port free on every interface of this rank's node: MASTER_PORT when this is rank 0."""
+        from rl_engine.executors.distributed import free_port
+
+        return free_port(host="")
 
     def start(self, master_addr: str, master_port: int, resume_from: str | None) -> None:
         from datetime import timedelta
@@ -174,16 +177,8 @@ class TrainerActor:
 def _sampling(config: RunConfig, step: int, eos_token_id):
     from rl_engine.rollout import SamplingParams
 
-    r = config.rollout
-    return SamplingParams(
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        n=r.samples_per_prompt,
-        seed=config.seed * 100_003 + step,
-        eos_token_id=eos_token_id if isinstance(eos_token_id, int) else None,
-    )
+    seed = config.seed * 100_003 + step
+    return SamplingParams.from_config(config.rollout, seed=seed, eos_token_id=eos_token_id)
 
 
 def resume_command(run_dir: Path) -> str:
@@ -375,7 +370,7 @@ class _Job:
         batch = TrainBatch.from_completions(
             completions,
             rewards,
-            group_size=config.rollout.samples_per_prompt,
+            samples_per_prompt=config.rollout.samples_per_prompt,
             pad_token_id=eos if isinstance(eos, int) else 0,
             normalize_std=config.algorithm.normalize_std,
         )
@@ -390,9 +385,9 @@ class _Job:
         )
         t["time/train"] = time.perf_counter() - mark
         t["time/train_compute"] = max(m.pop("time/train_compute") for m in results)
-        served = self.version
         mark = time.perf_counter()
-        self.sync_weights(step + 1)
+        # the worker's version: a skipped (non-finite) update keeps the old weights and version
+        self.sync_weights(results[0]["weight_version"])
         t["time/weight_sync"] = time.perf_counter() - mark
         t["time/step"] = time.perf_counter() - started
         overhead = t["time/step"] - t["time/generate_compute"] - t["time/train_compute"]
@@ -401,7 +396,6 @@ class _Job:
         return {
             **results[0],
             "step": step,
-            "weight_version": served,
             "reward_mean": sum(rewards) / len(rewards),
             **t,
         }

@@ -45,7 +45,7 @@ def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, local_ray, num_r
     assert [m["step"] for m in expected] == [0, 1, 2]
     assert without_timings(part) == expected
     assert all(m["parity/exact_match_fraction"] == 1.0 for m in expected)
-    assert [m["weight_version"] for m in expected] == [0, 1, 2]
+    assert [m["weight_version"] for m in expected] == [1, 2, 3]
     timings = read_metrics(part)[-1]
     for phase in ("step", "generate", "train", "weight_sync", "driver_overhead"):
         assert timings[f"time/{phase}"] >= 0
@@ -78,7 +78,7 @@ def test_export_is_a_hf_folder_whose_patched_logprobs_equal_the_trainers(tmp_pat
     prompts = [[5, 9, 31, 4, 77], [8, 8, 2]]
     completions = engine.generate(prompts, _sampling(config, 7, None), progress=False)
     batch = TrainBatch.from_completions(
-        completions, [0.0] * len(completions), group_size=4, pad_token_id=0
+        completions, [0.0] * len(completions), samples_per_prompt=4, pad_token_id=0
     )
     trainer = TrainerActor.options(num_cpus=1).remote(config, 0, 1)
     ray.get(trainer.start.remote("127.0.0.1", ray.get(trainer.free_port.remote()), None))
@@ -111,7 +111,9 @@ def test_a_rank_left_alone_in_a_collective_fails_after_the_timeout(tmp_path, loc
         )
         for i in range(8)
     ]
-    batch = TrainBatch.from_completions(completions, [0.0] * 8, group_size=4, pad_token_id=0)
+    batch = TrainBatch.from_completions(
+        completions, [0.0] * 8, samples_per_prompt=4, pad_token_id=0
+    )
     with pytest.raises(ray.exceptions.RayTaskError) as err:
         ray.get(ranks[0].train_step.remote(batch.shard(0, 2)), timeout=120)
     assert isinstance(err.value.cause, TimeoutError)
