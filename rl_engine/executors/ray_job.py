@@ -8,7 +8,7 @@ new weights -> engines load them (as the worker's weight_version: its optimizer 
 Around the steps: the config is validated before Ray starts (`preflight`), the run
 directory is claimed (`run_dir`), actors are placed on the cluster and their kernel
 facts compared (`cluster`), checkpoints are written every `checkpoint.every` steps and
-at the end (`checkpoint`), and a dead actor or a signal ends the run cleanly with the
+at the end (`job_checkpoints`), and a dead actor or a signal ends the run cleanly with the
 command that resumes it (`faults`). Wall-clock timings live under `time/` in the
 metrics, so a resumed run's metrics equal an uninterrupted run's on every other key.
 """
@@ -25,8 +25,8 @@ from pathlib import Path
 import ray
 
 from rl_engine.config import RunConfig
-from rl_engine.executors import checkpoint as ckpt
 from rl_engine.executors import cluster
+from rl_engine.executors import job_checkpoints as ckpt
 from rl_engine.executors.faults import (
     ActorFailure,
     ActorInfo,

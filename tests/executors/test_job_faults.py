@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from rl_engine.executors import checkpoint as ckpt
+from rl_engine.executors import job_checkpoints as ckpt
 from rl_engine.executors.run_dir import read_metrics
 from tests.executors.jobs import actor_pid, job_config, start_cli, wait_for, write_config
 

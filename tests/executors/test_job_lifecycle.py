@@ -12,7 +12,7 @@ import ray
 import torch
 
 from rl_engine.cli import main
-from rl_engine.executors import checkpoint as ckpt
+from rl_engine.executors import job_checkpoints as ckpt
 from rl_engine.executors.ray_job import run_job
 from rl_engine.executors.run_dir import read_metrics, resume_config
 from tests.executors.jobs import job_config, without_timings

@@ -12,7 +12,7 @@ import ray
 import yaml
 
 from rl_engine.cli import main
-from rl_engine.executors import checkpoint as ckpt
+from rl_engine.executors import job_checkpoints as ckpt
 from rl_engine.executors.cluster import ClusterError, check_same_kernels, kernel_facts
 from rl_engine.executors.run_dir import (
     MetricsLog,
