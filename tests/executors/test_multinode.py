@@ -63,7 +63,7 @@ def test_ray_job_submit_to_an_existing_cluster(tmp_path):
     running cluster without declaring resources (ray.init(num_cpus=...) would raise)."""
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    from rl_engine.executors.cluster import free_port
+    from rl_engine.executors.distributed import free_port
     from tests.executors.jobs import REPO, wait_for, write_config
 
     os.environ.pop("RAY_ADDRESS", None)
