@@ -52,6 +52,7 @@ def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, local_ray, num_r
     assert ckpt.latest(part).step == 3 and ckpt.complete_tags(part) == ["step000002", "step000003"]
 
 
+@pytest.mark.slow  # 15-50 s: a job, an export and one more DeepSpeed rank
 def test_export_is_a_hf_folder_whose_patched_logprobs_equal_the_trainers(tmp_path, local_ray):
     """checkpoint after step 1 -> export -> from_pretrained -> patched RolloutEngine samples;
     a DeepSpeed rank restored from the same checkpoint scores those tokens: torch.equal."""
