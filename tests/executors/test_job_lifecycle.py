@@ -35,7 +35,8 @@ def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, local_ray, num_r
     metrics.jsonl of A == of B on every key but the `time/` ones, parity 1.0 at every step."""
     trainer = {"num_ranks": num_ranks, "zero_stage": zero_stage}
     whole = tmp_path / "whole"
-    run_job(job_config(whole, steps=3, trainer=trainer))
+    history = run_job(job_config(whole, steps=3, trainer=trainer))
+    _check_complete_run(whole, history, num_ranks)
     part = tmp_path / "part"
     run_job(job_config(part, steps=2, trainer=trainer))
     assert ckpt.latest(part).step == 2
@@ -50,6 +51,21 @@ def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, local_ray, num_r
     for phase in ("step", "generate", "train", "weight_sync", "driver_overhead"):
         assert timings[f"time/{phase}"] >= 0
     assert ckpt.latest(part).step == 3 and ckpt.complete_tags(part) == ["step000002", "step000003"]
+
+
+def _check_complete_run(run, history: list[dict], num_ranks: int) -> None:
+    """Every step exact (max |dlogp| 0 over > 0 tokens), every file in place, no temporaries."""
+    import json
+
+    assert [m["step"] for m in history] == [m["step"] for m in read_metrics(run)]
+    for m in history:
+        assert m["parity/max_abs_diff"] == 0.0 and m["parity/num_tokens"] > 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["steps"] == history
+    assert summary["config"]["trainer"]["num_ranks"] == num_ranks
+    assert len(json.loads((run / "actors.json").read_text())) == num_ranks + 1
+    assert (run / "training.png").is_file() and (run / "config.yaml").is_file()
+    assert not list(run.rglob(".*.tmp")), "atomic writes left temporary files behind"
 
 
 @pytest.mark.slow  # 15-50 s: a job, an export and one more DeepSpeed rank
