@@ -1,16 +1,16 @@
 """`token_logprobs(model, input_ids, ...)`: per-token logprobs of a causal LM, teacher-forced.
 
 Runs the decoder to its last hidden states and scores them with the fused,
-chunked `linear_logp` op for the model's own device: logits for all tokens are
-never materialised. Position t scores token t+1 given tokens <= t.
+chunked `linear_logp` op the model computes with (`model_op`: the patched
+model's backend, or its device's default): logits for all tokens are never
+materialised. Position t scores token t+1 given tokens <= t.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels import get_op
-from rl_engine.patching import lm_head_parameters
+from rl_engine.patching import lm_head_parameters, model_op
 
 IGNORE_INDEX = -100
 
@@ -53,7 +53,7 @@ def token_logprobs(
     _check_inputs(input_ids, attention_mask)
     hidden = final_hidden_states(model, input_ids, attention_mask)  # (B, T, H)
     weight, bias = lm_head_parameters(model)
-    linear_logp = get_op("linear_logp", device=hidden.device)
+    linear_logp = model_op(model, "linear_logp")
     targets = scored_targets(input_ids, attention_mask)  # (B, T-1)
     return linear_logp(
         hidden[:, :-1], weight, targets, bias, temperature=temperature, ignore_index=IGNORE_INDEX

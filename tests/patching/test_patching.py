@@ -11,7 +11,7 @@ from torch import nn
 
 from rl_engine.logprobs import token_logprobs
 from rl_engine.models import load_model
-from rl_engine.patching import ATTENTION_NAME, apply_batch_invariant, is_patched
+from rl_engine.patching import apply_batch_invariant, attention_name, is_patched
 from tests.invariance import assert_equal_across_threads
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral"]
@@ -70,7 +70,7 @@ def test_every_op_on_the_path_is_replaced_and_parameters_are_kept(name):
     expected_norms = 2 * layers + 1 + (2 * layers if model.config.model_type == "qwen3" else 0)
     assert counts["rms_norm"] == expected_norms
     assert (model.lm_head.weight is model.get_input_embeddings().weight) == tied
-    assert model.config._attn_implementation == ATTENTION_NAME
+    assert model.config._attn_implementation == attention_name("native")
 
 
 def test_apply_twice_is_harmless_and_revert_restores_the_plain_model():
