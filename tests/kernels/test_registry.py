@@ -5,6 +5,7 @@ backend="native" is asked for); cpu + backend="triton" only under Triton's
 interpreter. Layout facts come from the backend through `backend_layout`.
 """
 
+import importlib
 import sys
 
 import pytest
@@ -14,6 +15,7 @@ from rl_engine.kernels import (
     OP_NAMES,
     backend_layout,
     get_op,
+    interpreter_enabled,
     list_backends,
     list_ops,
     resolve_backend,
@@ -55,6 +57,7 @@ def test_cuda_resolves_to_triton_when_it_loads_and_native_only_when_asked():
 
 
 @pytest.mark.triton
+@pytest.mark.skipif(not interpreter_enabled(), reason="needs TRITON_INTERPRET=1 (no GPU)")
 def test_cpu_serves_triton_only_under_the_interpreter(monkeypatch):
     # tests/conftest.py sets TRITON_INTERPRET=1 before the backend is imported
     fn = get_op("silu", "cpu", backend="triton")
@@ -124,8 +127,11 @@ def test_layout_facts_come_from_the_backend():
 
 
 @pytest.mark.triton
-def test_triton_layout_facts():
+def test_triton_layout_facts_are_the_kernels_constants():
+    attention = importlib.import_module("rl_engine.kernels.triton.attention")
+    matmul = importlib.import_module("rl_engine.kernels.triton._matmul")
     layout = backend_layout("cuda")
-    assert layout.kv_block == 64 and not layout.kv_in_compute_dtype
-    assert layout.k_slice_for(torch.bfloat16) == 64
-    assert backend_layout("cpu", "triton") is layout
+    assert layout.kv_block == attention.BLOCK_N and not layout.kv_in_compute_dtype
+    assert layout.k_slice_for(torch.bfloat16) == matmul.BLOCK_K
+    expected = (32, 64) if interpreter_enabled() else (64, 64)  # interpreter / GPU tiles
+    assert (layout.kv_block, layout.k_slice_for(torch.float32)) == expected
