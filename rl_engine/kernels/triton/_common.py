@@ -10,13 +10,18 @@ tiling, masking and reduction order; the GPU run checks the tensor-core path.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 # Read once, when the kernels are decorated: `triton.jit` returns an interpreted
 # function only if TRITON_INTERPRET was set before this import.
-INTERPRET: bool = bool(triton.knobs.runtime.interpret)
+try:
+    INTERPRET: bool = bool(triton.knobs.runtime.interpret)
+except AttributeError:  # older triton without knobs
+    INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 

@@ -73,10 +73,10 @@ def _matmul_kernel(
                 mask=(rn[None, :] < N) & (kk[:, None] < K),
                 other=0.0,
             )  # (BK, BN)
-            if UPCAST:
-                a = a.to(ACC)
-                b = b.to(ACC)
-            acc = tl.dot(a, b, acc, input_precision="ieee")
+            if UPCAST:  # fp32 / fp64 operands, or any under the interpreter: no TF32
+                acc = tl.dot(a.to(ACC), b.to(ACC), acc, input_precision="ieee")
+            else:  # bf16 / fp16 tiles straight to the tensor cores
+                acc = tl.dot(a, b, acc)
         if HAS_BIAS:
             bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
             acc = acc + bias.to(ACC)[None, :]

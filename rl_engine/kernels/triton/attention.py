@@ -142,7 +142,10 @@ def _attention_split_kernel(
                 k = k.to(ACC)
             else:
                 k = k.to(q.dtype)  # an fp32 cache of bf16 keys converts back exactly
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (BM, BN)
+            if UPCAST:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (BM, BN)
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale
             s = tl.where(kpos[None, :] <= qpos[:, None], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.exp(m_i - m_new)
@@ -158,7 +161,10 @@ def _attention_split_kernel(
             else:
                 v = v.to(q.dtype)
                 p = p.to(q.dtype)
-            acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
+            if UPCAST:
+                acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
+            else:
+                acc = tl.dot(p, v, acc * alpha[:, None])
             m_i = m_new
         if n_splits == 1:
             o = acc / l_i[:, None]
