@@ -8,7 +8,7 @@ gradient accumulation, gradient clipping).
 
 Logprobs never go through full logits: the module handed to
 `deepspeed.initialize` (`LogprobModule`) runs the Hugging Face decoder to its
-final hidden states and scores them with `get_op("linear_logp", device)` on the
+final hidden states and scores them with the patched model's `linear_logp` on the
 LM-head weight. That weight is used outside the LM-head module's own forward,
 so under ZeRO-3 it is registered as an external parameter of the wrapper
 (`deepspeed.zero.register_external_parameter`): DeepSpeed gathers it for the
@@ -40,10 +40,9 @@ from rl_engine.config import RunConfig
 from rl_engine.diagnostics.metrics import first_mismatch
 from rl_engine.executors.batch import TrainBatch
 from rl_engine.io import write_text_atomic
-from rl_engine.kernels import get_op
 from rl_engine.logprobs import IGNORE_INDEX, final_hidden_states
 from rl_engine.models import load_model
-from rl_engine.patching import apply_batch_invariant, lm_head_parameters
+from rl_engine.patching import apply_batch_invariant, lm_head_parameters, model_op
 
 logger = logging.getLogger(__name__)
 
@@ -299,7 +298,7 @@ class LogprobModule(nn.Module):
     def __init__(self, policy: nn.Module, device: torch.device):
         super().__init__()
         self.policy = policy
-        self._linear_logp = get_op("linear_logp", device=device)
+        self._linear_logp = model_op(policy, "linear_logp")  # the patched backend's op
 
     def head_parameters(self) -> tuple[nn.Parameter, nn.Parameter | None]:
         """(weight (V, H), bias (V,) or None) of the policy's vocabulary projection."""
@@ -420,9 +419,10 @@ class DeepSpeedTrainingWorker:
         policy, _ = load_model(
             self.config.model, dtype=self.config.torch_dtype, seed=self.config.seed
         )
+        policy = policy.to(self.device)  # move first: patching resolves ops for this device
         if self.config.batch_invariant:
             apply_batch_invariant(policy)  # before deepspeed.initialize: same Parameter objects
-        return policy.to(self.device)
+        return policy
 
     def _build_module(self) -> LogprobModule:
         return LogprobModule(self._load_policy(), self.device)
