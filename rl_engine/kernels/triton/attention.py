@@ -273,6 +273,8 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
     """(B, Hq, Tq, D) in q.dtype; exact zeros for padding queries."""
     B, Hq, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
+    # the kernels take every stride but the head dim's, which must be 1
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     if q.numel() == 0 or not bool((q_positions >= 0).any()):
         return out
