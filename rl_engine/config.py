@@ -70,7 +70,8 @@ class RolloutConfig:
     max_new_tokens: int = 16
     """Most tokens sampled per completion."""
     temperature: float = 1.0
-    """Sampling temperature; the trainer scores tokens at the same temperature."""
+    """Sampling temperature (0 = greedy). Rollout logprobs are log_softmax(logits / T) with T
+    this temperature (1.0 for greedy); the trainer scores each batch at its own T."""
     top_p: float = 1.0
     """Nucleus sampling mass (1.0 = off)."""
     top_k: int = 0
@@ -87,7 +88,7 @@ class RolloutConfig:
             "max_new_tokens",
         ):
             _int(f"rollout.{name}", getattr(self, name), 1)
-        _number("rollout.temperature", self.temperature, low=0.0, low_open=True)
+        _number("rollout.temperature", self.temperature, low=0.0)
         _number("rollout.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         _int("rollout.top_k", self.top_k, 0)
         _text("rollout.task", self.task)
@@ -175,7 +176,8 @@ class RunConfig:
     batch_invariant: bool = True
     """THE flag: patch rollout and trainer with batch-invariant kernels (bitwise parity)."""
     parity: str = "strict"
-    """'strict' (mismatch raises ParityError), 'report' (log only) or 'off'."""
+    """'strict' (mismatch raises ParityError), 'report' (metrics only) or 'off' (YAML's unquoted
+    `off` reads as false, which means 'off' too)."""
     output_dir: str = "runs/default"
     """Where metrics, plots and checkpoints go."""
     steps: int = 10
@@ -192,6 +194,8 @@ class RunConfig:
         _choice("dtype", self.dtype, tuple(DTYPES))
         _int("seed", self.seed, 0)
         _choice("batch_invariant", self.batch_invariant, (True, False))
+        if self.parity is False:  # YAML 1.1 reads an unquoted `off` as false
+            self.parity = "off"
         _choice("parity", self.parity, PARITY_MODES)
         _text("output_dir", self.output_dir)
         _int("steps", self.steps, 1)

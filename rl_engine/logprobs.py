@@ -39,6 +39,29 @@ def final_hidden_states(model, input_ids, attention_mask=None, **forward_kwargs)
     return out.last_hidden_state
 
 
+def score_targets(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    targets: torch.Tensor,
+    *,
+    temperature: float,
+) -> torch.Tensor:
+    """THE trainer logprob: fp32 (B, T-1) log_softmax(logits / temperature)[targets], 0 at IGNORE_INDEX.
+
+    Hidden state of position t (final norm) -> the LM head through the fused `linear_logp`
+    op the model computes with (`model_op`: its patch's backend, or its device's default)
+    -> the entry of targets[:, t]. Used by `token_logprobs`,
+    the DeepSpeed worker's module and the diagnostics.
+    """
+    hidden = final_hidden_states(model, input_ids, attention_mask)  # (B, T, H)
+    weight, bias = lm_head_parameters(model)  # (V, H), (V,) | None
+    linear_logp = model_op(model, "linear_logp")
+    return linear_logp(
+        hidden[:, :-1], weight, targets, bias, temperature=temperature, ignore_index=IGNORE_INDEX
+    )
+
+
 def token_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -51,13 +74,8 @@ def token_logprobs(
     Entries whose context or target token is padding are 0.
     """
     _check_inputs(input_ids, attention_mask)
-    hidden = final_hidden_states(model, input_ids, attention_mask)  # (B, T, H)
-    weight, bias = lm_head_parameters(model)
-    linear_logp = model_op(model, "linear_logp")
     targets = scored_targets(input_ids, attention_mask)  # (B, T-1)
-    return linear_logp(
-        hidden[:, :-1], weight, targets, bias, temperature=temperature, ignore_index=IGNORE_INDEX
-    )
+    return score_targets(model, input_ids, attention_mask, targets, temperature=temperature)
 
 
 def _check_inputs(input_ids, attention_mask):

@@ -3,6 +3,8 @@
 from rl_engine.algorithms.advantages import group_normalized_advantages
 from rl_engine.algorithms.losses import (
     AGGREGATIONS,
+    aggregate,
+    aggregation_units,
     kl_k3,
     masked_mean,
     policy_loss,
@@ -11,6 +13,8 @@ from rl_engine.algorithms.losses import (
 
 __all__ = [
     "AGGREGATIONS",
+    "aggregate",
+    "aggregation_units",
     "group_normalized_advantages",
     "kl_k3",
     "masked_mean",

@@ -1,6 +1,6 @@
 """Advantage estimators for policy-gradient RL on LLM completions.
 
-GRPO samples `group_size` completions per prompt and uses each completion's
+GRPO samples `samples_per_prompt` completions per prompt and uses each completion's
 reward relative to its own group as the advantage, so no value model is needed.
 Pure torch: no model, tokenizer or DeepSpeed knowledge.
 """
@@ -11,11 +11,11 @@ from torch import Tensor
 
 
 def group_normalized_advantages(
-    rewards: Tensor, group_size: int, *, normalize_std: bool = True, eps: float = 1e-6
+    rewards: Tensor, samples_per_prompt: int, *, normalize_std: bool = True, eps: float = 1e-6
 ) -> Tensor:
     """GRPO advantages: `(r - mean(group)) / (std(group) + eps)`, fp32, shape `[N]`.
 
-    Groups are consecutive blocks of `group_size` rewards (all completions of one
+    Groups are consecutive blocks of `samples_per_prompt` rewards (all completions of one
     prompt next to each other). The std is the unbiased (Bessel-corrected) one, as
     in the GRPO paper's reference code; a group whose rewards are all equal carries
     no learning signal and gets advantage 0. With `normalize_std=False` only the
@@ -23,17 +23,23 @@ def group_normalized_advantages(
     """
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    if (
+        isinstance(samples_per_prompt, bool)
+        or not isinstance(samples_per_prompt, int)
+        or samples_per_prompt < 1
+    ):
+        raise ValueError(f"samples_per_prompt must be a positive int, got {samples_per_prompt!r}")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     n = rewards.shape[0]
-    if n % group_size != 0:
-        raise ValueError(f"number of rewards N={n} is not a multiple of group_size={group_size}")
-    groups = rewards.detach().float().view(-1, group_size)
+    if n % samples_per_prompt != 0:
+        raise ValueError(
+            f"number of rewards N={n} is not a multiple of samples_per_prompt={samples_per_prompt}"
+        )
+    groups = rewards.detach().float().view(-1, samples_per_prompt)
     centered = groups - groups.mean(dim=1, keepdim=True)
     if normalize_std:
         # A group of one has no spread; correction=0 gives std 0 (and advantage 0), not NaN.
-        std = groups.std(dim=1, keepdim=True, correction=1 if group_size > 1 else 0)
+        std = groups.std(dim=1, keepdim=True, correction=1 if samples_per_prompt > 1 else 0)
         centered = centered / (std + eps)
     return centered.reshape(n)

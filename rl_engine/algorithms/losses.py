@@ -81,7 +81,7 @@ def policy_loss(
     if is_weights is not None:
         per_token = per_token * torch.where(keep, is_weights.detach().float(), 0.0)
 
-    loss = _aggregate(per_token, keep, aggregation)
+    loss = aggregate(per_token, keep, aggregation)
     stats = _policy_stats(log_ratio, ratio, surr_unclipped, surr_clipped, keep)
     return loss, stats
 
@@ -122,7 +122,9 @@ def truncated_importance_weights(
         return torch.where(keep, weights, 0.0)
 
 
-def _aggregate(per_token: Tensor, keep: Tensor, aggregation: str) -> Tensor:
+def aggregate(per_token: Tensor, mask: Tensor, aggregation: str) -> Tensor:
+    """Reduce `[B, T]` per-token values to a scalar the way `aggregation` says (see `policy_loss`)."""
+    keep = mask != 0
     masked = torch.where(keep, per_token, 0.0)
     if aggregation == "seq-mean-token-sum":
         return masked.sum(dim=1).mean()
@@ -137,6 +139,22 @@ def _aggregate(per_token: Tensor, keep: Tensor, aggregation: str) -> Tensor:
     nonempty = counts > 0
     seq_means = masked.sum(dim=1)[nonempty] / counts[nonempty]
     return seq_means.mean()
+
+
+def aggregation_units(mask: Tensor, aggregation: str) -> float:
+    """The denominator `aggregate` divides by for `mask`: tokens, non-empty sequences or sequences.
+
+    A batch split into parts has loss = sum over parts of aggregate(part) x units(part) /
+    units(whole), which is how the trainer combines micro-batches and ranks.
+    """
+    keep = mask != 0
+    if aggregation == "token-mean":
+        return float(keep.sum())
+    if aggregation == "seq-mean-token-mean":
+        return float((keep.sum(dim=1) > 0).sum())
+    if aggregation == "seq-mean-token-sum":
+        return float(mask.shape[0])
+    raise ValueError(f"unknown aggregation {aggregation!r}; valid: {list(AGGREGATIONS)}")
 
 
 @torch.no_grad()

@@ -180,7 +180,7 @@ def render(results: list[Result], memory: list[tuple[str, int, int]]) -> str:
     lines = [
         f"threads: {torch.get_num_threads()}, torch {torch.__version__}",
         "",
-        "| op | shape | dtype | invariant ms | plain ms | ratio |",
+        "| op | shape | dtype | batch_invariant=true ms | batch_invariant=false (plain torch) ms | ratio |",
         "|---|---|---|---:|---:|---:|",
     ]
     lines += [

@@ -1,8 +1,8 @@
 """Decode throughput of the rollout engine vs Hugging Face `generate` (SmolLM2-135M-Instruct).
 
 For each dtype and batch size it measures, in the same process:
-  (a) RolloutEngine on the patched model (invariance on),
-  (b) RolloutEngine on the unpatched model (invariance off),
+  (a) RolloutEngine on the patched model (batch_invariant=true),
+  (b) RolloutEngine on the unpatched model (batch_invariant=false),
   (c) HF `generate` on the unpatched model (sampling, T = 1, no top-k/top-p),
 and prints a markdown table of decode tokens/s and the ratios (a)/(c), (b)/(c).
 
@@ -108,13 +108,14 @@ def bench_dtype(dtype: torch.dtype, batches, new_tokens: int, repeats: int) -> l
         prompts = encode_prompts(tokenizer, batch)
         runs = {
             "hf": partial(time_hf, model, tokenizer, prompts),
-            "off": partial(time_engine, model, prompts),
-            "on": partial(time_engine, patched, prompts),
+            "plain": partial(time_engine, model, prompts),
+            "batch_invariant": partial(time_engine, patched, prompts),
         }
         rates = decode_rates(runs, batch, new_tokens, repeats)
         rows.append({"dtype": str(dtype).removeprefix("torch."), "batch": batch, **rates})
         print(
-            f"  {rows[-1]['dtype']} batch {batch}: on {rates['on']:.1f}  off {rates['off']:.1f}  "
+            f"  {rows[-1]['dtype']} batch {batch}: batch_invariant=true {rates['batch_invariant']:.1f}  "
+            f"batch_invariant=false {rates['plain']:.1f}  "
             f"hf {rates['hf']:.1f} tokens/s",
             flush=True,
         )
@@ -123,13 +124,13 @@ def bench_dtype(dtype: torch.dtype, batches, new_tokens: int, repeats: int) -> l
 
 def markdown_table(rows: list[dict]) -> str:
     lines = [
-        "| dtype | batch | (a) engine, invariant tok/s | (b) engine, off tok/s | (c) HF generate tok/s | (a)/(c) | (b)/(c) |",
+        "| dtype | batch | (a) engine, batch_invariant=true tok/s | (b) engine, batch_invariant=false tok/s | (c) HF generate tok/s | (a)/(c) | (b)/(c) |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['dtype']} | {r['batch']} | {r['on']:.1f} | {r['off']:.1f} | {r['hf']:.1f} "
-            f"| {r['on'] / r['hf']:.2f}x | {r['off'] / r['hf']:.2f}x |"
+            f"| {r['dtype']} | {r['batch']} | {r['batch_invariant']:.1f} | {r['plain']:.1f} | {r['hf']:.1f} "
+            f"| {r['batch_invariant'] / r['hf']:.2f}x | {r['plain'] / r['hf']:.2f}x |"
         )
     return "\n".join(lines)
 

@@ -129,7 +129,7 @@ def main(*, quick: bool = False) -> str:
     lines = [
         f"SmolLM2-135M-Instruct, {SEQS} x {SEQ_LEN} tokens, 1 rank, threads {torch.get_num_threads()}",
         "",
-        "| dtype | ZeRO | step s (invariant) | step s (plain) | ratio | peak extra MiB (inv) | peak extra MiB (plain) |",
+        "| dtype | ZeRO | step s (batch_invariant=true) | step s (batch_invariant=false) | ratio | peak extra MiB (true) | peak extra MiB (false) |",
         "|---|---|---:|---:|---:|---:|---:|",
         *rows,
         "",

@@ -25,16 +25,16 @@ from rl_engine.diagnostics.divergence import (
     first_divergence,
     prefill_trace,
 )
-from rl_engine.diagnostics.metrics import MismatchMetrics, mismatch_metrics
 from rl_engine.io import write_json_atomic, write_text_atomic
 from rl_engine.logprobs import token_logprobs
+from rl_engine.parity import MismatchMetrics, mismatch_metrics
 
 log = logging.getLogger("rl_engine.diagnose")
 
 
 @dataclass
 class ModeResult:
-    mode: str  # "invariant" | "plain"
+    batch_invariant: bool
     metrics: MismatchMetrics
     abs_diffs: list[float] = field(repr=False)
     modules: list[ModuleDivergence] = field(repr=False)
@@ -54,7 +54,7 @@ class DiagnosisReport:
         lines = [
             f"# Logprob mismatch: {self.model} ({self.dtype})",
             "",
-            "| kernels | tokens | exact match | max abs dlogp | mean abs dlogp | k3 KL | mean abs dprob | first divergence |",
+            "| batch_invariant | tokens | exact match | max abs dlogp | mean abs dlogp | k3 KL | mean abs dprob | first divergence |",
             "|---|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in self.results:
@@ -64,7 +64,7 @@ class DiagnosisReport:
                 source = "the attention kernel" if fd.name.endswith("o_proj") else "a functional op"
                 where += f", its input already differed: born in {source} feeding it"
             lines.append(
-                f"| {r.mode} | {m.num_tokens} | {m.exact_match_fraction:.4f} | {m.max_abs_diff:.3e} | "
+                f"| {str(r.batch_invariant).lower()} | {m.num_tokens} | {m.exact_match_fraction:.4f} | {m.max_abs_diff:.3e} | "
                 f"{m.mean_abs_diff:.3e} | {m.k3_kl:.3e} | {m.mean_abs_prob_diff:.3e} | {where} |"
             )
         return "\n".join(lines)
@@ -74,7 +74,7 @@ class DiagnosisReport:
             "model": self.model,
             "dtype": self.dtype,
             "modes": {
-                r.mode: {
+                f"batch_invariant={str(r.batch_invariant).lower()}": {
                     "metrics": r.metrics.as_dict(),
                     "first_divergence": None
                     if r.first_divergence is None
@@ -99,15 +99,7 @@ def _load(config: RunConfig, invariant: bool):
 def _sampling(config: RunConfig, n: int):
     from rl_engine.rollout import SamplingParams
 
-    r = config.rollout
-    return SamplingParams(
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        n=n,
-        seed=config.seed,
-    )
+    return SamplingParams.from_config(config.rollout, seed=config.seed, n=n)
 
 
 def _right_padded(seqs: list[list[int]]):
@@ -169,17 +161,19 @@ def diagnose_mode(config: RunConfig, invariant: bool) -> ModeResult:
     engine = RolloutEngine(model, device="cpu", max_batch_size=config.rollout.max_batch_size)
     completions = engine.generate(prompts, _sampling(config, config.rollout.samples_per_prompt))
     recomputed = trainer_logprobs(
-        model, completions, config.trainer.micro_batch_size, config.rollout.temperature or 1.0
+        model, completions, config.trainer.micro_batch_size, completions[0].logprob_temperature
     )
     rollout_lp = torch.cat([c.logprobs for c in completions])
     trainer_lp = torch.cat(recomputed)
     modules = _module_divergence(model, engine, completions, prompts, config)
-    mode = "invariant" if invariant else "plain"
     metrics = mismatch_metrics(trainer_lp, rollout_lp)
     log.info(
-        "%s: %d tokens, exact match %.4f", mode, metrics.num_tokens, metrics.exact_match_fraction
+        "batch_invariant=%s: %d tokens, exact match %.4f",
+        invariant,
+        metrics.num_tokens,
+        metrics.exact_match_fraction,
     )
-    return ModeResult(mode, metrics, (trainer_lp - rollout_lp).abs().tolist(), modules)
+    return ModeResult(invariant, metrics, (trainer_lp - rollout_lp).abs().tolist(), modules)
 
 
 def run_diagnosis(config: RunConfig, output_dir: str | None = None) -> DiagnosisReport:
@@ -209,9 +203,13 @@ def _plot(report: DiagnosisReport, path: Path) -> None:
             diffs,
             bins=[10.0**e for e in range(-12, 1)],
             alpha=0.6,
-            label=f"{r.mode}: {r.metrics.exact_match_fraction:.1%} exact",
+            label=f"batch_invariant={r.batch_invariant}: {r.metrics.exact_match_fraction:.1%} exact",
         )
-        ax2.plot([max(m.max_abs_diff, 1e-12) for m in r.modules], marker=".", label=r.mode)
+        ax2.plot(
+            [max(m.max_abs_diff, 1e-12) for m in r.modules],
+            marker=".",
+            label=f"batch_invariant={r.batch_invariant}",
+        )
     ax1.set(
         xscale="log",
         title="|trainer - rollout| per token (0 shown at 1e-12)",

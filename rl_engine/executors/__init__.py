@@ -10,9 +10,10 @@ import importlib
 
 _EXPORTS = {
     "TrainBatch": "rl_engine.executors.batch",
+    "BatchError": "rl_engine.executors.errors",
+    "ParityError": "rl_engine.executors.errors",
     "DeepSpeedTrainingWorker": "rl_engine.executors.deepspeed_trainer",
-    "ParityError": "rl_engine.executors.deepspeed_trainer",
-    "build_deepspeed_config": "rl_engine.executors.deepspeed_trainer",
+    "build_deepspeed_config": "rl_engine.executors.ds_config",
 }
 
 __all__ = list(_EXPORTS)

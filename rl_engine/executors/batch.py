@@ -8,19 +8,33 @@ Layout (B sequences, T columns, right padding):
     rollout_logprobs(B, T-1)  fp32   the rollout engine's logprob of token t+1; 0 off the mask
     advantages      (B,)      fp32   group-normalised (GRPO) per sequence
     rewards         (B,)      fp32
+    logprob_temperature  float       the T of the rollout logprobs, log_softmax(logits / T)
+    weight_version       int | None  the policy version that sampled the batch (None: unknown)
 
 Position t of the (T-1)-wide tensors scores token t+1 given tokens <= t, the
-convention of `rl_engine.logprobs.token_logprobs`.
+convention of `rl_engine.logprobs.token_logprobs`. Every error about a batch's
+content is a `BatchError` (a ValueError).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 
 import torch
 
 from rl_engine.algorithms import group_normalized_advantages
+from rl_engine.executors.errors import BatchError
+
+_TENSORS = (
+    "input_ids",
+    "attention_mask",
+    "response_mask",
+    "rollout_logprobs",
+    "advantages",
+    "rewards",
+)
 
 
 @dataclass(slots=True)
@@ -33,6 +47,8 @@ class TrainBatch:
     rollout_logprobs: torch.Tensor  # (B, T-1) fp32
     advantages: torch.Tensor  # (B,) fp32
     rewards: torch.Tensor  # (B,) fp32
+    logprob_temperature: float = 1.0
+    weight_version: int | None = None
 
     def __post_init__(self) -> None:
         _check_shapes(self)
@@ -52,51 +68,80 @@ class TrainBatch:
         completions: Sequence,
         rewards: Sequence[float] | torch.Tensor,
         *,
-        group_size: int,
-        pad_token_id: int,
+        samples_per_prompt: int | None = None,
+        pad_token_id: int | None = None,
         normalize_std: bool = True,
         vocab_size: int | None = None,
     ) -> TrainBatch:
-        """Lay out rollout `Completion`s (prompt-major, `group_size` per prompt) with their rewards.
+        """Lay out rollout `Completion`s (rows in the given order) with their rewards.
 
-        Advantages are `group_normalized_advantages(rewards, group_size)`. With
-        `vocab_size`, token ids are checked against it here too (the worker always checks).
+        GRPO groups are the completions sharing a `prompt_index` (in any order); each group
+        must have `samples_per_prompt` members when given, else all groups the same size.
+        Advantages are `group_normalized_advantages` within each group. `pad_token_id` fills
+        the right padding (pass the tokenizer's pad id or the model's `config.eos_token_id`).
+        With `vocab_size`, token ids are checked against it here too (the worker always checks).
         """
         _check_completions(completions, rewards)
+        if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int) or pad_token_id < 0:
+            raise BatchError(
+                f"pad_token_id must be an int >= 0, got {pad_token_id!r}: pass the id to pad with, "
+                "e.g. the tokenizer's pad_token_id or the model's config.eos_token_id"
+            )
         rewards_t = torch.as_tensor(rewards, dtype=torch.float32).reshape(-1)  # (B,)
         if not bool(torch.isfinite(rewards_t).all()):
-            raise ValueError(f"rewards must be finite, got {rewards_t.tolist()}")
+            raise BatchError(f"rewards must be finite, got {rewards_t.tolist()}")
         width = max(len(c.prompt_ids) + len(c.token_ids) for c in completions)
-        rows = [_layout(i, c, width, pad_token_id) for i, c in enumerate(completions)]
+        rows = [_layout(c, width, pad_token_id) for c in completions]
         batch = cls(
             input_ids=torch.stack([r[0] for r in rows]),
             attention_mask=torch.stack([r[1] for r in rows]),
             response_mask=torch.stack([r[2] for r in rows]),
             rollout_logprobs=torch.stack([r[3] for r in rows]),
-            advantages=group_normalized_advantages(
-                rewards_t, group_size, normalize_std=normalize_std
+            advantages=_grouped_advantages(
+                completions, rewards_t, samples_per_prompt, normalize_std
             ),
             rewards=rewards_t,
+            logprob_temperature=_one_value(completions, "logprob_temperature"),
+            weight_version=_one_value(completions, "weight_version"),
         )
         if vocab_size is not None:
             batch.validate(vocab_size)
         return batch
 
     def validate(self, vocab_size: int) -> None:
-        """Raise ValueError for token ids outside [0, vocab_size), or a batch with nothing to score."""
-        live = self.attention_mask.bool()
-        for i in range(self.num_sequences):
-            ids = self.input_ids[i][live[i]]
-            if ids.numel() == 0:
-                raise ValueError(f"sequence {i} is empty (attention_mask is all 0)")
-            low, high = int(ids.min()), int(ids.max())
-            if low < 0 or high >= vocab_size:
-                raise ValueError(
-                    f"sequence {i}: token ids span [{low}, {high}] but the vocabulary has {vocab_size} "
-                    f"entries (valid ids 0..{vocab_size - 1})"
+        """Raise BatchError for anything the trainer cannot train on.
+
+        Checked: shapes and dtypes (again: the batch may have been mutated), every token id
+        fed to the model, padding included, in [0, vocab_size); no empty sequence; finite
+        advantages, rewards and rollout logprobs; a finite logprob_temperature > 0; at
+        least one scored token.
+        """
+        _check_shapes(self)
+        ids = self.input_ids
+        bad = (ids < 0) | (ids >= vocab_size)
+        if bool(bad.any()):
+            row, col = (int(v) for v in bad.nonzero()[0])
+            what = "a padding position" if not bool(self.attention_mask[row, col]) else "a token"
+            raise BatchError(
+                f"sequence {row}: position {col} ({what}) holds token id {int(ids[row, col])}, outside "
+                f"the vocabulary of {vocab_size} entries (valid ids 0..{vocab_size - 1})"
+            )
+        empty = (self.attention_mask.sum(dim=1) == 0).nonzero()
+        if empty.numel():
+            raise BatchError(f"sequence {int(empty[0])} is empty (attention_mask is all 0)")
+        for name in ("advantages", "rewards", "rollout_logprobs"):
+            values = getattr(self, name)
+            finite = torch.isfinite(values)
+            if not bool(finite.all()):
+                index = tuple(int(v) for v in (~finite).nonzero()[0])
+                raise BatchError(
+                    f"{name} must be finite; {name}[{', '.join(map(str, index))}] = {float(values[index])}"
                 )
+        t = self.logprob_temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise BatchError(f"logprob_temperature must be a finite number > 0, got {t!r}")
         if not bool(self.response_mask.any()):
-            raise ValueError(
+            raise BatchError(
                 "response_mask selects no tokens: the batch has no completion token to train on"
             )
 
@@ -118,38 +163,70 @@ class TrainBatch:
         return [self._rows(slice(s, s + size)) for s in range(0, self.num_sequences, size)]
 
     def to(self, device: str | torch.device) -> TrainBatch:
-        return TrainBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return replace(self, **{name: getattr(self, name).to(device) for name in _TENSORS})
 
     def _rows(self, rows: slice) -> TrainBatch:
-        return TrainBatch(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+        return replace(self, **{name: getattr(self, name)[rows] for name in _TENSORS})
+
+
+def _one_value(completions, name: str):
+    """The value of `name` shared by every completion (a batch comes from one sampling)."""
+    values = sorted({getattr(c, name) for c in completions}, key=repr)
+    if len(values) > 1:
+        raise BatchError(
+            f"completions carry different {name} values {values}: one batch must have one "
+            f"{name} (build one batch per value)"
+        )
+    return values[0]
+
+
+def _grouped_advantages(completions, rewards, samples_per_prompt, normalize_std):
+    """GRPO advantages within each group of completions sharing a prompt_index; rows keep their order."""
+    groups: dict[int, list[int]] = {}
+    for row, c in enumerate(completions):
+        groups.setdefault(c.prompt_index, []).append(row)
+    sizes = {len(rows) for rows in groups.values()}
+    expected = samples_per_prompt if samples_per_prompt is not None else max(sizes)
+    wrong = {p: len(rows) for p, rows in groups.items() if len(rows) != expected}
+    if wrong:
+        raise BatchError(
+            f"every prompt needs samples_per_prompt={expected} completions; prompt_index -> count "
+            f"differs for {wrong}"
+        )
+    order = torch.tensor([row for rows in groups.values() for row in rows])
+    advantages = torch.empty_like(rewards)
+    advantages[order] = group_normalized_advantages(
+        rewards[order], expected, normalize_std=normalize_std
+    )
+    return advantages
 
 
 def _check_completions(completions, rewards) -> None:
     if len(completions) == 0:
-        raise ValueError("no completions: a TrainBatch needs at least one")
+        raise BatchError("no completions: a TrainBatch needs at least one")
     if len(rewards) != len(completions):
-        raise ValueError(f"got {len(rewards)} rewards for {len(completions)} completions")
+        raise BatchError(f"got {len(rewards)} rewards for {len(completions)} completions")
     for i, c in enumerate(completions):
         if len(c.prompt_ids) == 0:
-            raise ValueError(
+            raise BatchError(
                 f"sequence {i} has an empty prompt: its first token has no context to score it"
             )
         if len(c.token_ids) == 0:
-            raise ValueError(
+            raise BatchError(
                 f"sequence {i} is an empty completion (no token_ids): nothing to train on"
             )
         if len(c.token_ids) != len(c.logprobs):
-            raise ValueError(
+            raise BatchError(
                 f"sequence {i}: {len(c.token_ids)} token_ids but {len(c.logprobs)} logprobs (must be one per token)"
             )
         logprobs = torch.as_tensor(c.logprobs, dtype=torch.float32)
         if not bool(torch.isfinite(logprobs).all()):
-            raise ValueError(
+            raise BatchError(
                 f"sequence {i}: rollout logprobs must be finite, got {logprobs.tolist()}"
             )
 
 
-def _layout(index: int, completion, width: int, pad_token_id: int):
+def _layout(completion, width: int, pad_token_id: int):
     """One row: (ids (T,), mask (T,), response_mask (T-1,), rollout logprobs (T-1,))."""
     prompt, tokens = list(completion.prompt_ids), list(completion.token_ids)
     length = len(prompt) + len(tokens)
@@ -169,7 +246,7 @@ def _layout(index: int, completion, width: int, pad_token_id: int):
 def _check_shapes(batch: TrainBatch) -> None:
     b, t = batch.input_ids.shape if batch.input_ids.dim() == 2 else (None, None)
     if b is None or t < 2:
-        raise ValueError(
+        raise BatchError(
             f"input_ids must be (B, T) with T >= 2, got shape {tuple(batch.input_ids.shape)}"
         )
     expected = {
@@ -182,22 +259,22 @@ def _check_shapes(batch: TrainBatch) -> None:
     for name, shape in expected.items():
         actual = tuple(getattr(batch, name).shape)
         if actual != shape:
-            raise ValueError(
+            raise BatchError(
                 f"TrainBatch.{name} must have shape {shape} (input_ids is {(b, t)}), got {actual}"
             )
     if batch.input_ids.dtype != torch.long:
-        raise ValueError(f"TrainBatch.input_ids must be int64, got {batch.input_ids.dtype}")
+        raise BatchError(f"TrainBatch.input_ids must be int64, got {batch.input_ids.dtype}")
     if batch.rollout_logprobs.dtype != torch.float32:
-        raise ValueError(
+        raise BatchError(
             f"TrainBatch.rollout_logprobs must be float32, got {batch.rollout_logprobs.dtype}"
         )
     if batch.response_mask.dtype != torch.bool:
-        raise ValueError(f"TrainBatch.response_mask must be bool, got {batch.response_mask.dtype}")
+        raise BatchError(f"TrainBatch.response_mask must be bool, got {batch.response_mask.dtype}")
     scored = batch.response_mask & ~(
         batch.attention_mask[:, 1:].bool() & batch.attention_mask[:, :-1].bool()
     )
     if bool(scored.any()):
         row, col = (int(v) for v in scored.nonzero()[0])
-        raise ValueError(
+        raise BatchError(
             f"response_mask[{row}, {col}] is set but token {col} or {col + 1} of sequence {row} is padding"
         )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -18,15 +17,10 @@ from pathlib import Path
 import ray
 
 from rl_engine.config import RunConfig
+from rl_engine.executors.distributed import free_port
 from rl_engine.io import write_json_atomic, write_text_atomic
 
 log = logging.getLogger("rl_engine.job")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @ray.remote
@@ -91,16 +85,8 @@ class TrainerActor:
 def _sampling(config: RunConfig, step: int, eos_token_id):
     from rl_engine.rollout import SamplingParams
 
-    r = config.rollout
-    return SamplingParams(
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        n=r.samples_per_prompt,
-        seed=config.seed * 100_003 + step,
-        eos_token_id=eos_token_id if isinstance(eos_token_id, int) else None,
-    )
+    seed = config.seed * 100_003 + step
+    return SamplingParams.from_config(config.rollout, seed=seed, eos_token_id=eos_token_id)
 
 
 def _generate(engines, prompts, sampling):
@@ -119,10 +105,16 @@ def _generate(engines, prompts, sampling):
 
 
 def _summary_line(step, m):
+    parity = ""
+    if "parity/num_tokens" in m:  # absent with parity: off
+        parity = (
+            f" | parity exact {m['parity/exact_match_fraction']:.4f} "
+            f"(max |dlogp| {m['parity/max_abs_diff']:.2e}, {m['parity/num_tokens']} tok)"
+        )
+    skipped = f" | update SKIPPED ({m['skip_reason']})" if m.get("skipped_update") else ""
     return (
-        f"step {step:>3} | reward {m['reward_mean']:.3f} | parity exact {m['parity/exact_match_fraction']:.4f} "
-        f"(max |dlogp| {m['parity/max_abs_diff']:.2e}, {m['parity/num_tokens']} tok) | loss {m['loss']:+.4f} "
-        f"| kl {m['kl']:.2e} | {m['step_seconds']:.1f}s"
+        f"step {step:>3} | reward {m['reward_mean']:.3f}{parity} | loss {m['loss']:+.4f} "
+        f"| kl {m['kl']:.2e} | {m['step_seconds']:.1f}s{skipped}"
     )
 
 
@@ -146,7 +138,7 @@ def run_job(config: RunConfig) -> list[dict]:
             RolloutActor.options(num_cpus=1).remote(config)
             for _ in range(config.rollout.num_engines)
         ]
-        port = _free_port()
+        port = free_port()
         trainers = [
             TrainerActor.options(num_cpus=1).remote(config, rank, config.trainer.num_ranks, port)
             for rank in range(config.trainer.num_ranks)
@@ -177,7 +169,7 @@ def run_job(config: RunConfig) -> list[dict]:
             batch = TrainBatch.from_completions(
                 completions,
                 rewards,
-                group_size=config.rollout.samples_per_prompt,
+                samples_per_prompt=config.rollout.samples_per_prompt,
                 pad_token_id=pad_id,
                 normalize_std=config.algorithm.normalize_std,
             )
@@ -187,7 +179,8 @@ def run_job(config: RunConfig) -> list[dict]:
             )[0]
             # export_weights is collective under ZeRO-3: every rank gathers, rank 0 returns the dict
             state = ray.get([t.export_weights.remote() for t in trainers])[0]
-            ray.get([e.load_weights.remote(state, step + 1) for e in engines])
+            # the worker's version: a skipped update keeps the old weights and version
+            ray.get([e.load_weights.remote(state, metrics["weight_version"]) for e in engines])
             metrics = {
                 **metrics,
                 "step": step,
@@ -226,14 +219,15 @@ def _plot(history: list[dict], path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
     ax1.plot(steps, [m["reward_mean"] for m in history], marker="o")
     ax1.set(title="mean reward", xlabel="step")
-    ax2.plot(
-        steps,
-        [m["parity/exact_match_fraction"] for m in history],
-        marker="o",
-        label="exact-match fraction",
-    )
+    if all("parity/exact_match_fraction" in m for m in history):
+        ax2.plot(
+            steps,
+            [m["parity/exact_match_fraction"] for m in history],
+            marker="o",
+            label="exact-match fraction",
+        )
+        ax2.legend(loc="lower right")
     ax2.set(title="trainer == rollout (bitwise)", xlabel="step", ylim=(-0.05, 1.05))
-    ax2.legend(loc="lower right")
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=100)

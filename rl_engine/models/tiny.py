@@ -10,6 +10,7 @@ LM head, q/k norms (Qwen3), q/k/v biases (Qwen2), grouped-query attention.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from transformers import (
@@ -31,72 +32,54 @@ _COMMON = {
 }
 
 
-def _tiny_llama() -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=1000,
-        hidden_size=96,
-        intermediate_size=200,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        head_dim=16,
-        tie_word_embeddings=True,
-        **_COMMON,
-    )
+@dataclass(frozen=True, slots=True)
+class _TinyShape:
+    """One tiny config: its family's config class and the sizes that make it odd."""
+
+    family: type[PretrainedConfig]
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int | None  # None: hidden // heads
+    tied: bool
+    extra: dict = field(default_factory=dict)
+
+    def build(self) -> PretrainedConfig:
+        head_dim = {} if self.head_dim is None else {"head_dim": self.head_dim}
+        return self.family(
+            vocab_size=self.vocab,
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            tie_word_embeddings=self.tied,
+            **head_dim,
+            **self.extra,
+            **_COMMON,
+        )
 
 
-def _tiny_qwen2() -> Qwen2Config:
-    # Qwen2 always has q/k/v biases; untied head like the larger Qwen2 models.
-    return Qwen2Config(
-        vocab_size=1031,
-        hidden_size=128,
-        intermediate_size=344,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-        use_sliding_window=False,
-        **_COMMON,
-    )
-
-
-def _tiny_qwen3() -> Qwen3Config:
-    # head_dim is independent of hidden_size in Qwen3 (4 * 24 != 80 on purpose).
-    return Qwen3Config(
-        vocab_size=999,
-        hidden_size=80,
-        intermediate_size=168,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=24,
-        tie_word_embeddings=True,
-        use_sliding_window=False,
-        **_COMMON,
-    )
-
-
-def _tiny_mistral() -> MistralConfig:
-    # sliding_window=None: full causal attention, like every other tiny config.
-    return MistralConfig(
-        vocab_size=1500,
-        hidden_size=192,
-        intermediate_size=264,
-        num_hidden_layers=3,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=24,
-        sliding_window=None,
-        tie_word_embeddings=False,
-        **_COMMON,
-    )
-
+# Qwen2 always has q/k/v biases and, like the larger Qwen2 models, an untied head.
+# Qwen3's head_dim is independent of hidden_size (4 * 24 != 80 on purpose).
+# Mistral's sliding_window=None: full causal attention, like every other tiny config.
+_NO_WINDOW = {"use_sliding_window": False}
+# fmt: off
+_SHAPES = {
+    #              family         vocab  hidden inter layers heads kv  head_dim tied
+    "tiny-llama":   _TinyShape(LlamaConfig, 1000, 96, 200, 2, 6, 2, 16, True),
+    "tiny-qwen2":   _TinyShape(Qwen2Config, 1031, 128, 344, 3, 4, 2, None, False, _NO_WINDOW),
+    "tiny-qwen3":   _TinyShape(Qwen3Config, 999, 80, 168, 2, 4, 2, 24, True, _NO_WINDOW),
+    "tiny-mistral": _TinyShape(MistralConfig, 1500, 192, 264, 3, 8, 4, 24, False,
+                               {"sliding_window": None}),
+}
+# fmt: on
 
 TINY_CONFIGS: dict[str, Callable[[], PretrainedConfig]] = {
-    "tiny-llama": _tiny_llama,
-    "tiny-qwen2": _tiny_qwen2,
-    "tiny-qwen3": _tiny_qwen3,
-    "tiny-mistral": _tiny_mistral,
+    name: shape.build for name, shape in _SHAPES.items()
 }
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from rl_engine.devices import check_device
 from rl_engine.patching import (
     KV_CACHE_KWARG,
     is_patched,
@@ -57,7 +58,11 @@ PAD_ID = 0  # fills the right padding of a ragged prefill; never attended to, ne
 
 @dataclass
 class Completion:
-    """One sampled completion; `logprobs[i]` is the fp32 logprob of `token_ids[i]`."""
+    """One sampled completion; `logprobs[i]` is the fp32 logprob of `token_ids[i]`.
+
+    A logprob is log_softmax(logits / logprob_temperature) over the full vocabulary (never
+    renormalised by top-k / top-p); `weight_version` is the engine's weights' version.
+    """
 
     prompt_ids: list[int]
     token_ids: list[int]
@@ -66,6 +71,7 @@ class Completion:
     weight_version: int
     prompt_index: int
     sample_index: int
+    logprob_temperature: float = 1.0
 
 
 @dataclass
@@ -111,7 +117,7 @@ class _Sequence:
         elif len(self.token_ids) >= sampling.max_new_tokens:
             self.finish_reason = "length"
 
-    def completion(self, weight_version: int) -> Completion:
+    def completion(self, weight_version: int, logprob_temperature: float) -> Completion:
         return Completion(
             prompt_ids=list(self.prompt_ids),
             token_ids=list(self.token_ids),
@@ -122,6 +128,7 @@ class _Sequence:
             weight_version=weight_version,
             prompt_index=self.prompt_index,
             sample_index=self.sample_index,
+            logprob_temperature=logprob_temperature,
         )
 
 
@@ -146,7 +153,7 @@ class RolloutEngine:
         weight_version: int = 0,
         progress: bool | None = None,
     ):
-        self.device = _check_device(device)
+        self.device = check_device(device)
         _check_model(model, self.device)
         if not _is_int(max_batch_size) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
@@ -159,7 +166,7 @@ class RolloutEngine:
         self.last_stats = GenerateStats()
 
     @property
-    def invariant(self) -> bool:
+    def batch_invariant(self) -> bool:
         """True when the model is patched: logprobs then match the trainer bit for bit."""
         return is_patched(self.model)
 
@@ -194,7 +201,7 @@ class RolloutEngine:
             self._run(seqs, sampling, bar)
         self.last_stats.seconds = time.perf_counter() - start
         self._log_summary(seqs, self.last_stats.seconds)
-        return [seq.completion(self.weight_version) for seq in seqs]
+        return [seq.completion(self.weight_version, sampling.logprob_temperature) for seq in seqs]
 
     def load_weights(self, state_dict, version: int) -> None:
         """Copy `state_dict` into the model in place and set `weight_version`; validates everything first."""
@@ -304,12 +311,12 @@ class RolloutEngine:
     def _log_summary(self, seqs: list[_Sequence], seconds: float) -> None:
         tokens = sum(len(s.token_ids) for s in seqs)
         logger.info(
-            "generated %d completions, %d tokens in %.2f s (%.1f tokens/s), invariant=%s, weight_version=%d",
+            "generated %d completions, %d tokens in %.2f s (%.1f tokens/s), batch_invariant=%s, weight_version=%d",
             len(seqs),
             tokens,
             seconds,
             tokens / max(seconds, 1e-9),
-            self.invariant,
+            self.batch_invariant,
             self.weight_version,
         )
 
@@ -321,7 +328,7 @@ class _Stepper:
         self.engine, self.model, self.cache, self.sampling = engine, engine.model, cache, sampling
         self.device = engine.device
         self.temperature = sampling.logprob_temperature
-        if engine.invariant:
+        if engine.batch_invariant:
             self._lm_head = model_op(self.model, "lm_head")
             self._log_softmax = model_op(self.model, "log_softmax")
             self._head_params = lm_head_parameters(self.model)
@@ -371,7 +378,7 @@ class _Stepper:
 
     def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, H) -> (B, V) fp32 log softmax(logits / T) over the full vocabulary."""
-        if self.engine.invariant:
+        if self.engine.batch_invariant:
             weight, bias = self._head_params
             return self._log_softmax(self._lm_head(hidden, weight, bias), self.temperature)
         logits = self.model.get_output_embeddings()(hidden).float()  # (B, V)
@@ -429,15 +436,6 @@ def _as_id_list(index: int, prompt) -> list[int]:
     if bad is not None:
         raise ValueError(f"prompt {index} has a non-integer token id {bad!r}")
     return list(prompt)
-
-
-def _check_device(device) -> torch.device:
-    if not isinstance(device, (str, torch.device)):
-        raise ValueError(f"device must be a str or torch.device, got {type(device).__name__}")
-    try:
-        return torch.device(device)
-    except RuntimeError as err:
-        raise ValueError(f"invalid device {device!r}: {err}") from None
 
 
 def _check_model(model, device: torch.device) -> None:

@@ -40,13 +40,21 @@ class SamplingParams:
     """
 
     max_new_tokens: int = 32
+    """Most tokens sampled per completion."""
     temperature: float = 1.0
+    """Sampling temperature; 0 = greedy. Logprobs are recorded at this T (1.0 when greedy)."""
     top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off); never renormalises the recorded logprobs."""
     top_k: int = 0
+    """Sample among the k most likely tokens (0 = off); never renormalises the logprobs."""
     n: int = 1
+    """Completions per prompt (vLLM's name; the config's `rollout.samples_per_prompt`)."""
     seed: int = 0
+    """Seed of the generator that draws the samples."""
     stop_token_ids: tuple[int, ...] = ()
+    """Token ids that end a completion (kept as its last token)."""
     eos_token_id: int | None = None
+    """The EOS id that ends a completion; None: stop only on `stop_token_ids`."""
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
@@ -84,6 +92,21 @@ class SamplingParams:
         if bad:
             raise ValueError(f"stop_token_ids must hold ints >= 0, got {bad[0]!r}")
         object.__setattr__(self, "stop_token_ids", stop)  # lists become tuples: stays hashable
+
+    @classmethod
+    def from_config(
+        cls, rollout, *, seed: int, n: int | None = None, eos_token_id: int | None = None
+    ) -> SamplingParams:
+        """The sampling of a run's `rollout` config section (n defaults to samples_per_prompt)."""
+        return cls(
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
+            n=rollout.samples_per_prompt if n is None else n,
+            seed=seed,
+            eos_token_id=eos_token_id if isinstance(eos_token_id, int) else None,
+        )
 
     @property
     def greedy(self) -> bool:

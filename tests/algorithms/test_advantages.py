@@ -50,13 +50,13 @@ def test_output_is_fp32_and_detached():
 
 
 def test_indivisible_length_names_both_numbers():
-    with pytest.raises(ValueError, match=r"N=7.*group_size=3"):
+    with pytest.raises(ValueError, match=r"N=7.*samples_per_prompt=3"):
         group_normalized_advantages(torch.zeros(7), 3)
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.0, True])
-def test_bad_group_size(bad):
-    with pytest.raises(ValueError, match="group_size"):
+def test_bad_samples_per_prompt(bad):
+    with pytest.raises(ValueError, match="samples_per_prompt"):
         group_normalized_advantages(torch.zeros(4), bad)
 
 

@@ -44,12 +44,12 @@ def test_report_invariant_exact_plain_not(tmp_path):
     )
     report = run_diagnosis(config)
     invariant, plain = report.results
-    assert invariant.mode == "invariant" and invariant.metrics.exact_match_fraction == 1.0
+    assert invariant.batch_invariant and invariant.metrics.exact_match_fraction == 1.0
     assert invariant.first_divergence is None and all(m.equal for m in invariant.modules)
-    assert plain.mode == "plain" and plain.metrics.exact_match_fraction < 1.0
+    assert not plain.batch_invariant and plain.metrics.exact_match_fraction < 1.0
     assert plain.first_divergence is not None
     out = tmp_path / "diagnosis"
     data = json.loads((out / "report.json").read_text())
-    assert data["modes"]["invariant"]["metrics"]["exact_match_fraction"] == 1.0
-    assert "| invariant |" in (out / "report.md").read_text()
+    assert data["modes"]["batch_invariant=true"]["metrics"]["exact_match_fraction"] == 1.0
+    assert "| true |" in (out / "report.md").read_text()
     assert (out / "mismatch.png").stat().st_size > 0

@@ -26,6 +26,8 @@ def main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     out_dir, rank = Path(spec["out_dir"]), int(os.environ["RANK"])
     torch.set_num_threads(int(spec.get("threads", 1)))
+    if "job" in spec:  # one named session instead of matrix cells
+        return _run_job(spec, out_dir, rank)
     from tests.executors.cell import cell_name, run_cell
 
     results = {}
@@ -38,6 +40,19 @@ def main(spec_path: str) -> int:
             (out_dir / f"rank{rank}.error").write_text(f"cell {name}:\n{traceback.format_exc()}")
             return 1
         torch.save(results, out_dir / f"rank{rank}.pt")
+    return 0
+
+
+def _run_job(spec: dict, out_dir: Path, rank: int) -> int:
+    import importlib
+
+    module = importlib.import_module(f"tests.executors.{spec['job']}")
+    try:
+        result = module.run(spec, out_dir, rank)
+    except Exception:
+        (out_dir / f"rank{rank}.error").write_text(f"job {spec['job']}:\n{traceback.format_exc()}")
+        return 1
+    torch.save({spec["job"]: result}, out_dir / f"rank{rank}.pt")
     return 0
 
 

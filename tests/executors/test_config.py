@@ -87,7 +87,7 @@ INVALID = [
     ({"rollout": {"prompts_per_step": 0}}, "rollout.prompts_per_step"),
     ({"rollout": {"samples_per_prompt": 0}}, "rollout.samples_per_prompt"),
     ({"rollout": {"max_new_tokens": 0}}, "rollout.max_new_tokens"),
-    ({"rollout": {"temperature": 0.0}}, "rollout.temperature"),
+    ({"rollout": {"temperature": -0.5}}, "rollout.temperature"),
     ({"rollout": {"top_p": 1.5}}, "rollout.top_p"),
     ({"rollout": {"top_k": -1}}, "rollout.top_k"),
     ({"rollout": {"task": ""}}, "rollout.task"),
@@ -148,3 +148,17 @@ def test_sections_are_keyword_only_and_typed():
         AlgorithmConfig("grpo")  # kw_only
     with pytest.raises(ValueError, match="rollout must be a RolloutConfig"):
         RunConfig(rollout={"max_new_tokens": 4})
+
+
+def test_greedy_temperature_is_accepted():
+    assert RunConfig.from_dict({"rollout": {"temperature": 0}}).rollout.temperature == 0
+
+
+@pytest.mark.parametrize("text", ["off", "false", "'off'"])
+def test_parity_off_spellings_in_yaml(tmp_path, text):
+    """YAML 1.1 reads an unquoted `off` as false; every spelling means parity 'off'."""
+    path = tmp_path / "run.yaml"
+    path.write_text(f"batch_invariant: false\nparity: {text}\n")
+    assert RunConfig.from_yaml(path).parity == "off"
+    with pytest.raises(ValueError, match="parity must be one of"):
+        RunConfig(parity=True)

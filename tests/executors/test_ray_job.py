@@ -47,3 +47,24 @@ def test_ray_job_trains_with_bitwise_parity_every_step(tmp_path, num_ranks, zero
     assert summary["config"]["trainer"]["num_ranks"] == num_ranks
     assert (out / "checkpoint" / "latest").read_text().strip() == "step2"
     assert not list(out.glob(".*.tmp")), "atomic writes left temporary files behind"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("parity", ["report", "off"])
+def test_ray_job_parity_modes(tmp_path, parity):
+    """report: parity metrics every step, no error; off (written as YAML's unquoted `off`): none."""
+    data = _config(tmp_path, num_ranks=1).to_dict()
+    data.update(steps=1, batch_invariant=False)
+    path = tmp_path / "run.yaml"
+    RunConfig.from_dict({**data, "parity": "report"}).to_yaml(path)
+    path.write_text(path.read_text().replace("parity: report", f"parity: {parity}"))
+    config = RunConfig.from_yaml(path)
+    assert config.parity == parity
+    (metrics,) = run_job(config)
+    assert metrics["skipped_update"] == 0 and metrics["weight_version"] == 1
+    assert ("parity/num_tokens" in metrics) == (parity == "report")
+    if parity == "report":  # invariance off: the mismatch is measured, not raised
+        assert (
+            metrics["parity/num_tokens"] > 0
+            and 0.0 <= metrics["parity/exact_match_fraction"] <= 1.0
+        )

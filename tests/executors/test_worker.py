@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from rl_engine.algorithms import policy_loss
+from rl_engine.executors import BatchError
 from rl_engine.executors.batch import TrainBatch
 from rl_engine.executors.deepspeed_trainer import DeepSpeedTrainingWorker, ParityError
 from rl_engine.models import load_model
+from rl_engine.patching import is_patched
 from tests.executors.cell import cached_completions, cell_config, generate, rollout_engine, to_batch
 
 
@@ -131,7 +133,9 @@ def test_bad_batches_raise_before_a_step(worker, batch):
     ids = batch.input_ids.clone()
     ids[2, 3] = worker.vocab_size + 5
     with pytest.raises(
-        ValueError, match=rf"sequence 2: token ids span \[\d+, {worker.vocab_size + 5}\]"
+        BatchError,
+        match=rf"bad batch on rank\(s\) 0; no forward was run: rank 0: sequence 2: position 3 "
+        rf"\(a token\) holds token id {worker.vocab_size + 5}",
     ):
         worker.train_step(dataclasses.replace(batch, input_ids=ids))
     with pytest.raises(ValueError, match="response_mask selects no tokens"):
@@ -146,7 +150,7 @@ def test_bad_batches_raise_before_a_step(worker, batch):
         ValueError, match=r"micro-batch 0 \(sequences 0..3\) scores no completion token"
     ):
         worker.train_step(dataclasses.replace(batch, response_mask=no_tokens_first))
-    with pytest.raises(TypeError, match="batch must be a TrainBatch"):
+    with pytest.raises(BatchError, match="batch must be a TrainBatch"):
         worker.train_step({"input_ids": batch.input_ids})
     with pytest.raises(ValueError, match="sequence 2"):
         worker.compute_logprobs(dataclasses.replace(batch, input_ids=ids))
@@ -211,6 +215,9 @@ def test_parity_error_survives_pickling():
         err.trainer_logprob,
         err.rollout_logprob,
     ) == ("m", 1, 2, 3, -1.0, -1.5)
+    batch_error = pickle.loads(pickle.dumps(BatchError("bad batch on rank(s) 1", ranks=(1,))))
+    assert isinstance(batch_error, ValueError) and batch_error.ranks == (1,)
+    assert str(batch_error) == "bad batch on rank(s) 1"
 
 
 def test_strict_mismatch_after_accumulation_blocks_the_worker(batch):
@@ -218,7 +225,9 @@ def test_strict_mismatch_after_accumulation_blocks_the_worker(batch):
     with pytest.raises(ParityError, match="sequence 6 of the shard"):
         worker.train_step(nudged(batch, 6))
     assert worker.global_step == 0
-    with pytest.raises(RuntimeError, match="aborted by a ParityError"):
+    with pytest.raises(
+        RuntimeError, match="unusable: an earlier call raised ParityError and gradients were"
+    ):
         worker.train_step(batch)
 
 
@@ -292,3 +301,53 @@ def test_sequences_per_step_must_fill_the_micro_batches():
         ValueError, match="multiple of trainer.micro_batch_size x trainer.num_ranks = 3 x 1"
     ):
         make_worker(trainer={"micro_batch_size": 3})
+
+
+# ------------------------------------------------------------------ temperature, versions, model objects
+
+
+def test_greedy_batch_is_scored_at_its_own_temperature(worker):
+    """Greedy rollouts record T = 1 logprobs; the config says 0.9: the batch's T wins, bit for bit."""
+    config = cell_config(0, 1, "float32", rollout={"temperature": 0.0})
+    completions = generate(rollout_engine(config), config, seed=5)
+    assert {c.logprob_temperature for c in completions} == {1.0}
+    greedy = to_batch(completions)
+    assert torch.equal(
+        worker.compute_logprobs(greedy)[greedy.response_mask],
+        greedy.rollout_logprobs[greedy.response_mask],
+    )
+
+
+def test_stale_batch_is_a_batch_error_naming_both_versions(worker, batch):
+    with pytest.raises(
+        BatchError, match="sampled by weight_version 5 but the worker's weights are version 0"
+    ):
+        worker.train_step(dataclasses.replace(batch, weight_version=5))
+
+
+def test_weight_version_counts_updates_and_is_checkpointed(batch, tmp_path):
+    worker = make_worker()
+    assert worker.train_step(batch)["weight_version"] == worker.weight_version == 1
+    worker.save_checkpoint(tmp_path / "ckpt")
+    resumed = make_worker()
+    resumed.load_checkpoint(tmp_path / "ckpt")
+    assert resumed.weight_version == 1
+    with pytest.raises(BatchError, match="stale batch"):
+        resumed.train_step(batch)  # sampled by version 0; strict parity
+
+
+def test_worker_trains_a_given_model_object(batch):
+    """The module passed in is the one trained (patched in place); the KL reference is a frozen copy."""
+    config = cell_config(0, 1, "float32")
+    model, _ = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+    worker = DeepSpeedTrainingWorker(config, device="cpu", model=model)
+    assert worker.module.policy is model and is_patched(model)
+    assert worker.reference.policy is not model
+    metrics = worker.train_step(batch)  # strict parity: same weights as the rollout's
+    assert metrics["parity/exact_match_fraction"] == 1.0 and metrics["kl"] == 0.0
+    assert torch.equal(model.lm_head.weight, worker.export_weights()["lm_head.weight"])
+    assert not torch.equal(model.lm_head.weight, worker.reference.policy.lm_head.weight)
+    with pytest.raises(
+        ValueError, match=r"model parameters are \['torch.bfloat16'\] but dtype is 'float32'"
+    ):
+        DeepSpeedTrainingWorker(config, device="cpu", model=model.to(torch.bfloat16))

@@ -111,7 +111,7 @@ def _check_new_rollout_parity(r: dict) -> None:
 
 
 def _check_resume(r: dict) -> None:
-    assert r["resumed_step"] == 1
+    assert r["resumed_step"] == 1 and r["resumed_version"] == 1
     assert r["resumed_metrics"] == r["metrics"][1], (
         "resumed step 2 differs from the uninterrupted step 2"
     )
@@ -143,10 +143,6 @@ def test_two_rank_cell(stage, dtype, two_rank_job):
     assert last["sequence"] is not None and "no optimizer step was taken" in last["message"]
     assert "other ranks" in first["message"]
     assert last["step_unchanged"] and first["step_unchanged"]
-    bad_last, bad_first = results[-1]["bad_shard_error"], results[0]["bad_shard_error"]
-    assert bad_last is not None and "sequence 0: token ids span" in bad_last["message"]
-    assert bad_first is not None and "other rank(s) rejected their batch" in bad_first["message"]
-    assert bad_last["step_unchanged"] and bad_first["step_unchanged"]
 
 
 @pytest.mark.parametrize(

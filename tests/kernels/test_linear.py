@@ -145,7 +145,7 @@ def test_bad_inputs_name_the_problem():
 
 
 def test_amx_machines_use_narrow_16bit_slices_and_stay_invariant(monkeypatch):
-    """On AMX CPUs bf16 reductions are cut into 256-column slices (FACTS.md); force that path here."""
+    """On AMX CPUs bf16 reductions are cut into 256-column slices (docs/platform-facts.md); force that path here."""
     import importlib
 
     gemm = importlib.import_module("rl_engine.kernels.native._gemm")

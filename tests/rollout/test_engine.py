@@ -64,7 +64,6 @@ def test_bad_prompts_raise_naming_the_prompt(prompts, match):
     [
         ({"max_batch_size": 0}, "max_batch_size"),
         ({"max_seq_len": 1}, "max_seq_len"),
-        ({"device": 3}, "device"),
         ({"device": "meta"}, "device"),
         ({"weight_version": "v1"}, "version"),
     ],
@@ -72,6 +71,19 @@ def test_bad_prompts_raise_naming_the_prompt(prompts, match):
 def test_bad_engine_arguments_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         _engine(**kwargs)
+
+
+def test_device_of_the_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match="device must be a str or torch.device"):
+        _engine(device=3)
+
+
+@pytest.mark.parametrize(("temperature", "expected"), [(0.0, 1.0), (0.7, 0.7), (1.0, 1.0)])
+def test_completions_carry_their_logprob_temperature(temperature, expected):
+    """Greedy decoding records T = 1 logprobs; sampling records them at its own temperature."""
+    sampling = SamplingParams(max_new_tokens=2, temperature=temperature, n=2, seed=1)
+    completions = _engine(weight_version=4).generate(random_prompts(VOCAB, (3,), seed=2), sampling)
+    assert {(c.logprob_temperature, c.weight_version) for c in completions} == {(expected, 4)}
 
 
 def test_default_max_seq_len_is_the_models():
@@ -133,7 +145,7 @@ def test_unpatched_model_runs_plain_cached_attention_and_is_restored():
     before = model.config._attn_implementation
     seen = []
     engine = RolloutEngine(model, device="cpu", max_batch_size=2, progress=False)
-    assert not engine.invariant
+    assert not engine.batch_invariant
     original = engine_module._Stepper.decode
 
     def watch(self, seqs):

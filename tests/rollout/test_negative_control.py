@@ -71,7 +71,7 @@ def test_engine_with_invariance_off_differs_from_recompute(dtype):
     prompts = random_prompts(model.config.vocab_size, PROMPT_LENGTHS, seed=1)
     engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)
     completions = engine.generate(prompts, SamplingParams(max_new_tokens=NEW, seed=3))
-    assert not engine.invariant
+    assert not engine.batch_invariant
     recomputed = _teacher_forced(model, prompts, [c.token_ids for c in completions])
     fraction = _exact_fraction([c.logprobs for c in completions], recomputed)
     print(

@@ -26,12 +26,12 @@ import torch.nn.functional as F
 # bf16 too; M >= 12 never did, for K up to 8192 and 1-4 threads).
 MIN_ROWS = 16
 
-# Reduction slice width. FACTS.md saw MKL split reductions of K >= 2048 across
+# Reduction slice width. docs/platform-facts.md saw MKL split reductions of K >= 2048 across
 # threads; slices of <= 1024 never were (1-4 threads). Models with hidden <= 1024
 # pay nothing for it: their projections are a single slice. See docs/operators.md.
 K_SLICE = 1024
 
-# On CPUs with AMX (Xeon Sapphire Rapids and later) FACTS.md measured oneDNN's
+# On CPUs with AMX (Xeon Sapphire Rapids and later) docs/platform-facts.md measured oneDNN's
 # bf16 GEMM changing a row's bits with M once K >= 512; slices below that did not.
 # This machine kind (AMD EPYC, AVX512-BF16) showed no such dependence up to K = 8192.
 K_SLICE_16BIT_AMX = 256

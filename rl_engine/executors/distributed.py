@@ -1,0 +1,113 @@
+"""Distributed setup of a DeepSpeed rank: environment, free ports, the accelerator, collectives.
+
+Distributed setup comes from RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR /
+MASTER_PORT (single-process defaults when unset): gloo and DeepSpeed's CPU
+accelerator on CPU, nccl on CUDA. deepspeed is imported lazily, after the
+accelerator is chosen.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for MASTER_PORT)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass(frozen=True, slots=True)
+class DistEnv:
+    """This process's place in the job, from the torch.distributed environment variables."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @classmethod
+    def from_environ(cls) -> DistEnv:
+        """Read (and for a single process, default) RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT."""
+        values = {}
+        defaults = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": os.environ.get("RANK", "0")}
+        for key, default in defaults.items():
+            raw = os.environ.get(key, default)
+            if not raw.isdigit():
+                raise ValueError(
+                    f"environment variable {key} must be a non-negative int, got {raw!r}"
+                )
+            values[key] = int(raw)
+        if values["WORLD_SIZE"] < 1 or values["RANK"] >= values["WORLD_SIZE"]:
+            raise ValueError(
+                f"RANK={values['RANK']} must be < WORLD_SIZE={values['WORLD_SIZE']} (>= 1)"
+            )
+        if values["WORLD_SIZE"] > 1 and not {"MASTER_ADDR", "MASTER_PORT"} <= os.environ.keys():
+            raise ValueError("WORLD_SIZE > 1 needs MASTER_ADDR and MASTER_PORT in the environment")
+        os.environ.update(
+            RANK=str(values["RANK"]),
+            WORLD_SIZE=str(values["WORLD_SIZE"]),
+            LOCAL_RANK=str(values["LOCAL_RANK"]),
+        )
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        return cls(values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"])
+
+
+def import_deepspeed(device: torch.device):
+    """Import deepspeed with the accelerator matching `device`; return (deepspeed, backend name)."""
+    wanted = "cpu" if device.type == "cpu" else "cuda"
+    chosen = os.environ.setdefault("DS_ACCELERATOR", wanted)
+    if chosen != wanted:
+        raise ValueError(
+            f"device {device} needs DS_ACCELERATOR={wanted}, but DS_ACCELERATOR={chosen}"
+        )
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() != wanted:
+        raise ValueError(
+            f"DeepSpeed already chose the {get_accelerator().device_name()!r} accelerator in this process; "
+            f"device {device} needs {wanted!r}"
+        )
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return deepspeed, ("gloo" if device.type == "cpu" else "nccl")
+
+
+@dataclass(frozen=True, slots=True)
+class Collectives:
+    """The few collectives the worker uses; no-ops for a single rank."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """A CPU copy of `tensor` summed ('sum') or maxed ('max') over ranks."""
+        if self.world_size == 1:
+            return tensor
+        out = tensor.to(self.device, copy=True)
+        dist.all_reduce(out, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return out.cpu()
+
+    def all_gather(self, obj) -> list:
+        """Every rank's `obj` (picklable), in rank order."""
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when `flag` is true on any rank."""
+        return bool(self.all_reduce(torch.tensor([float(flag)]), "max")[0] > 0)

@@ -1,0 +1,150 @@
+"""The DeepSpeed config of a run: the user's, completed from the run config and validated."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from rl_engine.config import RunConfig
+
+
+def load_deepspeed_config(spec: dict | str) -> dict:
+    """A deep copy of the user's DeepSpeed config (a dict, or a path to a JSON file)."""
+    if isinstance(spec, dict):
+        return copy.deepcopy(spec)
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"trainer.deepspeed: DeepSpeed config file {str(path)!r} does not exist")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"trainer.deepspeed: {str(path)!r} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"trainer.deepspeed: {str(path)!r} must hold a JSON object")
+    return data
+
+
+def build_deepspeed_config(config: RunConfig, world_size: int) -> dict:
+    """The DeepSpeed config for `config`: the user's, with batch sizes, clipping and bf16 filled in.
+
+    Raises ValueError naming the key for anything DeepSpeed would reject or that
+    contradicts the run config; a key present in both must agree.
+    """
+    if world_size != config.trainer.num_ranks:
+        raise ValueError(
+            f"trainer.num_ranks={config.trainer.num_ranks} but WORLD_SIZE={world_size}"
+        )
+    ds = load_deepspeed_config(config.trainer.deepspeed)
+    _reject_unsupported(ds)
+    _set_bf16(ds, config.dtype)
+    micro, accum = config.trainer.micro_batch_size, config.gradient_accumulation_steps
+    _fill(ds, "train_micro_batch_size_per_gpu", micro, "trainer.micro_batch_size")
+    _fill(
+        ds,
+        "gradient_accumulation_steps",
+        accum,
+        "sequences_per_step / (micro_batch_size x num_ranks)",
+    )
+    _fill(
+        ds,
+        "train_batch_size",
+        micro * accum * world_size,
+        "rollout.prompts_per_step x samples_per_prompt",
+    )
+    _fill(ds, "gradient_clipping", float(config.trainer.grad_clip), "trainer.grad_clip")
+    zero = ds.setdefault("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise ValueError(f"deepspeed.zero_optimization must be an object, got {zero!r}")
+    if config.trainer.zero_stage is not None:
+        zero["stage"] = config.trainer.zero_stage
+    zero.setdefault("stage", 0)
+    return ds
+
+
+def _reject_unsupported(ds: dict, prefix: str = "deepspeed.") -> None:
+    for key, value in ds.items():
+        if value == "auto":
+            raise ValueError(
+                f"{prefix}{key} is 'auto': give a value (the worker fills batch sizes, clipping, bf16)"
+            )
+        if isinstance(value, dict):
+            _reject_unsupported(value, f"{prefix}{key}.")
+    if prefix != "deepspeed.":
+        return
+    for key in ("optimizer", "scheduler"):
+        if key in ds:
+            raise ValueError(
+                f"deepspeed.{key} is not supported: the worker builds torch AdamW from trainer.lr / "
+                "trainer.weight_decay; remove the key"
+            )
+    if _section(ds, "fp16").get("enabled", False):
+        raise ValueError(
+            "deepspeed.fp16.enabled: fp16 is not supported; use dtype: bfloat16 (or float32)"
+        )
+
+
+def _section(ds: dict, name: str) -> dict:
+    value = ds.get(name, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"deepspeed.{name} must be an object, got {value!r}")
+    return value
+
+
+def _set_bf16(ds: dict, dtype: str) -> None:
+    want = dtype == "bfloat16"
+    key = "bfloat16" if "bfloat16" in ds else "bf16"  # DeepSpeed accepts the old name too
+    section = _section(ds, key)
+    enabled = section.get("enabled", want)
+    if not isinstance(enabled, bool):
+        raise ValueError(f"deepspeed.{key}.enabled must be true or false, got {enabled!r}")
+    if enabled != want:
+        raise ValueError(
+            f"deepspeed.{key}.enabled is {enabled} but dtype is {dtype!r}: they must agree "
+            f"(bf16 on exactly when dtype is 'bfloat16')"
+        )
+    ds[key] = {**section, "enabled": want}
+
+
+def _fill(ds: dict, key: str, value, source: str) -> None:
+    if key not in ds:
+        ds[key] = value
+        return
+    given = ds[key]
+    numeric = isinstance(given, (int, float)) and not isinstance(given, bool)
+    if not numeric or given != value:
+        raise ValueError(
+            f"deepspeed.{key} = {given!r} contradicts the run config ({source} gives {value!r}); "
+            "remove the key or make them agree"
+        )
+
+
+def validate_with_deepspeed(ds: dict) -> None:
+    """Let DeepSpeed parse the config now, so a rejection is a ValueError before any engine exists."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from pydantic import ValidationError
+
+    try:
+        DeepSpeedConfig(copy.deepcopy(ds))
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{_dotted_key(ds, e['loc'])}: {e['msg']} (got {e.get('input')!r})"
+            for e in err.errors()
+        )
+        raise ValueError(f"DeepSpeed rejected the config: {problems}") from None
+    except (
+        AssertionError,
+        ValueError,
+        TypeError,
+        KeyError,
+    ) as err:  # DeepSpeed checks batch sizes with assert
+        raise ValueError(f"DeepSpeed rejected the config: {err}") from err
+
+
+def _dotted_key(ds: dict, loc: tuple) -> str:
+    """'deepspeed.<section>.<key>' for a pydantic error location inside one of the config's sections."""
+    key = ".".join(str(part) for part in loc)
+    sections = [
+        name for name, value in ds.items() if isinstance(value, dict) and loc and loc[0] in value
+    ]
+    return f"deepspeed.{sections[0]}.{key}" if sections else f"deepspeed.{key}"
