@@ -18,6 +18,7 @@ from rl_engine.algorithms import AGGREGATIONS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PARITY_MODES = ("strict", "report", "off")
+DEVICES = ("cpu", "cuda")
 ALGORITHMS = ("grpo", "ppo")
 
 
@@ -173,6 +174,10 @@ class RunConfig:
     """'float32' or 'bfloat16': policy weights on both sides (DeepSpeed bf16 when bfloat16)."""
     seed: int = 0
     """Seed of the tiny models' weights and of sampling."""
+    device: str = "cpu"
+    """'cpu' or 'cuda' (no index): each trainer rank uses the GPU of its LOCAL_RANK, each rollout
+    engine the GPU Ray assigns it (actors then ask Ray for one GPU each); the device picks the
+    kernels' backend (cpu: native, cuda: triton)."""
     batch_invariant: bool = True
     """THE flag: patch rollout and trainer with batch-invariant kernels (bitwise parity)."""
     parity: str = "strict"
@@ -193,6 +198,7 @@ class RunConfig:
         _text("model", self.model)
         _choice("dtype", self.dtype, tuple(DTYPES))
         _int("seed", self.seed, 0)
+        _choice("device", self.device, DEVICES)
         _choice("batch_invariant", self.batch_invariant, (True, False))
         if self.parity is False:  # YAML 1.1 reads an unquoted `off` as false
             self.parity = "off"
