@@ -150,12 +150,17 @@ def run_job(config: RunConfig) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(
-            num_cpus=config.trainer.num_ranks + config.rollout.num_engines,
-            include_dashboard=False,
-            log_to_driver=True,
-            runtime_env={"env_vars": {"DS_ACCELERATOR": _ds_accelerator(config)}},
-        )
+        runtime_env = {"env_vars": {"DS_ACCELERATOR": _ds_accelerator(config)}}
+        if os.environ.get("RAY_ADDRESS"):  # `ray job submit`: join the cluster it names
+            ray.init(log_to_driver=True, runtime_env=runtime_env)
+        else:  # a private local cluster, never one another process started on this machine
+            ray.init(
+                address="local",
+                num_cpus=config.trainer.num_ranks + config.rollout.num_engines,
+                include_dashboard=False,
+                log_to_driver=True,
+                runtime_env=runtime_env,
+            )
     try:
         resources = actor_resources(config)
         engines = [
