@@ -36,7 +36,7 @@ timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs \
 echo "== deepspeed worker (one rank)"
 if $PY -c "import deepspeed" 2>/dev/null; then
     DS_ACCELERATOR=cuda timeout 60 $PY -m pytest -q -p no:cacheprovider -m gpu -rs \
-        tests/executors --junitxml="$OUT/deepspeed.xml" 2>&1 | tee "$OUT/deepspeed.log"
+        tests/executors/test_worker_gpu.py --junitxml="$OUT/deepspeed.xml" 2>&1 | tee "$OUT/deepspeed.log"
 else
     echo "skipped: deepspeed is not installed (carry a wheel in .whl/ to run it)" | tee "$OUT/deepspeed.log"
 fi
