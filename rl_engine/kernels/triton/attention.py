@@ -56,7 +56,7 @@ BLOCK_M, BLOCK_N, SPLIT_BLOCKS = (16, 32, 4) if INTERPRET else (64, 64, 16)
 assert BLOCK_N % BLOCK_M == 0
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["has_slots"])
 def _attention_split_kernel(
     q_ptr,
     k_ptr,
@@ -87,7 +87,7 @@ def _attention_split_kernel(
     D,
     group,
     scale,
-    HAS_SLOTS: tl.constexpr,
+    has_slots,
     UPCAST: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -126,13 +126,11 @@ def _attention_split_kernel(
         j1 = tl.minimum(j0 + SPLIT_BLOCKS, n_blocks)
         for j in range(j0, j1):
             kpos = j * BLOCK_N + tl.arange(0, BLOCK_N)
-            if HAS_SLOTS:  # k_positions given: the slot that holds each position (-1: none)
-                slots = tl.load(slot_ptr + b * slot_len + kpos, mask=kpos < slot_len, other=-1)
-                slots = slots.to(tl.int64)
-                kmask = (kpos <= last) & (slots >= 0)
-            else:  # aligned layout: slot = position
-                slots = kpos.to(tl.int64)
-                kmask = (kpos <= last) & (kpos < Tk)
+            # k_positions given: the slot that holds each position (-1: none); else slot = position.
+            # A runtime flag, not a constexpr: every layout runs the same compiled kernel.
+            mapped = tl.load(slot_ptr + b * slot_len + kpos, mask=kpos < slot_len, other=-1)
+            slots = tl.where(kpos * 0 + has_slots != 0, mapped.to(tl.int64), kpos.to(tl.int64))
+            kmask = (kpos <= last) & (slots >= 0) & (slots < Tk)
             k = tl.load(
                 k_ptr + kv_b * sk_b + hk * sk_h + slots[:, None] * sk_t + d[None, :],
                 mask=kmask[:, None] & dmask[None, :],
@@ -291,7 +289,7 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
         slots = _slot_map(k_positions, max_start + BLOCK_M)
         slot_len = slots.shape[1]
     else:
-        slots, slot_len = tile_b, 0  # unused
+        slots, slot_len = tile_b, 0  # unused: aligned layout
     acc_dtype = _compute_dtype(q.dtype)
     block_d = max(16, triton.next_power_of_2(D))
     if n_split_max > 1:
@@ -299,8 +297,8 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
             (NT, Hq, n_split_max, BLOCK_M, block_d), dtype=acc_dtype, device=q.device
         )
         part_ml = torch.empty((NT, Hq, n_split_max, 2, BLOCK_M), dtype=acc_dtype, device=q.device)
-    else:
-        part_acc = part_ml = out  # unused
+    else:  # unused; fp32 all the same, so that every call runs one compiled kernel
+        part_acc = part_ml = torch.empty(1, dtype=acc_dtype, device=q.device)
     acc_tl = tl_dtype(acc_dtype)
     _attention_split_kernel[(NT, Hq, n_split_max)](
         q,
@@ -324,7 +322,7 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
         D,
         Hq // Hkv,
         float(scale),
-        HAS_SLOTS=k_positions is not None,
+        int(k_positions is not None),
         UPCAST=upcast_dot(q.dtype),
         ACC=acc_tl,
         BLOCK_M=BLOCK_M,
