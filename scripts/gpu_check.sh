@@ -6,7 +6,8 @@
 # On real CUDA (compiled kernels, never the interpreter) it runs:
 #   1. the gpu-marked tests (tests/gpu: kernel invariance at realistic sizes, decode ==
 #      prefill, fused == unfused, rollout engine == token_logprobs recompute on random
-#      Llama / Qwen3 models in bf16) and the triton-marked tests on cuda;
+#      Llama / Qwen3 models in bf16), and the triton-marked registry, attention-layout and
+#      tiny-model chain tests on cuda (the row-wise op tests are the interpreter's);
 #   2. the DeepSpeed worker on one rank if deepspeed imports (carried as a wheel), else
 #      it is reported as skipped;
 #   3. the kernel benchmark: Triton vs cuBLAS / SDPA / materialised logits, same run;
@@ -28,21 +29,21 @@ $PY -c 'import torch, triton, transformers; print(f"{torch.cuda.get_device_name(
     | tee "$OUT/env.txt" || { echo "no usable CUDA device / packages"; exit 1; }
 
 echo "== tests (gpu + triton on cuda)"
-timeout 150 $PY -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs \
-    tests/gpu tests/kernels/test_triton_ops.py tests/kernels/test_triton_attention.py \
-    tests/rollout/test_triton_chain.py tests/kernels/test_registry.py \
+timeout 170 $PY -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs \
+    tests/gpu tests/kernels/test_registry.py tests/kernels/test_triton_attention.py \
+    tests/rollout/test_triton_chain.py \
     --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
 
 echo "== deepspeed worker (one rank)"
 if $PY -c "import deepspeed" 2>/dev/null; then
-    DS_ACCELERATOR=cuda timeout 60 $PY -m pytest -q -p no:cacheprovider -m gpu -rs \
+    DS_ACCELERATOR=cuda timeout 45 $PY -m pytest -q -p no:cacheprovider -m gpu -rs \
         tests/executors/test_worker_gpu.py --junitxml="$OUT/deepspeed.xml" 2>&1 | tee "$OUT/deepspeed.log"
 else
     echo "skipped: deepspeed is not installed (carry a wheel in .whl/ to run it)" | tee "$OUT/deepspeed.log"
 fi
 
 echo "== kernel benchmark"
-timeout 80 $PY -m rl_engine.benchmarks.gpu_kernels --out "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
+timeout 75 $PY -m rl_engine.benchmarks.gpu_kernels --out "$OUT/bench.md" 2>&1 | tee "$OUT/bench.log"
 
 echo
 echo "== summary"

@@ -141,8 +141,9 @@ def bench_train_step(batch: int = 8, seq: int = 512) -> Row:
         max_position_embeddings=4096,
         attn_implementation="sdpa",
     )
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(DEV)
-    patched = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(DEV)
+    with torch.device(DEV):  # initialised on the GPU
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        patched = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     apply_batch_invariant(patched)
     ids = torch.randint(3, 32000, (batch, seq), device=DEV)
 
