@@ -176,3 +176,14 @@ def test_backward_matches_fp64_reference_and_is_deterministic():
     _reference(q, k, v).pow(2).sum().backward()
     for ours, ref in zip(grads[0], (q.grad, k.grad, v.grad)):
         torch.testing.assert_close(ours.double(), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_decode_padding_row_is_exactly_zero_and_leaves_the_others_alone():
+    seq = _seq(40)
+    alone = _alone(seq)
+    q, k, v = seq
+    qd = torch.stack([q[:, 39], q[:, 7]])[:, :, None]
+    kc, vc = torch.stack([k, k]), torch.stack([v, v])
+    out = attention(qd, kc, vc, q_positions=torch.tensor([[39], [-1]], device=DEVICE))
+    assert torch.equal(out[0, :, 0], alone[:, 39])
+    assert torch.equal(out[1], torch.zeros_like(out[1]))

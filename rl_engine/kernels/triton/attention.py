@@ -239,9 +239,16 @@ def _plan_tiles(q_positions: torch.Tensor):
     Returns (tile_b (NT,), tile_start (NT,), tile_cols (NT, BLOCK_M)) int32:
     each tile's sequence, first position, and the q column of each of its rows
     (-1 where no query holds that position). Only speed depends on the order
-    of the tiles.
+    of the tiles. Decode (Tq == 1) makes the same tiles, one per row (a padding
+    row's tile has no query), without torch.unique.
     """
     pos = q_positions.long()
+    if pos.shape[1] == 1:  # decode: one tile per row, planned without host syncs
+        p = pos[:, 0].clamp(min=0)  # (B,)
+        rows = torch.arange(pos.shape[0], device=pos.device)
+        tile_cols = torch.full((pos.shape[0], BLOCK_M), -1, dtype=torch.int32, device=pos.device)
+        tile_cols[rows, p % BLOCK_M] = torch.where(pos[:, 0] >= 0, 0, -1).to(torch.int32)
+        return rows.to(torch.int32), (p // BLOCK_M * BLOCK_M).to(torch.int32), tile_cols
     qb, qcol = (pos >= 0).nonzero(as_tuple=True)  # (N,)
     p = pos[qb, qcol]
     n_tiles = int(p.max()) // BLOCK_M + 1
