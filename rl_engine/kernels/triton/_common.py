@@ -10,6 +10,7 @@ tiling, masking and reduction order; the GPU run checks the tensor-core path.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -53,11 +54,13 @@ def upcast_dot(dtype: torch.dtype) -> bool:
 
 def num_programs(device: torch.device, tiles: int) -> int:
     """Programs of a persistent launch: one per SM on a GPU, never more than the tiles."""
-    if device.type == "cuda":
-        slots = torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        slots = _INTERPRETER_PROGRAMS
+    slots = _sm_count(device.index) if device.type == "cuda" else _INTERPRETER_PROGRAMS
     return max(1, min(tiles, slots))
+
+
+@functools.cache
+def _sm_count(index: int | None) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def check_device(name: str, t: torch.Tensor) -> None:
