@@ -52,7 +52,7 @@ def cmd_train(args) -> int:
         print(f"rl-engine: {stopped}", file=sys.stderr)
         return stopped.exit_code
     except ClusterError as err:  # the cluster, not the config: placement or mixed hardware
-        print(f"rl-engine: error: {_one_line(err)}", file=sys.stderr)
+        logging.getLogger("rl_engine").error("%s", _one_line(err))
         return 1
     last = history[-1] if history else {}
     print(
@@ -71,6 +71,8 @@ def cmd_export(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
+    if args.rollouts is not None:
+        return cmd_diagnose_rollouts(args)
     from rl_engine.diagnostics.report import run_diagnosis
 
     report = run_diagnosis(_load_config(args.config), output_dir=args.output_dir)
@@ -78,8 +80,41 @@ def cmd_diagnose(args) -> int:
     return 0
 
 
+def cmd_diagnose_rollouts(args) -> int:
+    """0: every token exact with invariance on; 1: not; 2 (from main): unusable input."""
+    from rl_engine.diagnostics.rollout_file import diagnose_rollouts
+
+    report = diagnose_rollouts(
+        args.rollouts,
+        args.model,
+        dtype=args.dtype,
+        output_dir=args.output_dir or "runs/diagnose_rollouts",
+        skip_bad_lines=args.skip_bad_lines,
+    )
+    print(report.markdown())
+    return 0 if report.exact else 1
+
+
+def _check_diagnose_args(parser: argparse.ArgumentParser, args) -> None:
+    if args.command != "diagnose":
+        return
+    if args.rollouts is not None and args.model is None:
+        parser.error("diagnose --rollouts needs --model SPEC")
+    if args.rollouts is None and (args.model, args.dtype, args.skip_bad_lines) != (
+        None,
+        None,
+        False,
+    ):
+        parser.error("--model, --dtype and --skip-bad-lines go with diagnose --rollouts")
+    args.dtype = args.dtype or "float32"
+
+
 def cmd_bench(args) -> int:
-    if args.what == "kernels":
+    if args.what == "kernels" and args.device == "cuda":
+        from rl_engine.benchmarks.gpu_kernels import main
+
+        main([])
+    elif args.what == "kernels":
         from rl_engine.benchmarks.kernels import main
 
         main(quick=args.quick)
@@ -122,16 +157,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.set_defaults(fn=cmd_export)
     diag = sub.add_parser(
-        "diagnose", help="rollout vs. trainer logprob mismatch, invariance on and off"
+        "diagnose",
+        help="rollout vs. trainer logprob mismatch, invariance on and off "
+        "(--rollouts exits 0 when exact with invariance on, 1 when not, 2 for unusable input)",
     )
-    diag.add_argument("--config", required=True, help="run config, e.g. configs/diagnose_tiny.yaml")
+    source = diag.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="run config, e.g. configs/diagnose_tiny.yaml")
+    source.add_argument(
+        "--rollouts", help="rollout file (JSONL, docs/rollouts.md) of any engine to diagnose"
+    )
+    diag.add_argument("--model", help="with --rollouts: the model spec that sampled them")
     diag.add_argument(
-        "--output-dir", default=None, help="where the report goes (default: <output_dir>/diagnosis)"
+        "--dtype", choices=["float32", "bfloat16"], help="with --rollouts (default float32)"
+    )
+    diag.add_argument(
+        "--skip-bad-lines",
+        action="store_true",
+        help="with --rollouts: skip malformed lines (counted in the report) instead of exiting 2",
+    )
+    diag.add_argument(
+        "--output-dir",
+        default=None,
+        help="where the report goes (default: <output_dir>/diagnosis; runs/diagnose_rollouts)",
     )
     diag.set_defaults(fn=cmd_diagnose)
     bench = sub.add_parser("bench", help="benchmarks: invariant path vs. plain torch, same run")
     bench.add_argument("what", choices=["kernels", "rollout", "train"])
     bench.add_argument("--quick", action="store_true", help="fewer shapes / repetitions")
+    bench.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="kernels: cpu = native ops vs plain torch; cuda = triton vs cuBLAS / SDPA",
+    )
     bench.set_defaults(fn=cmd_bench)
     return parser
 
@@ -139,12 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     use_venv_op_cache()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_diagnose_args(parser, args)
     _setup_logging(args.verbose)
     try:
         return args.fn(args)
     except (ValueError, FileNotFoundError, NotImplementedError) as err:
-        print(f"rl-engine: error: {_one_line(err)}", file=sys.stderr)
+        logging.getLogger("rl_engine").error("%s", _one_line(err))  # one line on stderr
         return 2
     except KeyboardInterrupt:
         print("rl-engine: interrupted", file=sys.stderr)

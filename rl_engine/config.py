@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
-from rl_engine.algorithms import AGGREGATIONS
+from rl_engine.algorithms import AGGREGATIONS, CORRECTION_MODES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PARITY_MODES = ("strict", "report", "off")
+DEVICES = ("cpu", "cuda")
 ALGORITHMS = ("grpo",)  # PPO with a value model is later work: no choice that would be ignored
 PLACEMENTS = ("pack", "spread", "strict_spread")
 
@@ -82,6 +83,10 @@ class RolloutConfig:
     'jsonl:PATH' (a prompt file, one {"prompt": str, "answer": str} per line)."""
     placement: str = "pack"
     """Where the engines go: 'pack' (few nodes), 'spread' or 'strict_spread' (one per node)."""
+    source: str | None = None
+    """Rollout file or folder of step_N.jsonl files to train on instead of generating (docs/rollouts.md)."""
+    save: bool = False
+    """Write each step's completions and rewards to <output_dir>/rollouts/step_N.jsonl."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -97,6 +102,9 @@ class RolloutConfig:
         _int("rollout.top_k", self.top_k, 0)
         _text("rollout.task", self.task)
         _choice("rollout.placement", self.placement, PLACEMENTS)
+        if self.source is not None:
+            _text("rollout.source", self.source)
+        _choice("rollout.save", self.save, (True, False))
 
 
 def _default_deepspeed() -> dict:
@@ -154,10 +162,12 @@ class AlgorithmConfig:
     """Weight of the k3 KL to a frozen reference policy (0 = no reference model)."""
     loss_aggregation: str = "token-mean"
     """'token-mean', 'seq-mean-token-mean' or 'seq-mean-token-sum'."""
-    tis_cap: float | None = None
-    """Truncated importance-sampling cap for runs with invariance off (None = no TIS)."""
     normalize_std: bool = True
     """Divide group-centred rewards by the group std (False = Dr. GRPO)."""
+    rollout_correction: str = "none"
+    """'none', 'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask' (docs/rollouts.md)."""
+    correction_threshold: float = 2.0
+    """C of the rollout correction: truncate caps the ratio at C; mask drops ratios outside [1/C, C]."""
 
     def __post_init__(self) -> None:
         _choice("algorithm.name", self.name, ALGORITHMS)
@@ -166,9 +176,9 @@ class AlgorithmConfig:
             _number("algorithm.clip_eps_high", self.clip_eps_high, low=0.0)
         _number("algorithm.kl_coef", self.kl_coef, low=0.0)
         _choice("algorithm.loss_aggregation", self.loss_aggregation, AGGREGATIONS)
-        if self.tis_cap is not None:
-            _number("algorithm.tis_cap", self.tis_cap, low=0.0, low_open=True)
         _choice("algorithm.normalize_std", self.normalize_std, (True, False))
+        _choice("algorithm.rollout_correction", self.rollout_correction, CORRECTION_MODES)
+        _number("algorithm.correction_threshold", self.correction_threshold, low=1.0, low_open=True)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -206,11 +216,16 @@ class RunConfig:
     """'float32' or 'bfloat16': policy weights on both sides (DeepSpeed bf16 when bfloat16)."""
     seed: int = 0
     """Seed of the tiny models' weights and of sampling."""
+    device: str = "cpu"
+    """'cpu' or 'cuda' (no index): each trainer rank uses the GPU of its LOCAL_RANK, each rollout
+    engine the GPU Ray assigns it (actors then ask Ray for one GPU each); the device picks the
+    kernels' backend (cpu: native, cuda: triton)."""
     batch_invariant: bool = True
     """THE flag: patch rollout and trainer with batch-invariant kernels (bitwise parity)."""
-    parity: str = "strict"
+    parity: str | None = None
     """'strict' (mismatch raises ParityError), 'report' (metrics only) or 'off' (YAML's unquoted
-    `off` reads as false, which means 'off' too)."""
+    `off` reads as false, which means 'off' too). Default: 'strict', or 'report' with
+    rollout.source (another engine's logprobs are rarely bitwise equal)."""
     output_dir: str = "runs/default"
     """Where metrics, plots and checkpoints go."""
     steps: int = 10
@@ -228,15 +243,18 @@ class RunConfig:
         _text("model", self.model)
         _choice("dtype", self.dtype, tuple(DTYPES))
         _int("seed", self.seed, 0)
+        _choice("device", self.device, DEVICES)
         _choice("batch_invariant", self.batch_invariant, (True, False))
-        if self.parity is False:  # YAML 1.1 reads an unquoted `off` as false
-            self.parity = "off"
-        _choice("parity", self.parity, PARITY_MODES)
-        _text("output_dir", self.output_dir)
-        _int("steps", self.steps, 1)
         for name, cls in _SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 _fail(name, f"a {cls.__name__}", getattr(self, name))
+        if self.parity is False:  # YAML 1.1 reads an unquoted `off` as false
+            self.parity = "off"
+        if self.parity is None:
+            self.parity = "report" if self.rollout.source is not None else "strict"
+        _choice("parity", self.parity, PARITY_MODES)
+        _text("output_dir", self.output_dir)
+        _int("steps", self.steps, 1)
         if self.parity == "strict" and not self.batch_invariant:
             raise ValueError(
                 "parity 'strict' needs batch_invariant: true (use parity 'report' or 'off')"

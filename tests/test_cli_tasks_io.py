@@ -20,17 +20,16 @@ def reward_longer_is_better(samples):
     return [float(len(s["completion_ids"])) for s in samples]
 
 
-def test_cli_rejects_unknown_config_keys_naming_them(tmp_path, capsys):
+def test_cli_rejects_unknown_config_keys_naming_them(tmp_path, caplog):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: tiny-llama\nrollout:\n  max_batch: 4\n")
     assert main(["train", "--config", str(bad)]) == 2
-    err = capsys.readouterr().err
-    assert "rollout.max_batch" in err and err.count("\n") == 1
+    assert "rollout.max_batch" in caplog.text
 
 
-def test_cli_missing_config_file(tmp_path, capsys):
+def test_cli_missing_config_file(tmp_path, caplog):
     assert main(["diagnose", "--config", str(tmp_path / "nope.yaml")]) == 2
-    assert "nope.yaml" in capsys.readouterr().err
+    assert "nope.yaml" in caplog.text
 
 
 def test_count_task_rewards_the_band_and_is_deterministic():

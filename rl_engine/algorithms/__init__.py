@@ -1,6 +1,7 @@
-"""RL algorithms as pure torch functions: GRPO advantages, PPO/GRPO losses, KL, TIS."""
+"""RL algorithms as pure torch functions: GRPO advantages, PPO/GRPO losses, KL, rollout correction."""
 
 from rl_engine.algorithms.advantages import group_normalized_advantages
+from rl_engine.algorithms.correction import CORRECTION_MODES, RolloutCorrection, rollout_correction
 from rl_engine.algorithms.losses import (
     AGGREGATIONS,
     aggregate,
@@ -8,16 +9,17 @@ from rl_engine.algorithms.losses import (
     kl_k3,
     masked_mean,
     policy_loss,
-    truncated_importance_weights,
 )
 
 __all__ = [
     "AGGREGATIONS",
+    "CORRECTION_MODES",
+    "RolloutCorrection",
     "aggregate",
     "aggregation_units",
     "group_normalized_advantages",
     "kl_k3",
     "masked_mean",
     "policy_loss",
-    "truncated_importance_weights",
+    "rollout_correction",
 ]

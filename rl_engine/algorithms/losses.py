@@ -47,7 +47,7 @@ def policy_loss(
     `r = exp(logprobs - old_logprobs)`; gradients flow only through `logprobs`.
     `advantages` is `[B]` (one per sequence, broadcast over its tokens) or `[B, T]`.
     `clip_eps_high` defaults to `clip_eps` (set it higher for DAPO's clip-higher).
-    `is_weights` (`[B, T]`, e.g. from `truncated_importance_weights`) multiply the
+    `is_weights` (`[B, T]`, e.g. `rollout_correction(...).weights`) multiply the
     per-token loss and are treated as constants.
 
     aggregation:
@@ -100,26 +100,6 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, *, mask: Tensor | None = None)
         diff = torch.where(mask != 0, diff, 0.0)
     # clamp: rounding can make expm1(d) - d a hair negative for |d| near 1 ulp.
     return (torch.expm1(diff) - diff).clamp(min=0.0)
-
-
-def truncated_importance_weights(
-    trainer_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *, cap: float = 2.0
-) -> Tensor:
-    """Truncated importance-sampling (TIS) weights `min(exp(trainer - rollout), cap)`.
-
-    Corrects the policy gradient when the rollout engine's logprobs differ from the
-    trainer's (batch invariance off): the samples came from the rollout policy, the
-    update assumes the trainer's. Detached, fp32, 0 where `mask` is 0.
-    """
-    _check_same_shape("trainer_logprobs", trainer_logprobs, "rollout_logprobs", rollout_logprobs)
-    _check_same_shape("trainer_logprobs", trainer_logprobs, "mask", mask)
-    if not cap > 0:
-        raise ValueError(f"cap must be > 0, got {cap}")
-    keep = mask != 0
-    with torch.no_grad():
-        log_ratio = torch.where(keep, trainer_logprobs.float() - rollout_logprobs.float(), 0.0)
-        weights = torch.exp(log_ratio).clamp(max=cap)
-        return torch.where(keep, weights, 0.0)
 
 
 def aggregate(per_token: Tensor, mask: Tensor, aggregation: str) -> Tensor:

@@ -60,6 +60,8 @@ class DiagnosisReport:
         for r in self.results:
             m, fd = r.metrics, r.first_divergence
             where = "none" if fd is None else f"`{fd.name}` (max abs diff {fd.max_abs_diff:.2e})"
+            if not r.modules:
+                where = "n/a (no engine to trace)"
             if fd is not None and not fd.input_equal:
                 source = "the attention kernel" if fd.name.endswith("o_proj") else "a functional op"
                 where += f", its input already differed: born in {source} feeding it"
@@ -179,15 +181,20 @@ def diagnose_mode(config: RunConfig, invariant: bool) -> ModeResult:
 def run_diagnosis(config: RunConfig, output_dir: str | None = None) -> DiagnosisReport:
     results = [diagnose_mode(config, invariant) for invariant in (True, False)]
     report = DiagnosisReport(config.model, config.dtype, results)
-    out = Path(output_dir or Path(config.output_dir) / "diagnosis")
-    write_json_atomic(out / "report.json", report.as_dict())
-    write_text_atomic(out / "report.md", report.markdown() + "\n")
-    _plot(report, out / "mismatch.png")
-    log.info("report written to %s", out)
+    write_report(report, Path(output_dir or Path(config.output_dir) / "diagnosis"), _plot)
     return report
 
 
-def _plot(report: DiagnosisReport, path: Path) -> None:
+def write_report(report: DiagnosisReport, out: Path, plot) -> None:
+    """report.json, report.md (atomic writes) and `plot(report, out / "mismatch.png")`."""
+    write_json_atomic(out / "report.json", report.as_dict())
+    write_text_atomic(out / "report.md", report.markdown() + "\n")
+    plot(report, out / "mismatch.png")
+    log.info("report written to %s", out)
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (logged) when matplotlib is not installed."""
     try:
         import matplotlib
 
@@ -195,28 +202,49 @@ def _plot(report: DiagnosisReport, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         log.warning("matplotlib not installed: no mismatch.png (pip install matplotlib)")
-        return
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
-    for r in report.results:
+        return None
+    return plt
+
+
+def histogram_panel(ax, results: list[ModeResult]) -> None:
+    """|trainer - rollout| per token, one histogram per mode, on log-spaced bins."""
+    for r in results:
         diffs = [max(d, 1e-12) for d in r.abs_diffs]
-        ax1.hist(
+        ax.hist(
             diffs,
             bins=[10.0**e for e in range(-12, 1)],
             alpha=0.6,
             label=f"batch_invariant={r.batch_invariant}: {r.metrics.exact_match_fraction:.1%} exact",
         )
-        ax2.plot(
-            [max(m.max_abs_diff, 1e-12) for m in r.modules],
-            marker=".",
-            label=f"batch_invariant={r.batch_invariant}",
-        )
-    ax1.set(
+    ax.set(
         xscale="log",
         title="|trainer - rollout| per token (0 shown at 1e-12)",
         xlabel="|dlogp|",
         ylabel="tokens",
     )
-    ax1.legend()
+    ax.legend()
+
+
+def save_figure(fig, path: Path) -> None:
+    """Write the figure atomically (the caller closes it)."""
+    tmp = path.with_suffix(".tmp.png")
+    fig.tight_layout()
+    fig.savefig(tmp, dpi=100)
+    tmp.replace(path)
+
+
+def _plot(report: DiagnosisReport, path: Path) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+    histogram_panel(ax1, report.results)
+    for r in report.results:
+        ax2.plot(
+            [max(m.max_abs_diff, 1e-12) for m in r.modules],
+            marker=".",
+            label=f"batch_invariant={r.batch_invariant}",
+        )
     ax2.set(
         yscale="log",
         title="decode vs prefill, per module (execution order)",
@@ -225,8 +253,5 @@ def _plot(report: DiagnosisReport, path: Path) -> None:
     )
     ax2.legend()
     fig.suptitle(f"{report.model} ({report.dtype})")
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=100)
+    save_figure(fig, path)
     plt.close(fig)
-    tmp.replace(path)

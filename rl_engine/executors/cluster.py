@@ -3,9 +3,10 @@
 - `connect(config)`: with RAY_ADDRESS set (as `ray job submit` does for its entrypoint)
   the driver joins that cluster and declares no resources (a running cluster already has
   them); otherwise it starts a local cluster sized for the job.
-- `placement_strategy(...)`: trainer ranks and rollout engines each get a placement group
+- `reserve(...)`: trainer ranks and rollout engines each get a placement group
   (`pack`, `spread` or `strict_spread`), so a rank's node is decided before it starts and
-  rank 0's node address can become MASTER_ADDR.
+  rank 0's node address can become MASTER_ADDR; a bundle is one actor's resources (one
+  CPU, and one GPU when `device` is cuda).
 - `kernel_facts()` / `check_same_kernels()`: bitwise parity needs the same kernel paths in
   every process, and those depend on the CPU's instruction set (AMX, AVX-512 BF16, vector
   width), the torch build and the backend. The driver collects them from every actor and
@@ -18,7 +19,11 @@ import logging
 import os
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 log = logging.getLogger("rl_engine.job")
@@ -37,7 +42,7 @@ KERNEL_CPU_FLAGS = (
     "fma",
 )
 # Passed to every actor: the DeepSpeed accelerator, quiet model loading, the op cache.
-_ACTOR_ENV_KEYS = ("DS_ACCELERATOR", "TORCH_EXTENSIONS_DIR")
+_ACTOR_ENV_KEYS = ("TORCH_EXTENSIONS_DIR",)
 _QUIET_ENV = {
     "TRANSFORMERS_VERBOSITY": "error",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -49,16 +54,6 @@ class ClusterError(RuntimeError):
     """The cluster cannot run the job as configured (resources, placement, mixed hardware)."""
 
 
-def device_of(config) -> str:
-    """The job's device: `config.device` when the config has that key, else cpu."""
-    return getattr(config, "device", "cpu")
-
-
-def gpus_per_actor(config) -> int:
-    """GPUs one rank or engine asks Ray for (follows `device`)."""
-    return 1 if device_of(config) == "cuda" else 0
-
-
 def connect(config) -> bool:
     """Join RAY_ADDRESS's cluster or start a local one; True when this call did (and must shut down)."""
     if ray.is_initialized():
@@ -67,28 +62,32 @@ def connect(config) -> bool:
     if address:
         log.info("connecting to the Ray cluster at %s (RAY_ADDRESS)", address)
         ray.init(address=address, log_to_driver=True)
-    else:
+    else:  # a private local cluster, never one another process started on this machine
         actors = config.trainer.num_ranks + config.rollout.num_engines
-        gpus = actors * gpus_per_actor(config)
+        gpus = actors if config.device == "cuda" else 0
         log.info("starting a local Ray cluster (%d CPUs, %d GPUs)", actors, gpus)
-        ray.init(num_cpus=actors, num_gpus=gpus, include_dashboard=False, log_to_driver=True)
+        ray.init(
+            address="local",
+            num_cpus=actors,
+            num_gpus=gpus,
+            include_dashboard=False,
+            log_to_driver=True,
+        )
     return True
 
 
-def actor_env() -> dict[str, str]:
+def actor_env(ds_accelerator: str) -> dict[str, str]:
     """Environment variables every actor process gets."""
     env = {key: os.environ[key] for key in _ACTOR_ENV_KEYS if key in os.environ}
-    env.setdefault("DS_ACCELERATOR", "cpu")
-    return {**env, **_QUIET_ENV}
+    return {**env, "DS_ACCELERATOR": ds_accelerator, **_QUIET_ENV}
 
 
-def reserve(
-    role: str, count: int, placement: str, config
-) -> ray.util.placement_group.PlacementGroup:
-    """A placement group of `count` one-actor bundles; a clear error when the cluster cannot hold it."""
-    bundle = {"CPU": 1.0}
-    if gpus_per_actor(config):
-        bundle["GPU"] = float(gpus_per_actor(config))
+def reserve(role: str, count: int, placement: str, resources: dict) -> PlacementGroup:
+    """A placement group of `count` bundles of one actor's `resources` (num_cpus, num_gpus);
+    a clear error when the cluster cannot hold it."""
+    bundle = {"CPU": float(resources["num_cpus"])}
+    if resources.get("num_gpus"):
+        bundle["GPU"] = float(resources["num_gpus"])
     group = placement_group([dict(bundle) for _ in range(count)], strategy=placement.upper())
     ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_TIMEOUT_S)
     if not ready:

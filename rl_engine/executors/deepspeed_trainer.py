@@ -31,6 +31,7 @@ from rl_engine.executors.policy import LogprobModule, StepGuard, release_zero3_p
 from rl_engine.executors.step_loss import (
     RECORD_SIZE,
     TOKENS,
+    Corrected,
     grad_norm,
     micro_loss,
     step_metrics,
@@ -38,8 +39,19 @@ from rl_engine.executors.step_loss import (
 )
 from rl_engine.logprobs import IGNORE_INDEX
 from rl_engine.models import load_model
-from rl_engine.parity import NUM_SUMS, MismatchMetrics, merge_sums, parity_sums, reduce_sums
-from rl_engine.patching import apply_batch_invariant, is_patched
+from rl_engine.parity import (
+    NUM_SUMS,
+    MismatchMetrics,
+    correction_metrics,
+    correction_sums,
+    empty_correction_sums,
+    merge_correction_sums,
+    merge_sums,
+    parity_sums,
+    reduce_correction_sums,
+    reduce_sums,
+)
+from rl_engine.patching import apply_batch_invariant, patch_handle
 
 __all__ = ["BatchError", "DeepSpeedTrainingWorker", "ParityError", "build_deepspeed_config"]
 
@@ -108,13 +120,20 @@ class DeepSpeedTrainingWorker:
         dtypes = sorted({str(p.dtype) for p in model.parameters()})
         if dtypes != [str(config.torch_dtype)]:
             raise ValueError(f"model parameters are {dtypes} but dtype is {config.dtype!r}")
-        if config.batch_invariant and not is_patched(model):
+        handle = patch_handle(model)
+        if handle is not None and handle.device_type != self.device.type:
+            raise ValueError(
+                f"model was patched for {handle.device_type!r} but the worker runs on "
+                f"{self.device}: pass it unpatched (the worker moves it, then patches)"
+            )
+        model = model.to(self.device)  # move first: patching resolves the ops for this device
+        if config.batch_invariant and handle is None:
             apply_batch_invariant(model)  # before deepspeed.initialize: same Parameter objects
-        elif not config.batch_invariant and is_patched(model):
+        elif not config.batch_invariant and handle is not None:
             raise ValueError(
                 "model is patched (batch-invariant kernels) but batch_invariant is false"
             )
-        return model.to(self.device)
+        return model
 
     # -------------------------------------------------------------- the step
 
@@ -127,7 +146,10 @@ class DeepSpeedTrainingWorker:
         skipped_update (1 when a non-finite loss or gradient on any rank skipped the update
         on all ranks; then skip_reason says why) and, unless parity is 'off',
         parity/{exact_match_fraction, max_abs_diff, mean_abs_diff, kl, num_tokens}: the
-        trainer's logprobs of this step's first forward vs the rollout's, before the update.
+        trainer's logprobs of this step's first forward vs the rollout's, before the update;
+        correction/{ratio_mean, ratio_min, ratio_max, truncated_fraction, masked_fraction,
+        masked_sequence_fraction, k3_kl, trainer_ppl, rollout_ppl}: the importance ratio
+        trainer / rollout and what `algorithm.rollout_correction` truncated or dropped.
 
         A bad shard on any rank: BatchError on every rank, before any forward. parity 'strict':
         a mismatch in any micro-batch (checked before its backward) raises ParityError on every
@@ -136,20 +158,37 @@ class DeepSpeedTrainingWorker:
         """
         self._require_usable()
         micro = agree_on_batch(self.comm, lambda: self._micro_batches(batch, step=True))
-        aggregation = self.config.algorithm.loss_aggregation
-        local = sum(aggregation_units(mb.response_mask, aggregation) for mb in micro)
-        units = float(self.comm.all_reduce(torch.tensor([local], dtype=torch.float64))[0])
+        algo = self.config.algorithm
         scale = self.config.gradient_accumulation_steps * self.world_size
         sums = torch.zeros(RECORD_SIZE, dtype=torch.float64)
         parity = torch.zeros(NUM_SUMS, dtype=torch.float64)
+        ratios = empty_correction_sums()
         norm = None
         self.engine.train()
         with self._recoverable():
+            early = self._corrections_before_backward(micro)
+            units = self._step_units(micro, early)
             for index, mb in enumerate(micro):
                 logp = self._forward(mb)  # (b, T-1) fp32, the step's first forward of these tokens
                 parity = merge_sums(parity, self._check_parity(mb, logp.detach(), index))
+                corrected = early[index] or Corrected.of(algo, mb, logp.detach())
+                ratios = merge_correction_sums(
+                    ratios,
+                    correction_sums(
+                        corrected.proximal,
+                        mb.rollout_logprobs,
+                        mb.response_mask,
+                        corrected.correction,
+                    ),
+                )
                 loss, record = micro_loss(
-                    self.config.algorithm, mb, logp, self._reference_logp(mb), units, scale
+                    algo,
+                    mb,
+                    logp,
+                    self._reference_logp(mb),
+                    units,
+                    scale,
+                    None if algo.rollout_correction == "none" else corrected,
                 )
                 sums += record
                 self._backward_taken = True
@@ -158,7 +197,30 @@ class DeepSpeedTrainingWorker:
                     norm = self._stage0_grad_norm()  # before step() clips and clears the grads
                     self.guard.arm(force_skip=not bool(torch.isfinite(sums[:TOKENS]).all()))
                 self.engine.step()
-        return self._finish_step(sums, parity, norm)
+        return self._finish_step(sums, parity, norm, ratios)
+
+    def _corrections_before_backward(self, micro: list[TrainBatch]) -> list[Corrected | None]:
+        """Mask modes: every micro-batch's correction, from a no-grad forward before any backward.
+
+        A dropped token leaves the step's global denominator, so all of them must be known
+        before the first micro-batch's loss is scaled. Other modes drop nothing: None each
+        (the correction then comes from the micro-batch's own forward).
+        """
+        algo = self.config.algorithm
+        if not algo.rollout_correction.endswith("_mask"):
+            return [None] * len(micro)
+        with torch.no_grad():
+            return [Corrected.of(algo, mb, self._forward(mb)) for mb in micro]
+
+    def _step_units(self, micro: list[TrainBatch], early: list[Corrected | None]) -> float:
+        """The loss normaliser over every micro-batch and rank (what is dropped is not counted)."""
+        aggregation = self.config.algorithm.loss_aggregation
+        local = sum(
+            aggregation_units(mb.response_mask, aggregation) if c is None else c.units(aggregation)
+            for mb, c in zip(micro, early)
+        )
+        units = float(self.comm.all_reduce(torch.tensor([local], dtype=torch.float64))[0])
+        return max(units, 1.0)  # everything dropped: a zero loss, not 0 / 0
 
     def _micro_batches(self, batch, *, step: bool) -> list[TrainBatch]:
         strict = self.config.parity == "strict"
@@ -202,8 +264,9 @@ class DeepSpeedTrainingWorker:
             return None
         return grad_norm(self.module)
 
-    def _finish_step(self, sums, parity, stage0_norm: float | None) -> dict[str, float]:
+    def _finish_step(self, sums, parity, stage0_norm: float | None, ratios) -> dict[str, float]:
         sums, parity = self.comm.all_reduce(sums), reduce_sums(parity, self.comm.all_reduce)
+        ratios = reduce_correction_sums(ratios, self.comm.all_reduce)
         skipped = self.guard.outcome != "stepped"  # None: DeepSpeed skipped it on every rank
         self.weight_version += 0 if skipped else 1
         norm = self.engine.get_global_grad_norm()
@@ -216,6 +279,7 @@ class DeepSpeedTrainingWorker:
             lr=float(self.engine.get_lr()[0]),
             step=self.global_step,
             weight_version=self.weight_version,
+            **correction_metrics(ratios),
         )
         self._log_step(metrics)
         return metrics

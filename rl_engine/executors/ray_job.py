@@ -1,9 +1,17 @@
 """The RL job: Ray starts N DeepSpeed ranks and M rollout engines and runs GRPO steps.
 
-One step:  prompts -> engines generate (recording logprobs) -> task rewards ->
+One step:  prompts -> engines generate (recording logprobs) -> task rewards (or:
+the next groups of `rollout.source`, with their rewards; saved to
+rollouts/step_N.jsonl with `rollout.save`; see executors/rollout_source.py) ->
 TrainBatch (group-normalised advantages) -> every rank trains on its shard and
 checks its logprobs against the rollout's, bit for bit -> rank 0 exports the
 new weights -> engines load them (as the worker's weight_version: its optimizer updates).
+
+Devices (`config.device`): on cpu every actor asks Ray for one CPU; on cuda
+each also asks for one GPU (`actor_resources`), and Ray makes it the only GPU
+the actor sees. An engine moves its model there and then patches it (the
+device picks the kernels: triton on cuda); a trainer rank's LOCAL_RANK is the
+index of that GPU among the visible ones, and the worker uses cuda:LOCAL_RANK.
 
 Around the steps: the config is validated before Ray starts (`preflight`), the run
 directory is claimed (`run_dir`), actors are placed on the cluster and their kernel
@@ -38,6 +46,7 @@ from rl_engine.executors.faults import (
 )
 from rl_engine.executors.preflight import validate_before_start
 from rl_engine.executors.progress import StepProgress
+from rl_engine.executors.rollout_source import StepRollouts
 from rl_engine.executors.run_dir import (
     CONFIG_SNAPSHOT,
     MetricsLog,
@@ -47,6 +56,30 @@ from rl_engine.executors.run_dir import (
 from rl_engine.io import write_json_atomic
 
 log = logging.getLogger("rl_engine.job")
+
+
+def actor_resources(config: RunConfig) -> dict:
+    """Ray resources of one rollout engine or trainer rank: one CPU, and one GPU on cuda."""
+    return {"num_cpus": 1, "num_gpus": 1 if config.device == "cuda" else 0}
+
+
+def _visible_gpu_index() -> int:
+    """Index, among the GPUs this process sees, of the one Ray assigned to this actor."""
+    assigned = [str(i) for i in ray.get_gpu_ids()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    if not assigned:
+        raise RuntimeError("device is cuda but Ray assigned this actor no GPU")
+    return visible.index(assigned[0]) if assigned[0] in visible else 0
+
+
+def _actor_device(config: RunConfig) -> str:
+    """cuda:<the GPU Ray assigned> on cuda, else cpu."""
+    return f"cuda:{_visible_gpu_index()}" if config.device == "cuda" else "cpu"
+
+
+def _ds_accelerator(config: RunConfig) -> str:
+    """DeepSpeed's accelerator for the trainer actors: cuda on cuda, else the caller's (cpu)."""
+    return "cuda" if config.device == "cuda" else os.environ.get("DS_ACCELERATOR", "cpu")
 
 
 def _quiet_model_loading() -> None:
@@ -67,7 +100,7 @@ class RolloutActor:
     def describe(self) -> dict:
         return {
             **cluster.node_identity(),
-            "facts": cluster.kernel_facts(cluster.device_of(self.config)),
+            "facts": cluster.kernel_facts(self.config.device),
         }
 
     def start(self) -> dict:
@@ -78,10 +111,12 @@ class RolloutActor:
         _quiet_model_loading()
         config = self.config
         model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+        device = _actor_device(config)
+        model.to(device)  # first move, then patch: the ops are resolved for this device
         if config.batch_invariant:
             apply_batch_invariant(model)
         self.engine = RolloutEngine(
-            model, device=cluster.device_of(config), max_batch_size=config.rollout.max_batch_size
+            model, device=device, max_batch_size=config.rollout.max_batch_size
         )
         return {
             "vocab_size": model.config.vocab_size,
@@ -109,7 +144,7 @@ class TrainerActor:
     def describe(self) -> dict:
         return {
             **cluster.node_identity(),
-            "facts": cluster.kernel_facts(cluster.device_of(self.config)),
+            "facts": cluster.kernel_facts(self.config.device),
         }
 
     def free_port(self) -> int:
@@ -121,9 +156,10 @@ class TrainerActor:
     def start(self, master_addr: str, master_port: int, resume_from: str | None) -> None:
         from datetime import timedelta
 
+        cuda = self.config.device == "cuda"
         os.environ.update(
             RANK=str(self.rank),
-            LOCAL_RANK="0",  # one rank per actor; Ray gives each actor its own device
+            LOCAL_RANK=str(_visible_gpu_index() if cuda else self.rank),
             WORLD_SIZE=str(self.world_size),
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),
@@ -133,13 +169,14 @@ class TrainerActor:
 
         from rl_engine.executors.deepspeed_trainer import DeepSpeedTrainingWorker
 
-        device = cluster.device_of(self.config)
         # Joined here so that every collective of the worker fails after the timeout instead of hanging.
         deepspeed.init_distributed(
-            dist_backend="gloo" if device == "cpu" else "nccl",
+            dist_backend="nccl" if cuda else "gloo",
             timeout=timedelta(seconds=self.config.trainer.collective_timeout_s),
         )
-        self.worker = DeepSpeedTrainingWorker(self.config, device=device)
+        self.worker = DeepSpeedTrainingWorker(
+            self.config, device=self.config.device
+        )  # cuda: LOCAL_RANK
         if resume_from is not None:
             self.load_checkpoint(resume_from)
 
@@ -244,14 +281,14 @@ class _Job:
         """One placement group per role; the actors start empty (nothing heavy before the checks)."""
         config = self.config
         n_ranks, n_engines = config.trainer.num_ranks, config.rollout.num_engines
-        ranks = cluster.reserve("trainer", n_ranks, config.trainer.placement, config)
+        resources = actor_resources(config)
+        ranks = cluster.reserve("trainer", n_ranks, config.trainer.placement, resources)
         self.groups.append(ranks)
-        engines = cluster.reserve("rollout", n_engines, config.rollout.placement, config)
+        engines = cluster.reserve("rollout", n_engines, config.rollout.placement, resources)
         self.groups.append(engines)
         options = dict(
-            num_cpus=1,
-            num_gpus=cluster.gpus_per_actor(config),
-            runtime_env={"env_vars": cluster.actor_env()},
+            **resources,
+            runtime_env={"env_vars": cluster.actor_env(_ds_accelerator(config))},
             max_restarts=0,
         )
         self.trainers = [
@@ -292,6 +329,7 @@ class _Job:
         ]
         self.info = gather([(e, e.handle.start.remote()) for e in self.engines] + starts)[0]
         self.task = self._make_task()
+        self.rollouts = StepRollouts(self.config, self.task, self.info["vocab_size"])
         if resume_from is not None:
             self.sync_weights(resume_from.weight_version)
             self.last_checkpoint = resume_from
@@ -357,15 +395,19 @@ class _Job:
     def step(self, step: int) -> dict:
         from rl_engine.executors.batch import TrainBatch
 
-        config, t = self.config, {}
+        config, t, generated = self.config, {}, []
         started = time.perf_counter()
-        prompts = self.task.prompts(config.rollout.prompts_per_step, step)
-        completions, t["time/generate_compute"] = self._generate(prompts, step)
-        t["time/generate"] = time.perf_counter() - started
+
+        def generate(prompts):
+            completions, seconds = self._generate(prompts, step)
+            generated.append(seconds)
+            return completions
+
+        # engines + task rewards, or the next groups of rollout.source (then no generation)
+        completions, rewards = self.rollouts(step, generate)
+        t["time/rollout"] = time.perf_counter() - started
+        t["time/generate_compute"] = sum(generated)
         mark = time.perf_counter()
-        rewards = self.task.rewards(
-            [c.prompt_index for c in completions], [c.token_ids for c in completions], step
-        )
         eos = self.info["eos_token_id"]
         batch = TrainBatch.from_completions(
             completions,
@@ -374,7 +416,7 @@ class _Job:
             pad_token_id=eos if isinstance(eos, int) else 0,
             normalize_std=config.algorithm.normalize_std,
         )
-        t["time/reward_and_batch"] = time.perf_counter() - mark
+        t["time/batch"] = time.perf_counter() - mark
         mark = time.perf_counter()
         world = len(self.trainers)
         results = gather(

@@ -4,18 +4,28 @@ Micro-batches and ranks hold unequal token counts, yet the step must minimise th
 loss of the whole batch: each micro-batch's aggregated loss is weighted by its share
 of the global normaliser (`aggregation_units`), then multiplied by
 gradient_accumulation_steps x world_size to undo DeepSpeed's own averaging.
+
+Rollout correction (`algorithm.rollout_correction`, docs/rollouts.md): with a mode
+other than 'none' the PPO ratio is taken against the trainer's own logprobs before
+the update (`Corrected.proximal`) and the correction's weights carry the engine
+mismatch; tokens the correction drops leave the loss mask, and sequences left
+with no token leave the micro-batch, so both leave every aggregation's
+denominator. With 'none' the ratio is against the rollout's logprobs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rl_engine.algorithms import (
+    RolloutCorrection,
     aggregate,
     aggregation_units,
     kl_k3,
     policy_loss,
-    truncated_importance_weights,
+    rollout_correction,
 )
 from rl_engine.config import AlgorithmConfig
 from rl_engine.executors.batch import TrainBatch
@@ -26,6 +36,36 @@ LOSS, POLICY_LOSS, CLIPPED, KL, NEG_LOGP, TOKENS = range(6)
 RECORD_SIZE = 6
 
 
+@dataclass(frozen=True)
+class Corrected:
+    """One micro-batch under rollout correction: what the correction did, and the PPO ratio's old logprobs."""
+
+    correction: RolloutCorrection
+    proximal: torch.Tensor
+    """(b, T-1) fp32 trainer logprobs before the update (detached)."""
+
+    @classmethod
+    def of(cls, algo: AlgorithmConfig, mb: TrainBatch, trainer_logp: torch.Tensor) -> Corrected:
+        correction = rollout_correction(
+            trainer_logp,
+            mb.rollout_logprobs,
+            mb.response_mask,
+            mode=algo.rollout_correction,
+            threshold=algo.correction_threshold,
+        )
+        return cls(correction, trainer_logp.detach())
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """(b,) bool: sequences that stay in the micro-batch (all but those the correction emptied)."""
+        c = self.correction
+        return ~(c.dropped.any(dim=1) & ~c.mask.any(dim=1))
+
+    def units(self, aggregation: str) -> float:
+        """This micro-batch's share of the step's normaliser once dropped tokens and sequences left it."""
+        return aggregation_units(self.correction.mask[self.rows], aggregation)
+
+
 def micro_loss(
     algo: AlgorithmConfig,
     mb: TrainBatch,
@@ -33,37 +73,42 @@ def micro_loss(
     ref_logp: torch.Tensor | None,
     units: float,
     scale: int,
+    corrected: Corrected | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss to backpropagate, record (6,) fp64 CPU) of one micro-batch.
 
-    `units`: the global normaliser of the step; `scale`: gradient_accumulation_steps x world_size.
+    `units`: the global normaliser of the step; `scale`: gradient_accumulation_steps x world_size;
+    `corrected`: None without rollout correction (mode 'none').
     """
     mask = mb.response_mask
-    is_weights = None
-    if algo.tis_cap is not None:
-        is_weights = truncated_importance_weights(
-            logp.detach(), mb.rollout_logprobs, mask, cap=algo.tis_cap
+    old, weights, loss_mask, rows = mb.rollout_logprobs, None, mask, slice(None)
+    if corrected is not None:
+        old, weights = corrected.proximal, corrected.correction.weights
+        loss_mask, rows = corrected.correction.mask, corrected.rows
+    logp_kept, loss_mask = logp[rows], loss_mask[rows]
+    pg, clipped, kl = logp.sum() * 0.0, logp.new_zeros(()), logp.new_zeros(())
+    if bool(loss_mask.any()):  # else every token was dropped: a zero loss, still on the graph
+        pg, stats = policy_loss(
+            logp_kept,
+            old[rows],
+            mb.advantages[rows],
+            loss_mask,
+            clip_eps=algo.clip_eps,
+            clip_eps_high=algo.clip_eps_high,
+            aggregation=algo.loss_aggregation,
+            is_weights=None if weights is None else weights[rows],
         )
-    pg, stats = policy_loss(
-        logp,
-        mb.rollout_logprobs,
-        mb.advantages,
-        mask,
-        clip_eps=algo.clip_eps,
-        clip_eps_high=algo.clip_eps_high,
-        aggregation=algo.loss_aggregation,
-        is_weights=is_weights,
-    )
-    kl = logp.new_zeros(())
-    if ref_logp is not None:
-        kl = aggregate(kl_k3(logp, ref_logp, mask=mask), mask, algo.loss_aggregation)
-    share = aggregation_units(mask, algo.loss_aggregation) / units
+        clipped = stats["clip_fraction"] * loss_mask.sum()
+        if ref_logp is not None:
+            per_token = kl_k3(logp_kept, ref_logp[rows], mask=loss_mask)
+            kl = aggregate(per_token, loss_mask, algo.loss_aggregation)
+    share = aggregation_units(loss_mask, algo.loss_aggregation) / units
     loss = (pg + algo.kl_coef * kl) * share
     tokens = mask.sum()
     record = [
         loss,
         pg * share,
-        stats["clip_fraction"] * tokens,
+        clipped,
         kl * share,
         -logp[mask].sum(),
         tokens,

@@ -14,7 +14,6 @@ from rl_engine.algorithms import (
     kl_k3,
     masked_mean,
     policy_loss,
-    truncated_importance_weights,
 )
 
 
@@ -273,35 +272,6 @@ def test_k3_shape_mismatch():
         ValueError, match=r"logprobs has shape \[2\] but ref_logprobs has shape \[3\]"
     ):
         kl_k3(torch.zeros(2), torch.zeros(3))
-
-
-# ------------------------------------------------------ truncated_importance_weights
-
-
-def test_tis_weights_are_capped_masked_and_detached():
-    trainer = torch.tensor(
-        [[math.log(0.5), math.log(1.5), math.log(3.0), 50.0]], requires_grad=True
-    )
-    rollout = torch.zeros(1, 4)
-    mask = torch.tensor([[1, 1, 1, 0]])
-    w = truncated_importance_weights(trainer, rollout, mask, cap=2.0)
-    torch.testing.assert_close(w, torch.tensor([[0.5, 1.5, 2.0, 0.0]]))
-    assert not w.requires_grad and w.dtype == torch.float32
-
-
-def test_tis_identical_logprobs_give_unit_weights():
-    lp = -torch.rand(2, 5)
-    w = truncated_importance_weights(lp, lp, torch.ones(2, 5))
-    assert torch.equal(w, torch.ones(2, 5))
-
-
-def test_tis_errors():
-    with pytest.raises(ValueError, match="cap must be > 0"):
-        truncated_importance_weights(
-            torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), cap=0.0
-        )
-    with pytest.raises(ValueError, match="rollout_logprobs has shape"):
-        truncated_importance_weights(torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2))
 
 
 # ---------------------------------------------------------------- masked_mean

@@ -13,9 +13,10 @@ from rl_engine.config import AlgorithmConfig, RolloutConfig, RunConfig, TrainerC
 
 def test_defaults():
     c = RunConfig()
-    assert (c.model, c.dtype, c.batch_invariant, c.parity) == (
+    assert (c.model, c.dtype, c.device, c.batch_invariant, c.parity) == (
         "tiny-llama",
         "float32",
+        "cpu",
         True,
         "strict",
     )
@@ -23,7 +24,9 @@ def test_defaults():
     assert (c.rollout.samples_per_prompt, c.rollout.task, c.rollout.top_k) == (4, "count", 0)
     assert c.trainer.deepspeed == {"zero_optimization": {"stage": 0}, "steps_per_print": 1_000_000}
     assert (
-        c.trainer.zero_stage is None and c.algorithm.name == "grpo" and c.algorithm.tis_cap is None
+        c.trainer.zero_stage is None
+        and c.algorithm.name == "grpo"
+        and c.algorithm.rollout_correction == "none"
     )
     assert c.sequences_per_step == 16 and c.gradient_accumulation_steps == 4
     assert RunConfig(dtype="bfloat16").torch_dtype is torch.bfloat16
@@ -41,13 +44,13 @@ def test_yaml_round_trip(tmp_path):
         "model: tiny-qwen3\ndtype: bfloat16\nparity: report\nbatch_invariant: false\n"
         "rollout: {samples_per_prompt: 2, temperature: 0.7}\n"
         "trainer: {num_ranks: 2, micro_batch_size: 2, zero_stage: 3, deepspeed: configs/deepspeed/zero3.json}\n"
-        "algorithm: {name: grpo, kl_coef: 0.1, tis_cap: 2.0, loss_aggregation: seq-mean-token-mean}\n"
+        "algorithm: {name: grpo, kl_coef: 0.1, rollout_correction: token_truncate, loss_aggregation: seq-mean-token-mean}\n"
     )
     config = RunConfig.from_yaml(path)
     assert (
         config.rollout.temperature == 0.7
         and config.trainer.zero_stage == 3
-        and config.algorithm.tis_cap == 2.0
+        and config.algorithm.rollout_correction == "token_truncate"
     )
     config.to_yaml(tmp_path / "again.yaml")
     assert RunConfig.from_yaml(tmp_path / "again.yaml") == config
@@ -78,6 +81,7 @@ INVALID = [
     ({"dtype": "float16"}, "dtype"),
     ({"model": ""}, "model"),
     ({"seed": -1}, "seed"),
+    ({"device": "cuda:0"}, "device"),
     ({"batch_invariant": "yes"}, "batch_invariant"),
     ({"parity": "loose"}, "parity"),
     ({"output_dir": ""}, "output_dir"),
@@ -110,7 +114,7 @@ INVALID = [
     ({"algorithm": {"clip_eps_high": -0.1}}, "algorithm.clip_eps_high"),
     ({"algorithm": {"kl_coef": -1}}, "algorithm.kl_coef"),
     ({"algorithm": {"loss_aggregation": "sum"}}, "algorithm.loss_aggregation"),
-    ({"algorithm": {"tis_cap": 0}}, "algorithm.tis_cap"),
+    ({"algorithm": {"correction_threshold": 0.5}}, "algorithm.correction_threshold"),
     ({"algorithm": {"normalize_std": 1}}, "algorithm.normalize_std"),
 ]
 

@@ -48,7 +48,7 @@ def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, local_ray, num_r
     assert all(m["parity/exact_match_fraction"] == 1.0 for m in expected)
     assert [m["weight_version"] for m in expected] == [1, 2, 3]
     timings = read_metrics(part)[-1]
-    for phase in ("step", "generate", "train", "weight_sync", "driver_overhead"):
+    for phase in ("step", "rollout", "batch", "train", "weight_sync", "driver_overhead"):
         assert timings[f"time/{phase}"] >= 0
     assert ckpt.latest(part).step == 3 and ckpt.complete_tags(part) == ["step000002", "step000003"]
 

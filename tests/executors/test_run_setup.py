@@ -42,12 +42,31 @@ def _write_config(tmp_path, **changes) -> str:
     return str(path)
 
 
-def _train_fails(argv, capsys) -> str:
+def _train_fails(argv, caplog) -> str:
+    """The one-line error `rl-engine train ARGV` logs (stderr outside pytest) with exit code 2."""
+    caplog.clear()
     assert main(["train", *argv]) == 2
     assert not ray.is_initialized()  # refused before Ray started
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, f"not one line: {err!r}"
-    return err
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "\n" not in errors[0], errors
+    return errors[0]
+
+
+def test_a_config_error_is_one_line_on_stderr_and_exit_2(tmp_path):
+    """The real command in a fresh process: stderr holds exactly that one line."""
+    import subprocess
+    import sys
+
+    config = _write_config(tmp_path, trainer__micro_batch_size=3)
+    done = subprocess.run(
+        [sys.executable, "-m", "rl_engine.cli", "train", "--config", config],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "multiple of trainer.micro_batch_size" in lines[0], done.stderr
 
 
 @pytest.mark.parametrize(
@@ -63,53 +82,53 @@ def _train_fails(argv, capsys) -> str:
         ({"algorithm__name": "ppo"}, "algorithm.name must be one of ['grpo']"),
     ],
 )
-def test_config_errors_are_one_line_before_ray(tmp_path, capsys, changes, expected):
-    err = _train_fails(["--config", _write_config(tmp_path, **changes)], capsys)
+def test_config_errors_are_one_line_before_ray(tmp_path, caplog, changes, expected):
+    err = _train_fails(["--config", _write_config(tmp_path, **changes)], caplog)
     assert expected in err
 
 
-def test_deepspeed_json_with_invalid_stage(tmp_path, capsys):
+def test_deepspeed_json_with_invalid_stage(tmp_path, caplog):
     ds = tmp_path / "ds.json"
     ds.write_text('{"zero_optimization": {"stage": 5}}')
-    err = _train_fails(["--config", _write_config(tmp_path, trainer__deepspeed=str(ds))], capsys)
+    err = _train_fails(["--config", _write_config(tmp_path, trainer__deepspeed=str(ds))], caplog)
     assert "zero_optimization.stage must be 0, 1, 2 or 3, got 5" in err
 
 
-def test_yaml_syntax_error_names_file_line_and_column(tmp_path, capsys):
+def test_yaml_syntax_error_names_file_line_and_column(tmp_path, caplog):
     path = tmp_path / "broken.yaml"
     path.write_text("model: tiny-llama\nrollout:\n  num_engines: [1, 2\n  task: count\n")
-    err = _train_fails(["--config", str(path)], capsys)
+    err = _train_fails(["--config", str(path)], caplog)
     assert f"{path}:4:" in err and "YAML syntax error" in err
 
 
-def test_unwritable_output_dir(tmp_path, capsys):
+def test_unwritable_output_dir(tmp_path, caplog):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     config = _write_config(tmp_path, output_dir=str(blocker / "run"))
-    assert "is not writable" in _train_fails(["--config", config], capsys)
+    assert "is not writable" in _train_fails(["--config", config], caplog)
 
 
-def test_set_overrides_dotted_keys_parsed_as_yaml(tmp_path, capsys):
+def test_set_overrides_dotted_keys_parsed_as_yaml(tmp_path, caplog):
     from rl_engine.config import RunConfig
 
     config = RunConfig.from_yaml(
         _write_config(tmp_path), ["trainer.lr=1e-5", "steps=7", "checkpoint.every=2"]
     )
     assert (config.trainer.lr, config.steps, config.checkpoint.every) == (1e-5, 7, 2)
-    err = _train_fails(["--config", _write_config(tmp_path), "--set", "trainer.lr=-1"], capsys)
+    err = _train_fails(["--config", _write_config(tmp_path), "--set", "trainer.lr=-1"], caplog)
     assert "trainer.lr must be" in err
-    err = _train_fails(["--config", _write_config(tmp_path), "--set", "trainer.lrr=1"], capsys)
+    err = _train_fails(["--config", _write_config(tmp_path), "--set", "trainer.lrr=1"], caplog)
     assert "trainer.lrr" in err
     assert "expected key=value" in _train_fails(
-        ["--config", _write_config(tmp_path), "--set", "steps"], capsys
+        ["--config", _write_config(tmp_path), "--set", "steps"], caplog
     )
 
 
-def test_existing_run_dir_is_refused_without_resume_or_overwrite(tmp_path, capsys):
+def test_existing_run_dir_is_refused_without_resume_or_overwrite(tmp_path, caplog):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("steps: 1\n")
-    err = _train_fails(["--config", _write_config(tmp_path)], capsys)
+    err = _train_fails(["--config", _write_config(tmp_path)], caplog)
     assert "already exists" in err and "--resume" in err and "--overwrite" in err
     assert prepare_run_dir(run, resume=False, overwrite=True) == run and not any(run.iterdir())
     (tmp_path / "other").mkdir()
@@ -213,7 +232,7 @@ def test_progress_is_a_bar_on_a_terminal_and_plain_lines_otherwise(caplog, capsy
     assert "5/10" in err and "reward=0.250" in err and "parity=1.0000" in err
 
 
-def test_weights_only_checkpoint_cannot_resume(tmp_path, capsys):
+def test_weights_only_checkpoint_cannot_resume(tmp_path, caplog):
     import torch
 
     from rl_engine.config import RunConfig
@@ -231,5 +250,5 @@ def test_weights_only_checkpoint_cannot_resume(tmp_path, capsys):
         weights_only=True,
     )
     ckpt.commit(run, staging, keep_last=1)
-    err = _train_fails(["--resume", str(run)], capsys)
+    err = _train_fails(["--resume", str(run)], caplog)
     assert "weights-only checkpoint" in err and "cannot resume" in err

@@ -1,7 +1,7 @@
 """DeepSpeedTrainingWorker in this process (1 rank, real DeepSpeed on the CPU accelerator).
 
 Errors before any step (bad DeepSpeed configs, bad batches), strict parity
-errors, invariance off with TIS, loss normalisation over micro-batches, and the
+errors, invariance off with rollout correction, loss normalisation over micro-batches, and the
 exported state dict.
 """
 
@@ -234,7 +234,7 @@ def test_strict_mismatch_after_accumulation_blocks_the_worker(batch):
 # ------------------------------------------------------------------ invariance off, parity modes
 
 
-def test_invariance_off_reports_mismatch_and_uses_tis():
+def test_invariance_off_reports_mismatch_and_truncates_the_importance_ratio():
     """fp32: about 20% of tokens differ without invariance (tiny bf16 models happen to match anyway)."""
     config = cell_config(
         0,
@@ -243,7 +243,7 @@ def test_invariance_off_reports_mismatch_and_uses_tis():
         model="tiny-llama",
         batch_invariant=False,
         parity="report",
-        algorithm={"tis_cap": 2.0},
+        algorithm={"rollout_correction": "token_truncate"},
     )
     off_batch = to_batch(generate(rollout_engine(config), config, seed=5))
     worker = DeepSpeedTrainingWorker(config, device="cpu")
@@ -251,6 +251,7 @@ def test_invariance_off_reports_mismatch_and_uses_tis():
     assert metrics["parity/exact_match_fraction"] < 1.0 and metrics["parity/max_abs_diff"] > 0.0
     assert metrics["parity/num_tokens"] == off_batch.num_tokens
     assert all(torch.isfinite(torch.tensor(float(v))) for v in metrics.values())
+    assert metrics["correction/ratio_min"] < 1.0 < metrics["correction/ratio_max"] < 2.0
     worker.config = dataclasses.replace(config, parity="off")
     assert not any(k.startswith("parity/") for k in worker.train_step(off_batch))
 

@@ -1,0 +1,312 @@
+"""`rl-engine diagnose --rollouts FILE.jsonl --model SPEC`: another engine's logprobs vs. the trainer's.
+
+Every token of a rollout file (docs/rollouts.md) is recomputed teacher-forced on
+the trainer path (decoder hidden states -> `linear_logp`; full-vocabulary logits
+are never materialised) at its line's `logprob_temperature`, twice: with plain
+torch kernels and with the batch-invariant kernels (the model is patched in
+place between the two). Reported, per mode: the parity metrics (exact-match
+fraction, max / mean |dlogp|, k3 KL), the importance-ratio distribution
+(trainer / rollout: min, max, quantiles, fraction outside [1/C, C] for tokens and
+sequences), mismatch by position in the completion, and the worst tokens. Same
+files as `diagnose --config`: report.json, report.md, mismatch.png.
+
+Exit status of the CLI: 0 when every token is exact with invariance on, 1 when
+not, 2 for unusable input (see rl_engine.cli).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rl_engine.config import DTYPES
+from rl_engine.diagnostics.report import (
+    DiagnosisReport,
+    ModeResult,
+    histogram_panel,
+    pyplot,
+    save_figure,
+    trainer_logprobs,
+    write_report,
+)
+from rl_engine.parity import THRESHOLDS, mismatch_by_position, mismatch_metrics, ratio_distribution
+from rl_engine.rollout.files import (
+    BadLine,
+    RolloutFile,
+    RolloutFileError,
+    parse_rollouts,
+    rollout_files,
+)
+
+log = logging.getLogger("rl_engine.diagnose")
+
+TOKENS_PER_FORWARD = 4096  # padded tokens per recompute forward: bounds activation memory
+WORST_TOKENS = 10
+
+
+@dataclass
+class RolloutDiagnosisReport(DiagnosisReport):
+    """A DiagnosisReport of a rollout file, with the ratio, by-position and worst-token sections."""
+
+    source: str = ""
+    lines_used: int = 0
+    bad_lines: list[BadLine] = field(default_factory=list)
+    temperatures: list[float] = field(default_factory=list)
+    extras: dict[str, dict] = field(default_factory=dict)  # mode key -> ratios, by_position, worst
+    seconds: float = 0.0
+
+    @property
+    def exact(self) -> bool:
+        """Every token equal (torch.equal per token) with invariance on."""
+        invariant = next(r for r in self.results if r.batch_invariant)
+        return invariant.metrics.exact_match_fraction == 1.0
+
+    def as_dict(self) -> dict:
+        data = super().as_dict()
+        data["source"] = {
+            "path": self.source,
+            "lines_used": self.lines_used,
+            "bad_lines_skipped": len(self.bad_lines),
+            "bad_lines": [str(b) for b in self.bad_lines],
+            "logprob_temperatures": self.temperatures,
+        }
+        for mode, extra in self.extras.items():
+            data["modes"][mode].update(extra)
+        data["seconds"] = self.seconds
+        return data
+
+    def markdown(self) -> str:
+        lines = [
+            super().markdown(),
+            "",
+            f"Source: `{self.source}`: {self.lines_used} completions, "
+            f"{len(self.bad_lines)} malformed line(s) skipped; logprob temperatures "
+            f"{self.temperatures}; recomputed in {self.seconds:.1f} s.",
+            "",
+            *self._ratio_table(),
+            "",
+            "Mismatch by position in the completion: see mismatch.png (right).",
+        ]
+        for mode, extra in self.extras.items():
+            lines += ["", *self._worst_table(mode, extra["worst_tokens"])]
+        return "\n".join(lines)
+
+    def _ratio_table(self) -> list[str]:
+        qs = ("0.01", "0.5", "0.99")
+        head = " | ".join(f"p{float(q) * 100:g}" for q in qs)
+        outside = " | ".join(f"outside [1/{c:g}, {c:g}]" for c in THRESHOLDS)
+        rows = [
+            "Importance ratio trainer / rollout = exp(trainer - rollout), per token "
+            "(and per sequence: exp of the sum of its token log-ratios):",
+            "",
+            f"| batch_invariant | min | {head} | max | mean | {outside} | sequences {outside} |",
+            "|---|" + "---:|" * (4 + len(qs) + 2 * len(THRESHOLDS)),
+        ]
+        for mode, extra in self.extras.items():
+            tok, seq = extra["ratios"]["token"], extra["ratios"]["sequence"]
+            cells = [tok["min"], *(tok["quantiles"][q] for q in qs), tok["max"], tok["mean"]]
+            fracs = [tok["outside"][str(c)] for c in THRESHOLDS]
+            seq_fracs = [seq["outside"][str(c)] for c in THRESHOLDS]
+            rows.append(
+                f"| {mode.split('=')[1]} | "
+                + " | ".join(f"{v:.9g}" for v in cells)
+                + " | "
+                + " | ".join(f"{v:.4f}" for v in fracs + seq_fracs)
+                + " |"
+            )
+        return rows
+
+    @staticmethod
+    def _worst_table(mode: str, worst: list[dict]) -> list[str]:
+        rows = [
+            f"Worst tokens, {mode}:",
+            "",
+            "| line | position | token | rollout logprob | trainer logprob | dlogp |",
+            "|---|---:|---|---:|---:|---:|",
+        ]
+        for w in worst:
+            token = f"{w['token_id']}" + (f" `{w['text']!r}`" if w.get("text") is not None else "")
+            rows.append(
+                f"| {w['line']} | {w['position']} | {token} | {w['rollout']:.9g} | "
+                f"{w['trainer']:.9g} | {w['trainer'] - w['rollout']:+.3e} |"
+            )
+        return rows
+
+
+def diagnose_rollouts(
+    path: str | Path,
+    model_spec: str,
+    *,
+    dtype: str = "float32",
+    output_dir: str | Path = "runs/diagnose_rollouts",
+    skip_bad_lines: bool = False,
+) -> RolloutDiagnosisReport:
+    """Recompute every token of the file on the trainer path, invariance off then on; write the report.
+
+    Raises RolloutFileError (a ValueError listing every malformed line with its number,
+    ids checked against the model's vocabulary) before computing anything, unless
+    `skip_bad_lines`; ValueError for an unknown dtype or model.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    rollout_files(path)  # a missing source fails before the model loads
+    from rl_engine.models import load_model
+
+    model, tokenizer = load_model(model_spec, dtype=DTYPES[dtype])
+    parsed = _usable(parse_rollouts(path, vocab_size=model.config.vocab_size), skip_bad_lines)
+    started = time.perf_counter()
+    results, extras = [], {}
+    for invariant in (False, True):  # plain first: patching happens in place
+        if invariant:
+            from rl_engine.patching import apply_batch_invariant
+
+            apply_batch_invariant(model)
+        result, extra = _diagnose_mode(model, tokenizer, parsed, invariant)
+        results.append(result)
+        extras[mode_key(invariant)] = extra
+    report = RolloutDiagnosisReport(
+        model=str(model_spec),
+        dtype=dtype,
+        results=results[::-1],  # invariant first, as in diagnose --config
+        source=str(path),
+        lines_used=len(parsed.completions),
+        bad_lines=parsed.bad_lines,
+        temperatures=sorted({c.logprob_temperature for c in parsed.completions}),
+        extras={key: extras[key] for key in (mode_key(True), mode_key(False))},
+        seconds=time.perf_counter() - started,
+    )
+    write_report(report, Path(output_dir), _plot)
+    return report
+
+
+def _usable(parsed: RolloutFile, skip_bad_lines: bool) -> RolloutFile:
+    if parsed.bad_lines and not skip_bad_lines:
+        raise RolloutFileError(parsed.bad_lines)
+    if parsed.bad_lines:
+        log.warning(
+            "skipping %d malformed line(s); first: %s", len(parsed.bad_lines), parsed.bad_lines[0]
+        )
+    if not parsed.completions:
+        raise ValueError(
+            f"no usable completion in the rollout source ({len(parsed.bad_lines)} malformed lines)"
+        )
+    return parsed
+
+
+def recompute(model, completions) -> list[torch.Tensor]:
+    """Each completion's logprobs on the trainer path at its own logprob_temperature.
+
+    Sequences of one temperature go through right-padded batches of similar length
+    (sorted by length, at most TOKENS_PER_FORWARD padded tokens each).
+    """
+    out: list[torch.Tensor | None] = [None] * len(completions)
+    order = sorted(
+        range(len(completions)),
+        key=lambda i: (completions[i].logprob_temperature, _length(completions[i])),
+    )
+    start = 0
+    while start < len(order):
+        batch = _next_batch(completions, order, start)
+        chunk = [completions[i] for i in batch]
+        scores = trainer_logprobs(model, chunk, len(chunk), chunk[0].logprob_temperature)
+        for i, score in zip(batch, scores):
+            out[i] = score
+        start += len(batch)
+    return out
+
+
+def _length(c) -> int:
+    return len(c.prompt_ids) + len(c.token_ids)
+
+
+def _next_batch(completions, order: list[int], start: int) -> list[int]:
+    """Indices from `start` on with one temperature whose padded size fits TOKENS_PER_FORWARD."""
+    first = completions[order[start]]
+    batch = [order[start]]
+    for i in order[start + 1 :]:
+        c = completions[i]
+        if c.logprob_temperature != first.logprob_temperature:
+            break
+        if _length(c) * (len(batch) + 1) > TOKENS_PER_FORWARD:  # sorted: c is the longest
+            break
+        batch.append(i)
+    return batch
+
+
+def mode_key(invariant: bool) -> str:
+    """The mode's key in report.json, as in diagnose --config."""
+    return f"batch_invariant={str(invariant).lower()}"
+
+
+def _diagnose_mode(model, tokenizer, parsed: RolloutFile, invariant: bool):
+    completions = parsed.completions
+    trainer = recompute(model, completions)
+    rollout = [c.logprobs for c in completions]
+    trainer_flat, rollout_flat = torch.cat(trainer), torch.cat(rollout)
+    metrics = mismatch_metrics(trainer_flat, rollout_flat)
+    log.info(
+        "batch_invariant=%s: %d tokens, exact match %.4f",
+        invariant,
+        metrics.num_tokens,
+        metrics.exact_match_fraction,
+    )
+    diffs = (trainer_flat - rollout_flat).abs().tolist()
+    result = ModeResult(invariant, metrics, diffs, modules=[])
+    extra = {
+        "ratios": ratio_distribution(trainer, rollout),
+        "by_position": mismatch_by_position(trainer, rollout),
+        "worst_tokens": _worst_tokens(parsed, trainer, tokenizer),
+    }
+    return result, extra
+
+
+def _worst_tokens(parsed: RolloutFile, trainer: list[torch.Tensor], tokenizer) -> list[dict]:
+    """The WORST_TOKENS tokens with the largest |trainer - rollout|, with where they are."""
+    rows = []
+    for c, t, (file, line) in zip(parsed.completions, trainer, parsed.sources):
+        diff = (t.double() - c.logprobs.double()).abs()
+        for pos in torch.topk(diff, min(WORST_TOKENS, diff.numel())).indices.tolist():
+            if diff[pos] > 0:
+                rows.append((float(diff[pos]), file, line, pos, c, t))
+    rows.sort(key=lambda r: -r[0])
+    worst = []
+    for _, file, line, pos, c, t in rows[:WORST_TOKENS]:
+        token = c.token_ids[pos]
+        worst.append(
+            {
+                "line": f"{Path(file).name}:{line}",
+                "position": pos,
+                "token_id": token,
+                "text": None if tokenizer is None else tokenizer.decode([token]),
+                "rollout": float(c.logprobs[pos]),
+                "trainer": float(t[pos]),
+            }
+        )
+    return worst
+
+
+def _plot(report: RolloutDiagnosisReport, path: Path) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+    histogram_panel(ax1, report.results)
+    for r in report.results:
+        key = mode_key(r.batch_invariant)
+        by_pos = report.extras[key]["by_position"]
+        ax2.plot([max(v, 1e-12) for v in by_pos["mean_abs_diff"]], label=f"{key}: mean")
+        ax2.plot([max(v, 1e-12) for v in by_pos["max_abs_diff"]], ls=":", label=f"{key}: max")
+    ax2.set(
+        yscale="log",
+        title="|dlogp| by position in the completion (0 shown at 1e-12)",
+        xlabel="completion position",
+        ylabel="|dlogp|",
+    )
+    ax2.legend()
+    fig.suptitle(f"{Path(report.source).name} vs {report.model} ({report.dtype})")
+    save_figure(fig, path)
+    plt.close(fig)

@@ -1,0 +1,102 @@
+"""Where a job step's completions and rewards come from, and where they are saved.
+
+By default the rollout engines generate them and the task scores them. With
+`rollout.source` (a rollout file, or a folder of `step_N.jsonl` files; see
+docs/rollouts.md) the job trains on that source's completions instead: its GRPO
+groups are served `rollout.prompts_per_step` at a time, in file order, starting
+over at the end; each group must hold `rollout.samples_per_prompt` completions,
+and all lines one `logprob_temperature` (the trainer scores at it). A
+completion's reward is the file's, or the task's when its line has none; the
+file's `weight_version`s are dropped (they count another trainer's updates). With `rollout.save` every step's completions and
+rewards go to `output_dir/rollouts/step_N.jsonl`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from rl_engine.config import RunConfig
+from rl_engine.rollout import Completion, RolloutFileError, write_rollouts
+from rl_engine.rollout.files import parse_rollouts
+
+log = logging.getLogger("rl_engine.job")
+
+Generate = Callable[[list[list[int]]], list[Completion]]  # prompts -> completions, prompt-major
+
+
+class StepRollouts:
+    """`rollouts(step, generate)` -> (completions, rewards) of one step, saved when configured."""
+
+    def __init__(self, config: RunConfig, task, vocab_size: int):
+        self.config, self.task = config, task
+        source = config.rollout.source
+        self.groups = None if source is None else load_groups(config, vocab_size)
+        self.save_dir = Path(config.output_dir) / "rollouts" if config.rollout.save else None
+
+    def __call__(self, step: int, generate: Generate) -> tuple[list[Completion], list[float]]:
+        if self.groups is None:
+            prompts = self.task.prompts(self.config.rollout.prompts_per_step, step)
+            completions = generate(prompts)
+        else:
+            completions = self._from_source(step)
+        rewards = self._rewards(completions, step)
+        if self.save_dir is not None:
+            saved = [replace(c, reward=r) for c, r in zip(completions, rewards)]
+            write_rollouts(self.save_dir / f"step_{step}.jsonl", saved)
+        return completions, rewards
+
+    def _from_source(self, step: int) -> list[Completion]:
+        """Groups [step * P, (step + 1) * P) of the source (modulo its size), renumbered 0..P-1."""
+        per_step = self.config.rollout.prompts_per_step
+        first = step * per_step
+        if first // len(self.groups) != (first + per_step - 1) // len(self.groups):
+            log.info("rollout.source: step %d starts another pass over the source", step)
+        picked = [self.groups[(first + i) % len(self.groups)] for i in range(per_step)]
+        return [replace(c, prompt_index=i) for i, group in enumerate(picked) for c in group]
+
+    def _rewards(self, completions: list[Completion], step: int) -> list[float]:
+        missing = [i for i, c in enumerate(completions) if c.reward is None]
+        rewards = [c.reward for c in completions]
+        if missing:
+            scored = self.task.rewards(
+                [completions[i].prompt_index for i in missing],
+                [completions[i].token_ids for i in missing],
+                step,
+            )
+            for i, reward in zip(missing, scored):
+                rewards[i] = reward
+        return rewards
+
+
+def load_groups(config: RunConfig, vocab_size: int) -> list[list[Completion]]:
+    """The source's GRPO groups in file order; ValueError naming the line for anything unusable."""
+    r = config.rollout
+    parsed = parse_rollouts(r.source, vocab_size=vocab_size)
+    if parsed.bad_lines:
+        raise RolloutFileError(parsed.bad_lines)
+    groups: dict[int, list[Completion]] = {}
+    where: dict[int, str] = {}
+    temperature = parsed.completions[0].logprob_temperature
+    for c, (file, line) in zip(parsed.completions, parsed.sources):
+        if c.logprob_temperature != temperature:
+            raise ValueError(
+                f"rollout.source {file}:{line}: logprob_temperature {c.logprob_temperature} but the "
+                f"source's first line has {temperature} (the trainer scores a step at one temperature)"
+            )
+        groups.setdefault(c.prompt_index, []).append(replace(c, weight_version=None))
+        where.setdefault(c.prompt_index, f"{file}:{line}")
+    for key, group in groups.items():
+        if len(group) != r.samples_per_prompt:
+            raise ValueError(
+                f"rollout.source: the group starting at {where[key]} has {len(group)} completions "
+                f"but rollout.samples_per_prompt is {r.samples_per_prompt} (the GRPO group size)"
+            )
+    if len(groups) < r.prompts_per_step:
+        raise ValueError(
+            f"rollout.source {r.source!r} holds {len(groups)} groups, fewer than "
+            f"rollout.prompts_per_step = {r.prompts_per_step}"
+        )
+    return list(groups.values())
