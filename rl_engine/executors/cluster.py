@@ -41,8 +41,9 @@ KERNEL_CPU_FLAGS = (
     "avx2",
     "fma",
 )
-# Passed to every actor: the DeepSpeed accelerator, quiet model loading, the op cache.
-_ACTOR_ENV_KEYS = ("TORCH_EXTENSIONS_DIR",)
+# Passed to every actor: the DeepSpeed accelerator, quiet model loading, the op cache,
+# the cpp kernels' instruction-set path when the driver forces one.
+_ACTOR_ENV_KEYS = ("TORCH_EXTENSIONS_DIR", "RL_ENGINE_CPU_ISA")
 _QUIET_ENV = {
     "TRANSFORMERS_VERBOSITY": "error",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
