@@ -75,7 +75,11 @@ def _check_diagnose_args(parser: argparse.ArgumentParser, args) -> None:
 
 
 def cmd_bench(args) -> int:
-    if args.what == "kernels":
+    if args.what == "kernels" and args.device == "cuda":
+        from rl_engine.benchmarks.gpu_kernels import main
+
+        main([])
+    elif args.what == "kernels":
         from rl_engine.benchmarks.kernels import main
 
         main(quick=args.quick)
@@ -125,6 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks: invariant path vs. plain torch, same run")
     bench.add_argument("what", choices=["kernels", "rollout", "train"])
     bench.add_argument("--quick", action="store_true", help="fewer shapes / repetitions")
+    bench.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="kernels: cpu = native ops vs plain torch; cuda = triton vs cuBLAS / SDPA",
+    )
     bench.set_defaults(fn=cmd_bench)
     return parser
 

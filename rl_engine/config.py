@@ -18,6 +18,7 @@ from rl_engine.algorithms import AGGREGATIONS, CORRECTION_MODES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PARITY_MODES = ("strict", "report", "off")
+DEVICES = ("cpu", "cuda")
 ALGORITHMS = ("grpo", "ppo")
 
 
@@ -182,6 +183,10 @@ class RunConfig:
     """'float32' or 'bfloat16': policy weights on both sides (DeepSpeed bf16 when bfloat16)."""
     seed: int = 0
     """Seed of the tiny models' weights and of sampling."""
+    device: str = "cpu"
+    """'cpu' or 'cuda' (no index): each trainer rank uses the GPU of its LOCAL_RANK, each rollout
+    engine the GPU Ray assigns it (actors then ask Ray for one GPU each); the device picks the
+    kernels' backend (cpu: native, cuda: triton)."""
     batch_invariant: bool = True
     """THE flag: patch rollout and trainer with batch-invariant kernels (bitwise parity)."""
     parity: str | None = None
@@ -203,6 +208,7 @@ class RunConfig:
         _text("model", self.model)
         _choice("dtype", self.dtype, tuple(DTYPES))
         _int("seed", self.seed, 0)
+        _choice("device", self.device, DEVICES)
         _choice("batch_invariant", self.batch_invariant, (True, False))
         for name, cls in _SECTIONS.items():
             if not isinstance(getattr(self, name), cls):

@@ -1,16 +1,16 @@
 """`token_logprobs(model, input_ids, ...)`: per-token logprobs of a causal LM, teacher-forced.
 
 Runs the decoder to its last hidden states and scores them with the fused,
-chunked `linear_logp` op for the model's own device: logits for all tokens are
-never materialised. Position t scores token t+1 given tokens <= t.
+chunked `linear_logp` op the model computes with (`model_op`: the patched
+model's backend, or its device's default): logits for all tokens are never
+materialised. Position t scores token t+1 given tokens <= t.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels import get_op
-from rl_engine.patching import lm_head_parameters
+from rl_engine.patching import lm_head_parameters, model_op
 
 IGNORE_INDEX = -100
 
@@ -50,12 +50,13 @@ def score_targets(
     """THE trainer logprob: fp32 (B, T-1) log_softmax(logits / temperature)[targets], 0 at IGNORE_INDEX.
 
     Hidden state of position t (final norm) -> the LM head through the fused `linear_logp`
-    op of the hidden states' device -> the entry of targets[:, t]. Used by `token_logprobs`,
+    op the model computes with (`model_op`: its patch's backend, or its device's default)
+    -> the entry of targets[:, t]. Used by `token_logprobs`,
     the DeepSpeed worker's module and the diagnostics.
     """
     hidden = final_hidden_states(model, input_ids, attention_mask)  # (B, T, H)
     weight, bias = lm_head_parameters(model)  # (V, H), (V,) | None
-    linear_logp = get_op("linear_logp", device=hidden.device)
+    linear_logp = model_op(model, "linear_logp")
     return linear_logp(
         hidden[:, :-1], weight, targets, bias, temperature=temperature, ignore_index=IGNORE_INDEX
     )

@@ -51,7 +51,7 @@ from rl_engine.parity import (
     reduce_correction_sums,
     reduce_sums,
 )
-from rl_engine.patching import apply_batch_invariant, is_patched
+from rl_engine.patching import apply_batch_invariant, patch_handle
 
 __all__ = ["BatchError", "DeepSpeedTrainingWorker", "ParityError", "build_deepspeed_config"]
 
@@ -120,13 +120,20 @@ class DeepSpeedTrainingWorker:
         dtypes = sorted({str(p.dtype) for p in model.parameters()})
         if dtypes != [str(config.torch_dtype)]:
             raise ValueError(f"model parameters are {dtypes} but dtype is {config.dtype!r}")
-        if config.batch_invariant and not is_patched(model):
+        handle = patch_handle(model)
+        if handle is not None and handle.device_type != self.device.type:
+            raise ValueError(
+                f"model was patched for {handle.device_type!r} but the worker runs on "
+                f"{self.device}: pass it unpatched (the worker moves it, then patches)"
+            )
+        model = model.to(self.device)  # move first: patching resolves the ops for this device
+        if config.batch_invariant and handle is None:
             apply_batch_invariant(model)  # before deepspeed.initialize: same Parameter objects
-        elif not config.batch_invariant and is_patched(model):
+        elif not config.batch_invariant and handle is not None:
             raise ValueError(
                 "model is patched (batch-invariant kernels) but batch_invariant is false"
             )
-        return model.to(self.device)
+        return model
 
     # -------------------------------------------------------------- the step
 

@@ -6,6 +6,12 @@ rollouts/step_N.jsonl with `rollout.save`; see executors/rollout_source.py) ->
 TrainBatch (group-normalised advantages) -> every rank trains on its shard and
 checks its logprobs against the rollout's, bit for bit -> rank 0 exports the
 new weights -> engines load them (weight_version = step + 1).
+
+Devices (`config.device`): on cpu every actor asks Ray for one CPU; on cuda
+each also asks for one GPU (`actor_resources`), and Ray makes it the only GPU
+the actor sees. An engine moves its model there and then patches it (the
+device picks the kernels: triton on cuda); a trainer rank's LOCAL_RANK is the
+index of that GPU among the visible ones, and the worker uses cuda:LOCAL_RANK.
 """
 
 from __future__ import annotations
@@ -27,6 +33,20 @@ from rl_engine.io import write_json_atomic, write_text_atomic
 log = logging.getLogger("rl_engine.job")
 
 
+def actor_resources(config: RunConfig) -> dict:
+    """Ray resources of one rollout engine or trainer rank: one CPU, and one GPU on cuda."""
+    return {"num_cpus": 1, "num_gpus": 1 if config.device == "cuda" else 0}
+
+
+def _visible_gpu_index() -> int:
+    """Index, among the GPUs this process sees, of the one Ray assigned to this actor."""
+    assigned = [str(i) for i in ray.get_gpu_ids()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    if not assigned:
+        raise RuntimeError("device is cuda but Ray assigned this actor no GPU")
+    return visible.index(assigned[0]) if assigned[0] in visible else 0
+
+
 @ray.remote
 class RolloutActor:
     """One rollout engine in its own process."""
@@ -37,12 +57,14 @@ class RolloutActor:
         from rl_engine.rollout import RolloutEngine
 
         model, self.tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+        device = f"cuda:{_visible_gpu_index()}" if config.device == "cuda" else "cpu"
+        model.to(device)  # first move, then patch: the ops are resolved for this device
         if config.batch_invariant:
             apply_batch_invariant(model)
         self.vocab_size = model.config.vocab_size
         self.eos_token_id = model.config.eos_token_id
         self.engine = RolloutEngine(
-            model, device="cpu", max_batch_size=config.rollout.max_batch_size
+            model, device=device, max_batch_size=config.rollout.max_batch_size
         )
 
     def model_info(self) -> dict:
@@ -64,9 +86,10 @@ class TrainerActor:
     """One DeepSpeed rank."""
 
     def __init__(self, config: RunConfig, rank: int, world_size: int, master_port: int):
+        local_rank = _visible_gpu_index() if config.device == "cuda" else rank
         os.environ.update(
             RANK=str(rank),
-            LOCAL_RANK=str(rank),
+            LOCAL_RANK=str(local_rank),
             WORLD_SIZE=str(world_size),
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(master_port),
@@ -74,7 +97,7 @@ class TrainerActor:
         from rl_engine.executors.deepspeed_trainer import DeepSpeedTrainingWorker
 
         self.rank = rank
-        self.worker = DeepSpeedTrainingWorker(config, device="cpu")
+        self.worker = DeepSpeedTrainingWorker(config, device=config.device)  # cuda: LOCAL_RANK
 
     def train_step(self, batch) -> dict:
         return self.worker.train_step(batch)
@@ -131,20 +154,26 @@ def run_job(config: RunConfig) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     started_ray = not ray.is_initialized()
     if started_ray:
-        ray.init(
-            num_cpus=config.trainer.num_ranks + config.rollout.num_engines,
-            include_dashboard=False,
-            log_to_driver=True,
-            runtime_env={"env_vars": {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}},
-        )
+        runtime_env = {"env_vars": {"DS_ACCELERATOR": _ds_accelerator(config)}}
+        if os.environ.get("RAY_ADDRESS"):  # `ray job submit`: join the cluster it names
+            ray.init(log_to_driver=True, runtime_env=runtime_env)
+        else:  # a private local cluster, never one another process started on this machine
+            ray.init(
+                address="local",
+                num_cpus=config.trainer.num_ranks + config.rollout.num_engines,
+                include_dashboard=False,
+                log_to_driver=True,
+                runtime_env=runtime_env,
+            )
     try:
+        resources = actor_resources(config)
         engines = [
-            RolloutActor.options(num_cpus=1).remote(config)
+            RolloutActor.options(**resources).remote(config)
             for _ in range(config.rollout.num_engines)
         ]
         port = free_port()
         trainers = [
-            TrainerActor.options(num_cpus=1).remote(config, rank, config.trainer.num_ranks, port)
+            TrainerActor.options(**resources).remote(config, rank, config.trainer.num_ranks, port)
             for rank in range(config.trainer.num_ranks)
         ]
         info = ray.get(engines[0].model_info.remote())
@@ -199,6 +228,11 @@ def run_job(config: RunConfig) -> list[dict]:
     finally:
         if started_ray:
             ray.shutdown()
+
+
+def _ds_accelerator(config: RunConfig) -> str:
+    """DeepSpeed's accelerator for the trainer actors: cuda on cuda, else the caller's (cpu)."""
+    return "cuda" if config.device == "cuda" else os.environ.get("DS_ACCELERATOR", "cpu")
 
 
 def _jsonl(m: dict) -> str:

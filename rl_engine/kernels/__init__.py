@@ -1,8 +1,30 @@
 """Batch-invariant tensor ops, looked up per device through the registry.
 
 Only torch (and triton, in the triton backend) is imported below this package.
+Code outside this package never imports a backend: it asks `get_op` (and
+`backend_layout` for layout facts) with the device it runs on.
 """
 
-from rl_engine.kernels.registry import OP_NAMES, OpImpl, get_op, list_backends, list_ops
+from rl_engine.kernels.registry import (
+    OP_NAMES,
+    BackendLayout,
+    OpImpl,
+    backend_layout,
+    get_op,
+    interpreter_enabled,
+    list_backends,
+    list_ops,
+    resolve_backend,
+)
 
-__all__ = ["OP_NAMES", "OpImpl", "get_op", "list_backends", "list_ops"]
+__all__ = [
+    "OP_NAMES",
+    "BackendLayout",
+    "OpImpl",
+    "backend_layout",
+    "get_op",
+    "interpreter_enabled",
+    "list_backends",
+    "list_ops",
+    "resolve_backend",
+]

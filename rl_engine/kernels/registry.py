@@ -1,14 +1,24 @@
-"""Op registry: `get_op(name, device)` returns the implementation for that device.
+"""Op registry: `get_op(name, device, backend=None)` returns the implementation for that device.
 
 The device is always an explicit argument (never a global default), so a worker
 that owns a GPU and a rollout process on CPU can each ask for their own op.
-Lookups fail loudly: an unknown op or device lists what exists, and a backend
-that was asked for by name but cannot load raises instead of falling back.
+The device type alone decides the backend:
+
+- `cuda`: the Triton backend. If it cannot load, the lookup raises and says
+  why; it never falls back. `backend="native"` must be asked for explicitly.
+- `cpu`: the native backend. `backend="triton"` is accepted only when the
+  Triton backend was imported with `TRITON_INTERPRET=1` (Triton's CPU
+  interpreter: tests only), and raises otherwise.
+
+Backend-specific layout facts (the KV-cache block and dtype the rollout engine
+must use) come from `backend_layout`, never from a backend's module.
+Lookups fail loudly: an unknown op, device or backend lists what exists.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -26,18 +36,19 @@ OP_NAMES = (
     "linear_logp",
 )
 
-# backend name -> module that exposes one function per op name
+# backend name -> module that exposes one function per op name and a `LAYOUT`
 _BACKEND_MODULES = {
     "native": "rl_engine.kernels.native",
     "triton": "rl_engine.kernels.triton",
 }
 
-# device type -> backends to try, in order of preference, when none is requested.
-# The Triton backend is preferred on GPUs once it provides the op.
+# device type -> (default backend, other backends that may be asked for by name)
 _DEVICE_BACKENDS = {
-    "cpu": ("native",),
+    "cpu": ("native", "triton"),
     "cuda": ("triton", "native"),
 }
+
+INTERPRET_ENV = "TRITON_INTERPRET"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,38 +70,92 @@ class OpImpl:
             raise TypeError(f"op {self.name!r} of backend {self.backend!r} is not callable")
 
 
+@dataclass(frozen=True, slots=True)
+class BackendLayout:
+    """Layout facts a caller must follow for a backend's numerics (e.g. the rollout KV cache)."""
+
+    kv_block: int
+    """The engine's KV-cache capacity is a multiple of this many positions (attention's key block)."""
+    kv_in_compute_dtype: bool
+    """True: the cache stores keys/values in the attention's compute dtype (fp32 for bf16
+    models), which the op reads in place; False: in the model's own dtype."""
+    k_slice_for: Callable[[torch.dtype], int]
+    """dtype -> width of the fixed reduction slices of `linear` / `lm_head` on this machine."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kv_block, int) or self.kv_block < 1:
+            raise ValueError(f"kv_block must be an int >= 1, got {self.kv_block!r}")
+        if not callable(self.k_slice_for):
+            raise TypeError("k_slice_for must be callable (dtype -> slice width)")
+
+
 def list_ops() -> list[str]:
     """Names of every op the registry knows."""
     return list(OP_NAMES)
 
 
 def list_backends(device: str | torch.device) -> list[str]:
-    """Backends that may serve `device`, most preferred first."""
+    """Backends that may serve `device`, the default first."""
     return list(_DEVICE_BACKENDS[_device_type(device)])
 
 
-def get_op(name: str, device: str | torch.device, *, backend: str | None = None) -> Callable:
-    """Return op `name` for `device`.
+def interpreter_enabled() -> bool:
+    """True when TRITON_INTERPRET asks Triton to run kernels on the CPU interpreter."""
+    return os.environ.get(INTERPRET_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
-    With `backend=None` the first backend of the device that loads and provides
-    the op is used (cuda: triton, then native). With an explicit `backend`, that
-    backend must load and provide the op, or this raises.
+
+def resolve_backend(device: str | torch.device, backend: str | None = None) -> str:
+    """Name of the backend that serves `device` (the default one when `backend` is None).
+
+    Raises if that backend cannot load or may not serve the device; never falls back.
+    """
+    device_type = _device_type(device)
+    allowed = _DEVICE_BACKENDS[device_type]
+    name = allowed[0] if backend is None else backend
+    if name not in _BACKEND_MODULES:
+        raise ValueError(f"unknown backend {name!r}; known backends: {', '.join(_BACKEND_MODULES)}")
+    if name not in allowed:
+        raise ValueError(
+            f"backend {name!r} does not serve device {device_type!r}; "
+            f"backends for {device_type}: {', '.join(allowed)}"
+        )
+    module = _load(name, device_type, explicit=backend is not None)
+    if device_type == "cpu" and name == "triton":
+        if not (interpreter_enabled() and getattr(module, "INTERPRET", False)):
+            raise ValueError(
+                "backend 'triton' runs on cpu only under Triton's interpreter: set "
+                f"{INTERPRET_ENV}=1 before rl_engine.kernels.triton is first imported "
+                f"({INTERPRET_ENV}={os.environ.get(INTERPRET_ENV)!r}, triton backend loaded "
+                f"{'with' if getattr(module, 'INTERPRET', False) else 'without'} the interpreter)"
+            )
+    return name
+
+
+def get_op(name: str, device: str | torch.device, backend: str | None = None) -> Callable:
+    """Return op `name` for `device`, from the device's default backend or the one named.
+
+    cuda -> triton, cpu -> native; see the module docstring for the explicit cases.
     """
     if name not in OP_NAMES:
         raise KeyError(f"unknown op {name!r}; available ops: {', '.join(OP_NAMES)}")
-    device_type = _device_type(device)
-    if backend is not None:
-        if backend not in _DEVICE_BACKENDS[device_type]:
-            raise ValueError(
-                f"backend {backend!r} does not serve device {device_type!r}; "
-                f"backends for {device_type}: {', '.join(_DEVICE_BACKENDS[device_type])}"
-            )
-        return _lookup(name, backend, required=True).fn
-    for candidate in _DEVICE_BACKENDS[device_type]:
-        impl = _lookup(name, candidate, required=False)
-        if impl is not None:
-            return impl.fn
-    raise RuntimeError(f"no backend provides op {name!r} on {device_type}")  # pragma: no cover
+    backend = resolve_backend(device, backend)
+    module = _load_backend(backend)
+    fn = getattr(module, name, None)
+    if fn is None:
+        provided = [op for op in OP_NAMES if hasattr(module, op)]
+        raise RuntimeError(
+            f"backend {backend!r} does not provide op {name!r}; it provides: "
+            f"{', '.join(provided) or 'nothing'}"
+        )
+    return OpImpl(name=name, backend=backend, fn=fn).fn
+
+
+def backend_layout(device: str | torch.device, backend: str | None = None) -> BackendLayout:
+    """Layout facts of the backend that serves `device` (see BackendLayout)."""
+    layout = getattr(_load_backend(resolve_backend(device, backend)), "LAYOUT", None)
+    if not isinstance(layout, BackendLayout):
+        raise RuntimeError(f"backend {backend!r} does not define LAYOUT (a BackendLayout)")
+    return layout
 
 
 def _device_type(device: str | torch.device) -> str:
@@ -112,20 +177,16 @@ def _load_backend(backend: str):
     return importlib.import_module(_BACKEND_MODULES[backend])
 
 
-def _lookup(name: str, backend: str, *, required: bool) -> OpImpl | None:
+def _load(backend: str, device_type: str, *, explicit: bool):
     try:
-        module = _load_backend(backend)
-    except ImportError as err:
-        if required:
-            raise RuntimeError(f"backend {backend!r} was requested but cannot load: {err}") from err
-        return None
-    fn = getattr(module, name, None)
-    if fn is None:
-        if required:
-            provided = [op for op in OP_NAMES if hasattr(module, op)]
-            raise RuntimeError(
-                f"backend {backend!r} does not provide op {name!r}; it provides: "
-                f"{', '.join(provided) or 'nothing yet'}"
-            )
-        return None
-    return OpImpl(name=name, backend=backend, fn=fn)
+        return _load_backend(backend)
+    except Exception as err:  # ImportError, or a broken install raising anything else
+        how = "was requested" if explicit else f"is the backend of {device_type}"
+        hint = (
+            ""
+            if explicit or backend == "native"
+            else f"; pass backend='native' to run the plain-torch ops on {device_type} instead"
+        )
+        raise RuntimeError(
+            f"backend {backend!r} {how} but cannot load: {type(err).__name__}: {err}{hint}"
+        ) from err

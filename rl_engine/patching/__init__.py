@@ -1,27 +1,34 @@
 """The only layer that knows Hugging Face module classes.
 
-`apply_batch_invariant(model)` swaps a supported causal LM's ops for the
-invariant kernels and returns a handle with `revert()`.
+`apply_batch_invariant(model, *, backend=None)` swaps a supported causal LM's
+ops for the invariant kernels of its device's backend and returns a handle
+with `revert()`; `model_op(model, name)` is the op that model computes with.
 """
 
 from rl_engine.patching.apply import (
-    InvariantLMHead,
     PatchHandle,
     apply_batch_invariant,
     is_patched,
     lm_head_parameters,
+    model_op,
+    parameter_device,
+    patch_handle,
 )
-from rl_engine.patching.attention import ATTENTION_NAME, KV_CACHE_KWARG
+from rl_engine.patching.attention import KV_CACHE_KWARG, attention_name
 from rl_engine.patching.families import FAMILIES, family_for
+from rl_engine.patching.modules import InvariantLMHead
 
 __all__ = [
-    "ATTENTION_NAME",
     "FAMILIES",
     "KV_CACHE_KWARG",
     "InvariantLMHead",
     "PatchHandle",
     "apply_batch_invariant",
+    "attention_name",
     "family_for",
     "is_patched",
     "lm_head_parameters",
+    "model_op",
+    "parameter_device",
+    "patch_handle",
 ]

@@ -1,37 +1,35 @@
-"""`apply_batch_invariant(model)`: swap every op on the logprob path for an invariant one.
+"""`apply_batch_invariant(model, *, backend=None)`: swap every op on the logprob path for an invariant one.
 
 Replaced, in place: the input embedding, every `nn.Linear` (q/k/v/o, gate/up/down),
 the vocabulary projection (fp32 logits), every RMSNorm (incl. Qwen3 q/k norms),
 the MLP activation, and attention (through transformers' attention registry).
-The new modules hold the *same* Parameter objects, so an optimizer or DeepSpeed
-engine built before or after keeps working and tied weights stay tied.
+Every op is resolved once, here, through `get_op(name, device, backend)` for the
+device of the model's parameters: move the model first, then patch. The new
+modules hold the resolved functions and the *same* Parameter objects, so an
+optimizer or DeepSpeed engine built before or after keeps working and tied
+weights stay tied.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from rl_engine.kernels.native.embedding import InvariantEmbedding
-from rl_engine.kernels.native.linear import InvariantLinear, lm_head
-from rl_engine.kernels.native.rms_norm import InvariantRMSNorm
-from rl_engine.kernels.native.silu import InvariantSiLU
-from rl_engine.patching.attention import ATTENTION_NAME, register_attention
+from rl_engine.kernels import OP_NAMES, BackendLayout, backend_layout, get_op, resolve_backend
+from rl_engine.patching.attention import attention_name, register_attention
 from rl_engine.patching.families import Family, family_for
+from rl_engine.patching.modules import (
+    InvariantEmbedding,
+    InvariantLinear,
+    InvariantLMHead,
+    InvariantRMSNorm,
+    InvariantSiLU,
+)
 
 _HANDLE_ATTR = "_rl_engine_patch"
-
-
-class InvariantLMHead(InvariantLinear):
-    """Vocabulary projection returning fp32 logits; shares the original weight (tied or not)."""
-
-    def forward(self, hidden):
-        return lm_head(hidden, self.weight, self.bias)
-
-    def extra_repr(self):
-        return f"in_features={self.in_features}, vocab={self.out_features}, fp32_logits=True, batch_invariant=True"
 
 
 @dataclass
@@ -39,6 +37,16 @@ class PatchHandle:
     """What `apply_batch_invariant` changed; `revert()` puts the original modules back."""
 
     model: nn.Module
+    backend: str
+    """The backend every op was resolved from."""
+    device_type: str
+    """The device type the ops were resolved for (the parameters' at patch time)."""
+    ops: dict[str, Callable]
+    """Op name -> the resolved function (the engine and the trainer score with these)."""
+    layout: BackendLayout
+    """The backend's layout facts (KV-cache block and dtype)."""
+    attention_name: str
+    """transformers' attn_implementation the model now uses."""
     replaced: list[str] = field(default_factory=list)
     _originals: list[tuple[nn.Module, str, nn.Module]] = field(default_factory=list, repr=False)
     _attn_before: str | None = None
@@ -62,28 +70,74 @@ class PatchHandle:
         return counts
 
 
-def apply_batch_invariant(model: nn.Module) -> PatchHandle:
-    """Patch a supported HF causal LM in place; applying twice returns the existing handle."""
+def apply_batch_invariant(model: nn.Module, *, backend: str | None = None) -> PatchHandle:
+    """Patch a supported HF causal LM in place, for the device its parameters are on.
+
+    backend: None = the device's default (cpu: native, cuda: triton); or a name
+    the registry accepts for that device. Applying twice returns the existing
+    handle (asking for another backend then raises: revert first).
+    """
     existing = getattr(model, _HANDLE_ATTR, None)
     if existing is not None and existing.active:
+        if backend is not None and backend != existing.backend:
+            raise ValueError(
+                f"model is already patched with backend {existing.backend!r}; revert() it "
+                f"before patching with {backend!r}"
+            )
         return existing
     config = getattr(model, "config", None)
     if config is None:
         raise TypeError(f"expected a Hugging Face PreTrainedModel, got {type(model).__name__}")
     family = family_for(config)
-    handle = PatchHandle(model=model)
+    device = parameter_device(model)
+    name = resolve_backend(device, backend)
+    handle = PatchHandle(
+        model=model,
+        backend=name,
+        device_type=device.type,
+        ops={op: get_op(op, device, name) for op in OP_NAMES},
+        layout=backend_layout(device, name),
+        attention_name=attention_name(name),
+    )
     _swap_modules(model, family, handle)
     handle._attn_before = config._attn_implementation
-    register_attention()
-    model.set_attn_implementation(ATTENTION_NAME)
-    handle.replaced.append(f"attention: {handle._attn_before} -> {ATTENTION_NAME}")
+    register_attention(name, handle.ops["attention"])
+    model.set_attn_implementation(handle.attention_name)
+    handle.replaced.append(f"attention: {handle._attn_before} -> {handle.attention_name}")
     setattr(model, _HANDLE_ATTR, handle)
     return handle
 
 
-def is_patched(model: nn.Module) -> bool:
+def patch_handle(model: nn.Module) -> PatchHandle | None:
+    """The active handle of a patched model, or None."""
     handle = getattr(model, _HANDLE_ATTR, None)
-    return handle is not None and handle.active
+    return handle if handle is not None and handle.active else None
+
+
+def model_op(model: nn.Module, name: str) -> Callable:
+    """Op `name` as the model computes it: the patched model's resolved op (its backend),
+    or, for an unpatched model, the default op of its parameters' device."""
+    handle = patch_handle(model)
+    if handle is not None:
+        return handle.ops[name]
+    return get_op(name, parameter_device(model))
+
+
+def parameter_device(model: nn.Module) -> torch.device:
+    """The device of the model's parameters; they must all share one device type."""
+    devices = {p.device for p in model.parameters()}
+    if not devices:
+        raise ValueError(f"{type(model).__name__} has no parameters: cannot tell its device")
+    if len({d.type for d in devices}) > 1:
+        raise ValueError(
+            f"the model's parameters are on several device types ({sorted(map(str, devices))}); "
+            "move the whole model to one device before patching"
+        )
+    return next(iter(devices))
+
+
+def is_patched(model: nn.Module) -> bool:
+    return patch_handle(model) is not None
 
 
 def _swap_modules(model: nn.Module, family: Family, handle: PatchHandle) -> None:
@@ -94,7 +148,7 @@ def _swap_modules(model: nn.Module, family: Family, handle: PatchHandle) -> None
     for parent_name, parent in model.named_modules():
         for child_name, child in parent.named_children():
             replacement = _replacement_for(
-                child, child_name, family, input_embeddings, output_embeddings
+                child, child_name, family, input_embeddings, output_embeddings, handle
             )
             if replacement is not None:
                 path = f"{parent_name}.{child_name}" if parent_name else child_name
@@ -105,17 +159,18 @@ def _swap_modules(model: nn.Module, family: Family, handle: PatchHandle) -> None
         handle.replaced.append(f"{kind}: {path}")
 
 
-def _replacement_for(child, child_name, family, input_embeddings, output_embeddings):
+def _replacement_for(child, child_name, family, input_embeddings, output_embeddings, handle):
+    ops, tags = handle.ops, (handle.backend, handle.device_type)
     if child is output_embeddings:
-        return "lm_head", InvariantLMHead(child)
+        return "lm_head", InvariantLMHead(child, ops["lm_head"], *tags)
     if child is input_embeddings:
-        return "embedding", InvariantEmbedding(child)
+        return "embedding", InvariantEmbedding(child, ops["embedding"], *tags)
     if type(child) is nn.Linear:
-        return "linear", InvariantLinear(child)
+        return "linear", InvariantLinear(child, ops["linear"], *tags)
     if type(child).__name__.endswith(family.norm_class_suffix):
-        return "rms_norm", InvariantRMSNorm(child)
+        return "rms_norm", InvariantRMSNorm(child, ops["rms_norm"], *tags)
     if child_name == "act_fn":
-        return "silu", InvariantSiLU()
+        return "silu", InvariantSiLU(ops["silu"], *tags)
     return None
 
 

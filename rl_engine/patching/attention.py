@@ -1,9 +1,11 @@
 """Hugging Face attention hook: routes every attention call to the invariant op.
 
-Registered in transformers' attention-function registry under `ATTENTION_NAME`,
-together with a mask function of the same name that hands the attention the 2-D
-padding mask (the invariant op needs each token's position in its sequence, not
-a 4-D additive mask).
+Registered in transformers' attention-function registry under one name per
+backend (`attention_name(backend)`, e.g. "rl_engine_invariant_triton"), bound to
+the attention op `apply_batch_invariant` resolved for that backend, together
+with a mask function of the same name that hands the attention the 2-D padding
+mask (the invariant op needs each token's position in its sequence, not a 4-D
+additive mask).
 
 Two ways keys arrive:
 - a plain forward (trainer, HF `generate` with its own cache): keys are the
@@ -20,12 +22,17 @@ Two ways keys arrive:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from rl_engine.kernels import get_op
-
-ATTENTION_NAME = "rl_engine_invariant"
+ATTENTION_PREFIX = "rl_engine_invariant"
 KV_CACHE_KWARG = "rl_kv_cache"
+
+
+def attention_name(backend: str) -> str:
+    """transformers' attn_implementation name of the invariant attention of `backend`."""
+    return f"{ATTENTION_PREFIX}_{backend}"
 
 
 def invariant_attention_mask(batch_size, q_length, kv_length, *args, attention_mask=None, **kwargs):
@@ -52,15 +59,15 @@ def positions_from_mask(mask, batch_size, q_length, kv_length, device):
 
 
 def invariant_attention_forward(
-    module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs
+    attend: Callable, module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs
 ):
-    """HF attention interface: q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) -> ((B, Tq, Hq, D), None)."""
+    """HF attention interface with the op `attend` bound first (see `register_attention`):
+    q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) -> ((B, Tq, Hq, D), None)."""
     if dropout:
         raise ValueError(
             f"attention dropout {dropout} is not supported with batch-invariant kernels "
             "(set the model config's attention_dropout to 0)"
         )
-    attend = get_op("attention", query.device)
     cache = kwargs.get(KV_CACHE_KWARG)
     if cache is not None and hasattr(cache, "update_slots"):
         key, value, q_pos, slots = cache.update_slots(module.layer_idx, key, value)
@@ -75,13 +82,25 @@ def invariant_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
-def register_attention() -> None:
-    """Make `ATTENTION_NAME` a valid `attn_implementation` (idempotent)."""
+def register_attention(backend: str, attend: Callable) -> str:
+    """Make `attention_name(backend)` a valid `attn_implementation` calling `attend`; returns the name.
+
+    `attend` is the backend's attention op as `get_op` resolved it; one backend
+    has one attention function for every device, so re-registering is idempotent.
+    """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    AttentionInterface.register(ATTENTION_NAME, invariant_attention_forward)
-    AttentionMaskInterface.register(ATTENTION_NAME, invariant_attention_mask)
+    def forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        return invariant_attention_forward(
+            attend, module, query, key, value, attention_mask, dropout, scaling, **kwargs
+        )
+
+    forward.__qualname__ = f"invariant_attention_forward[{backend}]"
+    name = attention_name(backend)
+    AttentionInterface.register(name, forward)
+    AttentionMaskInterface.register(name, invariant_attention_mask)
+    return name
 
 
 # ----------------------------------------------------------------------------- invariance off

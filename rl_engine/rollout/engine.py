@@ -9,10 +9,10 @@ reaches `max_new_tokens` frees its slot at once, so batch composition and
 cache lengths change from step to step.
 
 Logprobs. With a patched model (`rl_engine.patching.apply_batch_invariant`)
-the last hidden state of each sequence goes through `get_op("lm_head",
-device)` and `get_op("log_softmax", device)(logits, T)`: the definition that
-`linear_logp` implements, so every recorded logprob equals the trainer's
-teacher-forced recompute bit for bit (see rl_engine/rollout/sampling.py for
+the last hidden state of each sequence goes through the `lm_head` and
+`log_softmax(logits, T)` ops the model was patched with (`model_op`): the
+definition that the same backend's `linear_logp` implements, so every recorded
+logprob equals the trainer's teacher-forced recompute bit for bit (see rl_engine/rollout/sampling.py for
 what the number means under top-k / top-p). The decoder runs as
 `model.base_model(..., use_cache=False, rl_kv_cache=cache)`: transformers
 forwards the unknown kwarg to the attention function, where the hook of
@@ -39,9 +39,13 @@ import torch
 from torch import nn
 
 from rl_engine.devices import check_device
-from rl_engine.kernels import get_op
-from rl_engine.kernels.native.attention import BLOCK_K
-from rl_engine.patching import ATTENTION_NAME, KV_CACHE_KWARG, is_patched, lm_head_parameters
+from rl_engine.patching import (
+    KV_CACHE_KWARG,
+    is_patched,
+    lm_head_parameters,
+    model_op,
+    patch_handle,
+)
 from rl_engine.patching.attention import PLAIN_CACHED_NAME, register_plain_cached_attention
 from rl_engine.rollout.kv_cache import SlotKVCache
 from rl_engine.rollout.sampling import SamplingParams, request_generator, sample_token
@@ -240,21 +244,28 @@ class RolloutEngine:
     # ------------------------------------------------------------------ helpers
 
     def _make_cache(self, num_slots: int, capacity: int) -> SlotKVCache:
-        """Invariant: fp32 keys in whole key blocks, which the attention op reads in place."""
-        if not self.batch_invariant:
+        """Invariant: the layout the backend's attention reads in place (its key block, and
+        the compute dtype when the backend asks for it)."""
+        handle = patch_handle(self.model)
+        if handle is None:
             return SlotKVCache(num_slots, capacity, self.device)
-        wide = next(self.model.parameters()).dtype == torch.float64
-        dtype = torch.float64 if wide else torch.float32  # the op's compute dtype
-        return SlotKVCache(num_slots, capacity, self.device, dtype=dtype, block=BLOCK_K)
+        dtype = None
+        if handle.layout.kv_in_compute_dtype:
+            wide = next(self.model.parameters()).dtype == torch.float64
+            dtype = torch.float64 if wide else torch.float32  # the op's compute dtype
+        block = handle.layout.kv_block
+        return SlotKVCache(num_slots, capacity, self.device, dtype=dtype, block=block)
 
     @contextmanager
     def _attention_mode(self):
         """Patched: the invariant hook is already set. Unpatched: plain cached SDPA for this call."""
         config = self.model.config
-        if self.batch_invariant:
-            if config._attn_implementation != ATTENTION_NAME:
+        handle = patch_handle(self.model)
+        if handle is not None:
+            if config._attn_implementation != handle.attention_name:
                 raise RuntimeError(
-                    f"model is patched but uses attention {config._attn_implementation!r}, not {ATTENTION_NAME!r}"
+                    f"model is patched but uses attention {config._attn_implementation!r}, "
+                    f"not {handle.attention_name!r}"
                 )
             yield
             return
@@ -319,8 +330,8 @@ class _Stepper:
         self.device = engine.device
         self.temperature = sampling.logprob_temperature
         if engine.batch_invariant:
-            self._lm_head = get_op("lm_head", self.device)
-            self._log_softmax = get_op("log_softmax", self.device)
+            self._lm_head = model_op(self.model, "lm_head")
+            self._log_softmax = model_op(self.model, "log_softmax")
             self._head_params = lm_head_parameters(self.model)
 
     def prefill(self, seqs: list[_Sequence]) -> None:

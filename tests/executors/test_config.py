@@ -13,9 +13,10 @@ from rl_engine.config import AlgorithmConfig, RolloutConfig, RunConfig, TrainerC
 
 def test_defaults():
     c = RunConfig()
-    assert (c.model, c.dtype, c.batch_invariant, c.parity) == (
+    assert (c.model, c.dtype, c.device, c.batch_invariant, c.parity) == (
         "tiny-llama",
         "float32",
+        "cpu",
         True,
         "strict",
     )
@@ -80,6 +81,7 @@ INVALID = [
     ({"dtype": "float16"}, "dtype"),
     ({"model": ""}, "model"),
     ({"seed": -1}, "seed"),
+    ({"device": "cuda:0"}, "device"),
     ({"batch_invariant": "yes"}, "batch_invariant"),
     ({"parity": "loose"}, "parity"),
     ({"output_dir": ""}, "output_dir"),

@@ -1,7 +1,26 @@
+"""The registry: the device type alone picks the backend, explicit requests never fall back.
+
+cpu -> native; cuda -> triton (raises if triton cannot load, unless
+backend="native" is asked for); cpu + backend="triton" only under Triton's
+interpreter. Layout facts come from the backend through `backend_layout`.
+"""
+
+import importlib
+import sys
+
 import pytest
 import torch
 
-from rl_engine.kernels import OP_NAMES, get_op, list_backends, list_ops
+from rl_engine.kernels import (
+    OP_NAMES,
+    backend_layout,
+    get_op,
+    interpreter_enabled,
+    list_backends,
+    list_ops,
+    resolve_backend,
+)
+from rl_engine.kernels import registry as registry_module
 from rl_engine.kernels.native import attention, linear_logp
 
 
@@ -20,18 +39,78 @@ def test_every_op_resolves_on_cpu_to_native():
         assert fn.__module__.startswith("rl_engine.kernels.native"), name
     assert get_op("linear_logp", torch.device("cpu")) is linear_logp
     assert get_op("attention", "cpu", backend="native") is attention
+    assert resolve_backend("cpu") == "native"
 
 
-def test_device_is_explicit_and_cuda_falls_back_to_native_until_triton_provides_the_op():
+@pytest.mark.triton
+def test_cuda_resolves_to_triton_when_it_loads_and_native_only_when_asked():
     assert list_backends("cuda:1") == ["triton", "native"]
-    assert get_op("linear_logp", "cuda") is linear_logp  # triton backend provides nothing yet
+    assert resolve_backend("cuda:0") == "triton"
+    for name in OP_NAMES:
+        assert get_op(name, "cuda").__module__.startswith("rl_engine.kernels.triton"), name
+        assert get_op(name, "cuda", backend="native").__module__.startswith(
+            "rl_engine.kernels.native"
+        ), name
+    assert get_op("linear_logp", "cuda", backend="native") is linear_logp
     with pytest.raises(TypeError, match="device must be a str or torch.device"):
         get_op("linear", None)
+
+
+@pytest.mark.triton
+@pytest.mark.skipif(not interpreter_enabled(), reason="needs TRITON_INTERPRET=1 (no GPU)")
+def test_cpu_serves_triton_only_under_the_interpreter(monkeypatch):
+    # tests/conftest.py sets TRITON_INTERPRET=1 before the backend is imported
+    fn = get_op("silu", "cpu", backend="triton")
+    assert fn.__module__ == "rl_engine.kernels.triton.silu"
+    assert torch.equal(fn(torch.zeros(3)), torch.zeros(3))
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="runs on cpu only under Triton's interpreter"):
+        get_op("silu", "cpu", backend="triton")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        resolve_backend("cpu", "triton")
+    assert get_op("silu", "cpu").__module__.startswith("rl_engine.kernels.native")
+
+
+@pytest.fixture
+def triton_missing(monkeypatch):
+    """Make `import triton` fail, as on a machine without triton (restored afterwards)."""
+    monkeypatch.setitem(sys.modules, "triton", None)
+    for name in [m for m in sys.modules if m.startswith("rl_engine.kernels.triton")]:
+        monkeypatch.delitem(sys.modules, name)
+    registry_module._load_backend.cache_clear()
+    yield
+    registry_module._load_backend.cache_clear()
+
+
+@pytest.mark.triton
+def test_nothing_falls_back_when_triton_cannot_load(triton_missing):
+    with pytest.raises(
+        RuntimeError, match="'triton' is the backend of cuda but cannot load"
+    ) as err:
+        get_op("linear", "cuda")
+    assert "backend='native'" in str(err.value)
+    with pytest.raises(
+        RuntimeError, match="'triton' was requested but cannot load: ModuleNotFoundError"
+    ):
+        get_op("linear", "cuda", backend="triton")
+    with pytest.raises(RuntimeError, match="cannot load"):
+        get_op("linear", "cpu", backend="triton")
+    with pytest.raises(RuntimeError, match="cannot load"):
+        backend_layout("cuda")
+    assert (
+        get_op("linear", "cuda", backend="native").__module__ == "rl_engine.kernels.native.linear"
+    )
+    assert get_op("linear", "cpu").__module__ == "rl_engine.kernels.native.linear"
 
 
 def test_unknown_op_lists_the_ops():
     with pytest.raises(KeyError, match="available ops: embedding, linear"):
         get_op("matmul", "cpu")
+
+
+def test_unknown_backend_lists_the_backends():
+    with pytest.raises(ValueError, match="unknown backend 'cudnn'; known backends: native, triton"):
+        get_op("linear", "cuda", backend="cudnn")
 
 
 def test_unsupported_device_lists_the_devices():
@@ -41,8 +120,18 @@ def test_unsupported_device_lists_the_devices():
         get_op("linear", "not-a-device")
 
 
-def test_explicit_backend_never_falls_back():
-    with pytest.raises(RuntimeError, match="backend 'triton' does not provide op 'linear'"):
-        get_op("linear", "cuda", backend="triton")
-    with pytest.raises(ValueError, match="backend 'triton' does not serve device 'cpu'"):
-        get_op("linear", "cpu", backend="triton")
+def test_layout_facts_come_from_the_backend():
+    native = backend_layout("cpu")
+    assert native.kv_block == 128 and native.kv_in_compute_dtype
+    assert native.k_slice_for(torch.float32) == 1024
+
+
+@pytest.mark.triton
+def test_triton_layout_facts_are_the_kernels_constants():
+    attention = importlib.import_module("rl_engine.kernels.triton.attention")
+    matmul = importlib.import_module("rl_engine.kernels.triton._matmul")
+    layout = backend_layout("cuda")
+    assert layout.kv_block == attention.BLOCK_N and not layout.kv_in_compute_dtype
+    assert layout.k_slice_for(torch.bfloat16) == matmul.BLOCK_K
+    expected = (32, 64) if interpreter_enabled() else (64, 64)  # interpreter / GPU tiles
+    assert (layout.kv_block, layout.k_slice_for(torch.float32)) == expected

@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch import nn
 
+from rl_engine.kernels import OP_NAMES, get_op
 from rl_engine.logprobs import token_logprobs
 from rl_engine.models import load_model
-from rl_engine.patching import ATTENTION_NAME, apply_batch_invariant, is_patched
+from rl_engine.patching import apply_batch_invariant, attention_name, is_patched, model_op
 from tests.invariance import assert_equal_across_threads
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral"]
@@ -70,7 +71,7 @@ def test_every_op_on_the_path_is_replaced_and_parameters_are_kept(name):
     expected_norms = 2 * layers + 1 + (2 * layers if model.config.model_type == "qwen3" else 0)
     assert counts["rms_norm"] == expected_norms
     assert (model.lm_head.weight is model.get_input_embeddings().weight) == tied
-    assert model.config._attn_implementation == ATTENTION_NAME
+    assert model.config._attn_implementation == attention_name("native")
 
 
 def test_apply_twice_is_harmless_and_revert_restores_the_plain_model():
@@ -85,6 +86,41 @@ def test_apply_twice_is_harmless_and_revert_restores_the_plain_model():
     assert not is_patched(model) and model.config._attn_implementation == "sdpa"
     assert torch.equal(model(ids).logits, plain)
     assert not any("Invariant" in type(m).__name__ for m in model.modules())
+
+
+def test_ops_are_resolved_for_the_parameters_device_and_checked_at_forward():
+    """Patching resolves every op once, for the device the parameters are on; a model moved to
+    another device type afterwards fails at its first forward instead of running the wrong ops."""
+    model = _model("tiny-llama", patched=False)
+    handle = apply_batch_invariant(model)
+    assert (handle.backend, handle.device_type) == ("native", "cpu")
+    assert set(handle.ops) == set(OP_NAMES)
+    ops = [m.op for m in model.modules() if hasattr(m, "op")]
+    assert ops and all(fn.__module__.startswith("rl_engine.kernels.native") for fn in ops)
+    assert model_op(model, "linear_logp") is get_op("linear_logp", "cpu")
+    model.to("meta")
+    with pytest.raises(RuntimeError, match="patched for 'cpu' .* but now runs on meta"):
+        model(torch.zeros(1, 4, dtype=torch.long, device="meta"))
+
+
+def test_model_on_several_device_types_is_refused():
+    model = _model("tiny-llama", patched=False)
+    model.lm_head.to("meta")
+    with pytest.raises(ValueError, match="several device types"):
+        apply_batch_invariant(model)
+
+
+@pytest.mark.triton
+def test_explicit_triton_backend_on_cpu_under_the_interpreter():
+    model = _model("tiny-llama", patched=False)
+    handle = apply_batch_invariant(model, backend="triton")
+    assert handle.backend == "triton" and handle.layout.kv_block == 32  # interpreter tiles
+    assert model.config._attn_implementation == attention_name("triton")
+    assert model_op(model, "lm_head").__module__ == "rl_engine.kernels.triton.lm_head"
+    with pytest.raises(ValueError, match="already patched with backend 'triton'"):
+        apply_batch_invariant(model, backend="native")
+    handle.revert()
+    assert apply_batch_invariant(model, backend="native").backend == "native"
 
 
 def test_optimizer_built_before_patching_still_trains_the_model():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_engine.patching import ATTENTION_NAME, is_patched
+from rl_engine.patching import attention_name, is_patched
 from rl_engine.patching.attention import PLAIN_CACHED_NAME
 from rl_engine.rollout import RolloutEngine, SamplingParams, SlotKVCache
 from rl_engine.rollout import engine as engine_module
@@ -198,7 +198,7 @@ def test_patched_model_keeps_its_invariant_attention():
     model = patched_model("tiny-llama")
     assert is_patched(model)
     _engine().generate([[5, 6]], SamplingParams(max_new_tokens=2))
-    assert model.config._attn_implementation == ATTENTION_NAME
+    assert model.config._attn_implementation == attention_name("native")
 
 
 def test_progress_bar_can_be_enabled(capsys):

@@ -22,23 +22,3 @@ def embedding(
         raise ValueError(f"embedding weight must be 2-D (vocab, hidden), got {tuple(weight.shape)}")
     check_index_range("token ids", ids, weight.shape[0], "the vocabulary size")
     return F.embedding(ids, weight, padding_idx=padding_idx)
-
-
-class InvariantEmbedding(torch.nn.Module):
-    """Drop-in for `nn.Embedding` that reuses the original Parameter object."""
-
-    def __init__(self, base: torch.nn.Embedding):
-        super().__init__()
-        self.num_embeddings, self.embedding_dim = base.num_embeddings, base.embedding_dim
-        self.padding_idx = base.padding_idx
-        self.weight = base.weight
-        self._scale = getattr(base, "embed_scale", None)  # scaled embeddings (e.g. Gemma-style)
-
-    def forward(self, ids):
-        out = embedding(ids, self.weight, self.padding_idx)
-        if self._scale is not None:
-            out = out * self._scale.to(out.dtype)
-        return out
-
-    def extra_repr(self):
-        return f"{self.num_embeddings}, {self.embedding_dim}, batch_invariant=True"

@@ -69,19 +69,3 @@ def lm_head(
     the full sum. Works with tied weights: `weight` may be the embedding matrix.
     """
     return _apply(hidden, weight, bias, at_least_fp32(hidden.dtype))
-
-
-class InvariantLinear(torch.nn.Module):
-    """Drop-in for `nn.Linear` that reuses the original Parameter objects."""
-
-    def __init__(self, base: torch.nn.Linear):
-        super().__init__()
-        self.in_features, self.out_features = base.in_features, base.out_features
-        self.weight = base.weight
-        self.bias = base.bias
-
-    def forward(self, x):
-        return linear(x, self.weight, self.bias)
-
-    def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, batch_invariant=True"

@@ -31,18 +31,3 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     x32 = x.to(at_least_fp32(x.dtype))
     normed = x32 * torch.rsqrt(_mean_square(x32) + eps)
     return weight * normed.to(x.dtype)
-
-
-class InvariantRMSNorm(torch.nn.Module):
-    """Drop-in for HF `*RMSNorm` modules (weight and variance_epsilon / eps)."""
-
-    def __init__(self, base: torch.nn.Module):
-        super().__init__()
-        self.weight = base.weight
-        self.eps = getattr(base, "variance_epsilon", getattr(base, "eps", 1e-6))
-
-    def forward(self, x):
-        return rms_norm(x, self.weight, self.eps)
-
-    def extra_repr(self):
-        return f"{tuple(self.weight.shape)}, eps={self.eps}, batch_invariant=True"

@@ -24,11 +24,3 @@ def silu(x: torch.Tensor) -> torch.Tensor:
     # No autograd (rollout decode): one buffer, same ops, same bits.
     denom = torch.neg(x32).exp_().add_(1.0)
     return torch.div(x32, denom, out=denom).to(x.dtype)
-
-
-class InvariantSiLU(torch.nn.Module):
-    def forward(self, x):
-        return silu(x)
-
-    def extra_repr(self):
-        return "batch_invariant=True"

@@ -1,0 +1,128 @@
+"""Persistent fixed-order matmul: the one Triton kernel behind `linear`, `lm_head` and `linear_logp`.
+
+out (M, N) = x (M, K) @ w (N, K)^T (+ bias), accumulated in fp32 (fp64 for fp64).
+
+A row's bits are fixed by construction:
+- the tile sizes are constants (never chosen from M), so the same compiled
+  kernel serves M = 1 and M = 8192 (`M` is also excluded from Triton's
+  integer specialisation, which would compile a separate kernel for M == 1);
+- each output tile walks K from column 0 in steps of BLOCK_K, one `tl.dot`
+  per step into the same fp32 accumulator: no split-K, no atomics;
+- rows of a tile never mix (a dot's output row only reads its own input row),
+  and masked rows / columns load as 0.
+The launch is persistent (one program per SM, looping over tiles): which
+program computes a tile changes with M, what it computes does not.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rl_engine.kernels.triton._common import INTERPRET, num_programs, tl_dtype, upcast_dot
+
+# Part of the numerics (BLOCK_K sets the reduction order); the same for every M.
+# The interpreter (tests on CPU) uses smaller tiles: its dot is a slow numpy loop
+# whose cost grows with the padded tile, and its numerics are its own anyway.
+BLOCK_M, BLOCK_N, BLOCK_K = (16, 128, 64) if INTERPRET else (128, 128, 64)
+_NUM_WARPS = 8
+_NUM_STAGES = {2: 3, 4: 2, 8: 1}  # by element size: pipelining never changes the bits
+
+
+@triton.jit(do_not_specialize=["M", "programs"])
+def _matmul_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    programs,
+    HAS_BIAS: tl.constexpr,
+    ACC: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    for tile in range(pid, tiles_m * tiles_n, programs):
+        # consecutive programs share a weight column block (L2 reuse); order never changes bits
+        tm = tile % tiles_m
+        tn = tile // tiles_m
+        rm = (tm * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        rn = (tn * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=ACC)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            a = tl.load(
+                x_ptr + rm[:, None] * stride_xm + kk[None, :],
+                mask=(rm[:, None] < M) & (kk[None, :] < K),
+                other=0.0,
+            )  # (BM, BK)
+            b = tl.load(
+                w_ptr + rn[None, :] * stride_wn + kk[:, None],
+                mask=(rn[None, :] < N) & (kk[:, None] < K),
+                other=0.0,
+            )  # (BK, BN)
+            if UPCAST:  # fp32 / fp64 operands, or any under the interpreter: no TF32
+                acc = tl.dot(a.to(ACC), b.to(ACC), acc, input_precision="ieee")
+            else:  # bf16 / fp16 tiles straight to the tensor cores
+                acc = tl.dot(a, b, acc)
+        if HAS_BIAS:
+            bias = tl.load(b_ptr + rn, mask=rn < N, other=0.0)
+            acc = acc + bias.to(ACC)[None, :]
+        tl.store(
+            out_ptr + rm[:, None] * stride_om + rn[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=(rm[:, None] < M) & (rn[None, :] < N),
+        )
+
+
+def fixed_order_matmul(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, out_dtype: torch.dtype
+) -> torch.Tensor:
+    """x (M, K) @ weight (N, K)^T + bias -> (M, N) in `out_dtype`, row-invariant (fp32 sums)."""
+    x = x.contiguous()
+    weight = weight.contiguous()
+    M, K = x.shape
+    N = weight.shape[0]
+    out = torch.empty((M, N), dtype=out_dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        out.zero_()
+        return out if bias is None else out.add_(bias.to(out_dtype))
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)
+    programs = num_programs(x.device, tiles)
+    _matmul_kernel[(programs,)](
+        x,
+        weight,
+        bias if bias is not None else x,
+        out,
+        M,
+        N,
+        K,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        programs,
+        HAS_BIAS=bias is not None,
+        ACC=tl_dtype(acc),
+        UPCAST=upcast_dot(x.dtype),
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
+        num_warps=_NUM_WARPS,
+        num_stages=_NUM_STAGES[x.element_size()],
+    )
+    return out

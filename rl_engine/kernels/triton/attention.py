@@ -1,0 +1,400 @@
+"""Batch-invariant causal attention (grouped-query) on the GPU, in two Triton kernels.
+
+Contract: the native op's (rl_engine/kernels/native/attention.py, docs/ops/attention.md):
+``attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None)``
+with q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) (or (S, Hkv, Tk, D) caches read
+through kv_index), per-query positions (negative = padding query, output row
+exactly 0), k_positions or the aligned layout (slot j = position j), causal,
+GQA (query head h reads kv head h // (Hq // Hkv)). fp32 statistics and
+accumulation; output in q.dtype.
+
+Algorithm
+---------
+Everything is laid out by sequence position, never by slot or padded length.
+Queries go to tiles of BLOCK_M positions of one sequence (row = position %
+BLOCK_M); keys are read in blocks of BLOCK_N positions (block i = positions
+[i * BLOCK_N, (i + 1) * BLOCK_N)), BLOCK_N a multiple of BLOCK_M, so every row
+of a tile needs the same blocks 0..nb-1, nb = tile start // BLOCK_N + 1.
+The blocks are cut into KV splits of SPLIT_BLOCKS blocks (a fixed split size,
+in positions, independent of the query count).
+
+Kernel 1, one program per (tile, query head, split): flash-style online
+softmax over the split's blocks in increasing order (s = q k^T * scale, -inf
+past the query's position, running max m, l = l * exp(m_old - m) + sum p,
+acc = acc * exp(m_old - m) + p v). A tile with one split writes acc / l;
+otherwise it writes its (m, l, acc) partials.
+Kernel 2, one program per (tile, query head) of tiles with two or more
+splits: m = max over splits, out = sum_s acc_s exp(m_s - m) / sum_s l_s
+exp(m_s - m), splits in increasing order.
+
+Prefill and decode run the very same two kernels: a decode query sits alone in
+its tile, at the row it has in prefill, and sees the same blocks and splits;
+its row of every dot product only reads its own query row. Keys past the
+tile's last query are not loaded (0), and keys past a row's own position get
+weight exactly 0, so the other rows of a tile cannot change a row's bits. The
+arithmetic of a row depends only on its position: decode == prefill ==
+chunked prefill, bitwise, in any batch.
+
+Backward: the native op's plain-torch backward (deterministic, not invariant).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rl_engine.kernels.native.attention import _backward, _compute_dtype, _validate
+from rl_engine.kernels.triton._common import INTERPRET, check_device, tl_dtype, upcast_dot
+
+# Part of the numerics: changing them changes the bits (the same for every
+# batch, so the rollout engine and the trainer agree). GPU: 64-row query tiles,
+# 64-position key blocks, KV splits of 16 blocks = 1024 positions. The
+# interpreter (tests on CPU) uses smaller ones: faster there, and sequences of a
+# few hundred tokens then cross several splits.
+BLOCK_M, BLOCK_N, SPLIT_BLOCKS = (16, 32, 4) if INTERPRET else (64, 64, 16)
+assert BLOCK_N % BLOCK_M == 0
+
+
+@triton.jit(do_not_specialize=["has_slots"])
+def _attention_split_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    tile_b_ptr,
+    tile_start_ptr,
+    tile_cols_ptr,
+    kv_row_ptr,
+    slot_ptr,
+    sq_b,
+    sq_h,
+    sq_t,
+    sk_b,
+    sk_h,
+    sk_t,
+    sv_b,
+    sv_h,
+    sv_t,
+    so_b,
+    so_h,
+    so_t,
+    Tk,
+    slot_len,
+    n_split_max,
+    D,
+    group,
+    scale,
+    has_slots,
+    UPCAST: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLIT_BLOCKS: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+    start = tl.load(tile_start_ptr + tile)
+    n_blocks = start // BLOCK_N + 1
+    n_splits = tl.cdiv(n_blocks, SPLIT_BLOCKS)
+    if split < n_splits:
+        b = tl.load(tile_b_ptr + tile).to(tl.int64)
+        kv_b = tl.load(kv_row_ptr + b).to(tl.int64)
+        hk = (h // group).to(tl.int64)
+        rows = tl.arange(0, BLOCK_M)
+        cols = tl.load(tile_cols_ptr + tile * BLOCK_M + rows).to(tl.int64)  # -1: no query
+        live = cols >= 0
+        qpos = start + rows
+        last = tl.max(tl.where(live, qpos, -1), axis=0)  # last query position of the tile
+        d = tl.arange(0, BLOCK_D)
+        dmask = d < D
+        q = tl.load(
+            q_ptr + b * sq_b + h * sq_h + cols[:, None] * sq_t + d[None, :],
+            mask=live[:, None] & dmask[None, :],
+            other=0.0,
+        )  # (BM, BD)
+        if UPCAST:
+            q = q.to(ACC)
+        m_i = tl.full((BLOCK_M,), float("-inf"), dtype=ACC)
+        l_i = tl.zeros((BLOCK_M,), dtype=ACC)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=ACC)
+        j0 = split * SPLIT_BLOCKS
+        j1 = tl.minimum(j0 + SPLIT_BLOCKS, n_blocks)
+        for j in range(j0, j1):
+            kpos = j * BLOCK_N + tl.arange(0, BLOCK_N)
+            # k_positions given: the slot that holds each position (-1: none); else slot = position.
+            # A runtime flag, not a constexpr: every layout runs the same compiled kernel.
+            mapped = tl.load(slot_ptr + b * slot_len + kpos, mask=kpos < slot_len, other=-1)
+            slots = tl.where(kpos * 0 + has_slots != 0, mapped.to(tl.int64), kpos.to(tl.int64))
+            kmask = (kpos <= last) & (slots >= 0) & (slots < Tk)
+            k = tl.load(
+                k_ptr + kv_b * sk_b + hk * sk_h + slots[:, None] * sk_t + d[None, :],
+                mask=kmask[:, None] & dmask[None, :],
+                other=0.0,
+            )  # (BN, BD)
+            if UPCAST:
+                k = k.to(ACC)
+            else:
+                k = k.to(q.dtype)  # an fp32 cache of bf16 keys converts back exactly
+            if UPCAST:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale  # (BM, BN)
+            else:
+                s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(kpos[None, :] <= qpos[:, None], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(
+                v_ptr + kv_b * sv_b + hk * sv_h + slots[:, None] * sv_t + d[None, :],
+                mask=kmask[:, None] & dmask[None, :],
+                other=0.0,
+            )  # (BN, BD)
+            if UPCAST:
+                v = v.to(ACC)
+            else:
+                v = v.to(q.dtype)
+                p = p.to(q.dtype)
+            if UPCAST:
+                acc = tl.dot(p, v, acc * alpha[:, None], input_precision="ieee")
+            else:
+                acc = tl.dot(p, v, acc * alpha[:, None])
+            m_i = m_new
+        if n_splits == 1:
+            o = acc / l_i[:, None]
+            tl.store(
+                out_ptr + b * so_b + h * so_h + cols[:, None] * so_t + d[None, :],
+                o.to(out_ptr.dtype.element_ty),
+                mask=live[:, None] & dmask[None, :],
+            )
+        else:
+            n_heads = tl.num_programs(1)
+            part = ((tile * n_heads + h) * n_split_max + split).to(tl.int64)  # (tile, head, split)
+            tl.store(
+                part_acc_ptr + part * BLOCK_M * BLOCK_D + rows[:, None] * BLOCK_D + d[None, :], acc
+            )
+            tl.store(part_ml_ptr + part * 2 * BLOCK_M + rows, m_i)
+            tl.store(part_ml_ptr + part * 2 * BLOCK_M + BLOCK_M + rows, l_i)
+
+
+@triton.jit
+def _attention_combine_kernel(
+    out_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    tile_b_ptr,
+    tile_start_ptr,
+    tile_cols_ptr,
+    so_b,
+    so_h,
+    so_t,
+    n_split_max,
+    D,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SPLIT_BLOCKS: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    start = tl.load(tile_start_ptr + tile)
+    n_splits = tl.cdiv(start // BLOCK_N + 1, SPLIT_BLOCKS)
+    if n_splits > 1:
+        b = tl.load(tile_b_ptr + tile).to(tl.int64)
+        rows = tl.arange(0, BLOCK_M)
+        cols = tl.load(tile_cols_ptr + tile * BLOCK_M + rows).to(tl.int64)
+        live = cols >= 0
+        d = tl.arange(0, BLOCK_D)
+        base = ((tile * tl.num_programs(1) + h) * n_split_max).to(tl.int64)
+        m = tl.full((BLOCK_M,), float("-inf"), dtype=ACC)
+        for s in range(0, n_splits):
+            m = tl.maximum(m, tl.load(part_ml_ptr + (base + s) * 2 * BLOCK_M + rows))
+        l_sum = tl.zeros((BLOCK_M,), dtype=ACC)
+        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=ACC)
+        for s in range(0, n_splits):
+            m_s = tl.load(part_ml_ptr + (base + s) * 2 * BLOCK_M + rows)
+            l_s = tl.load(part_ml_ptr + (base + s) * 2 * BLOCK_M + BLOCK_M + rows)
+            acc_s = tl.load(
+                part_acc_ptr + (base + s) * BLOCK_M * BLOCK_D + rows[:, None] * BLOCK_D + d[None, :]
+            )
+            w = tl.exp(m_s - m)
+            l_sum = l_sum + l_s * w
+            acc = acc + acc_s * w[:, None]
+        o = acc / l_sum[:, None]
+        tl.store(
+            out_ptr + b * so_b + h * so_h + cols[:, None] * so_t + d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=live[:, None] & (d[None, :] < D),
+        )
+
+
+def _plan_tiles(q_positions: torch.Tensor):
+    """Valid queries grouped into (sequence, tile) pairs.
+
+    Returns (tile_b (NT,), tile_start (NT,), tile_cols (NT, BLOCK_M)) int32:
+    each tile's sequence, first position, and the q column of each of its rows
+    (-1 where no query holds that position). Only speed depends on the order
+    of the tiles. Decode (Tq == 1) makes the same tiles, one per row (a padding
+    row's tile has no query), without torch.unique.
+    """
+    pos = q_positions.long()
+    if pos.shape[1] == 1:  # decode: one tile per row, planned without host syncs
+        p = pos[:, 0].clamp(min=0)  # (B,)
+        rows = torch.arange(pos.shape[0], device=pos.device)
+        tile_cols = torch.full((pos.shape[0], BLOCK_M), -1, dtype=torch.int32, device=pos.device)
+        tile_cols[rows, p % BLOCK_M] = torch.where(pos[:, 0] >= 0, 0, -1).to(torch.int32)
+        return rows.to(torch.int32), (p // BLOCK_M * BLOCK_M).to(torch.int32), tile_cols
+    qb, qcol = (pos >= 0).nonzero(as_tuple=True)  # (N,)
+    p = pos[qb, qcol]
+    n_tiles = int(p.max()) // BLOCK_M + 1
+    key = qb * n_tiles + p // BLOCK_M
+    uniq, inv = torch.unique(key, return_inverse=True)
+    row = p % BLOCK_M
+    if torch.unique(inv * BLOCK_M + row).numel() != p.numel():
+        raise ValueError("q_positions: a sequence has the same position twice")
+    tile_cols = torch.full((uniq.numel(), BLOCK_M), -1, dtype=torch.int32, device=pos.device)
+    tile_cols[inv, row] = qcol.to(torch.int32)
+    tile_b = (uniq // n_tiles).to(torch.int32)
+    tile_start = ((uniq % n_tiles) * BLOCK_M).to(torch.int32)
+    return tile_b, tile_start, tile_cols
+
+
+def _slot_map(k_positions: torch.Tensor, length: int) -> torch.Tensor:
+    """(B, length) int32: the key slot that holds each position, -1 where none does."""
+    B = k_positions.shape[0]
+    kp = k_positions.long()
+    slots = torch.full((B, length), -1, dtype=torch.int32, device=kp.device)
+    sb, slot = ((kp >= 0) & (kp < length)).nonzero(as_tuple=True)
+    slots[sb, kp[sb, slot]] = slot.to(torch.int32)
+    return slots
+
+
+def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
+    """(B, Hq, Tq, D) in q.dtype; exact zeros for padding queries."""
+    B, Hq, Tq, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    # the kernels take every stride but the head dim's, which must be 1
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    if q.numel() == 0 or not bool((q_positions >= 0).any()):
+        return out
+    tile_b, tile_start, tile_cols = _plan_tiles(q_positions)
+    NT = tile_b.numel()
+    max_start = int(tile_start.max())
+    n_split_max = triton.cdiv(max_start // BLOCK_N + 1, SPLIT_BLOCKS)
+    kv_row = (
+        kv_index.to(torch.int32)
+        if kv_index is not None
+        else torch.arange(B, dtype=torch.int32, device=q.device)
+    )
+    if k_positions is not None:
+        slots = _slot_map(k_positions, max_start + BLOCK_M)
+        slot_len = slots.shape[1]
+    else:
+        slots, slot_len = tile_b, 0  # unused: aligned layout
+    acc_dtype = _compute_dtype(q.dtype)
+    block_d = max(16, triton.next_power_of_2(D))
+    if n_split_max > 1:
+        part_acc = torch.empty(
+            (NT, Hq, n_split_max, BLOCK_M, block_d), dtype=acc_dtype, device=q.device
+        )
+        part_ml = torch.empty((NT, Hq, n_split_max, 2, BLOCK_M), dtype=acc_dtype, device=q.device)
+    else:  # unused; fp32 all the same, so that every call runs one compiled kernel
+        part_acc = part_ml = torch.empty(1, dtype=acc_dtype, device=q.device)
+    acc_tl = tl_dtype(acc_dtype)
+    _attention_split_kernel[(NT, Hq, n_split_max)](
+        q,
+        k,
+        v,
+        out,
+        part_acc,
+        part_ml,
+        tile_b,
+        tile_start,
+        tile_cols,
+        kv_row,
+        slots,
+        *q.stride()[:3],
+        *k.stride()[:3],
+        *v.stride()[:3],
+        *out.stride()[:3],
+        Tk,
+        slot_len,
+        n_split_max,
+        D,
+        Hq // Hkv,
+        float(scale),
+        int(k_positions is not None),
+        UPCAST=upcast_dot(q.dtype),
+        ACC=acc_tl,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=block_d,
+        SPLIT_BLOCKS=SPLIT_BLOCKS,
+        num_warps=4,
+        num_stages=2,
+    )
+    if n_split_max > 1:
+        _attention_combine_kernel[(NT, Hq)](
+            out,
+            part_acc,
+            part_ml,
+            tile_b,
+            tile_start,
+            tile_cols,
+            *out.stride()[:3],
+            n_split_max,
+            D,
+            ACC=acc_tl,
+            BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N,
+            BLOCK_D=block_d,
+            SPLIT_BLOCKS=SPLIT_BLOCKS,
+            num_warps=4,
+        )
+    return out
+
+
+class _InvariantAttention(torch.autograd.Function):
+    """kv_index is always None here when gradients are needed (see attention)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_positions, k_positions, scale, kv_index=None):
+        ctx.save_for_backward(q, k, v, q_positions, k_positions)
+        ctx.scale = scale
+        return attention_forward(q, k, v, q_positions, k_positions, scale, kv_index)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, q_positions, k_positions = ctx.saved_tensors
+        if q.numel() == 0 or k.numel() == 0:
+            dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        else:
+            dq, dk, dv = _backward(grad_out, q, k, v, q_positions, k_positions, ctx.scale)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+
+
+def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None) -> torch.Tensor:
+    """Batch-invariant causal GQA attention; the contract of the native op (see the module docstring).
+
+    q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D); q_positions: (B, Tq) int;
+    k_positions: (B, Tk) int or None (aligned KV-cache layout); kv_index: (B,)
+    int or None: row b reads k[kv_index[b]], v[kv_index[b]] of (S, Hkv, Tk, D)
+    caches (aligned layout only). Returns (B, Hq, Tq, D) in q.dtype, exact
+    zeros for padding queries.
+    """
+    scale = _validate(q, k, v, q_positions, k_positions, scale, kv_index)
+    check_device("q", q)
+    if (
+        kv_index is not None
+        and torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
+    ):  # the backward works on per-row keys
+        k, v, kv_index = k.index_select(0, kv_index), v.index_select(0, kv_index), None
+    return _InvariantAttention.apply(q, k, v, q_positions, k_positions, scale, kv_index)

@@ -1,0 +1,69 @@
+"""Embedding lookup on the GPU: a gather kernel, so each token's row is its weight row, bit for bit.
+
+Invariant by construction; ids are range-checked with an error naming the bad
+values. Backward: torch's dense embedding backward (deterministic: it sorts
+the ids, no atomics), which honours padding_idx.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rl_engine.kernels.native._checks import check_floating, check_index_range
+from rl_engine.kernels.triton._common import check_device
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _embedding_kernel(ids_ptr, w_ptr, out_ptr, H, stride_w, stride_o, BLOCK: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.load(ids_ptr + tok).to(tl.int64)
+    mask = offs < H
+    vals = tl.load(w_ptr + row * stride_w + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + tok * stride_o + offs, vals, mask=mask)
+
+
+def embedding_forward(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    flat = ids.reshape(-1).contiguous()
+    H = weight.shape[1]
+    out = torch.empty((flat.numel(), H), dtype=weight.dtype, device=weight.device)
+    if flat.numel() and H:
+        weight = weight.contiguous()
+        grid = (flat.numel(), triton.cdiv(H, _BLOCK))
+        _embedding_kernel[grid](flat, weight, out, H, weight.stride(0), out.stride(0), BLOCK=_BLOCK)
+    return out.reshape(*ids.shape, H)
+
+
+class _Embedding(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ids, weight, padding_idx):
+        ctx.save_for_backward(ids)
+        ctx.num_weights, ctx.padding_idx = weight.shape[0], padding_idx
+        return embedding_forward(ids, weight)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (ids,) = ctx.saved_tensors
+        pad = -1 if ctx.padding_idx is None else ctx.padding_idx
+        grad_w = torch.ops.aten.embedding_dense_backward(
+            grad_out.contiguous(), ids, ctx.num_weights, pad, False
+        )
+        return None, grad_w, None
+
+
+def embedding(
+    ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None
+) -> torch.Tensor:
+    """ids (...) int, weight (V, H) -> (..., H) in weight.dtype."""
+    check_floating("weight", weight)
+    if weight.dim() != 2:
+        raise ValueError(f"embedding weight must be 2-D (vocab, hidden), got {tuple(weight.shape)}")
+    check_index_range("token ids", ids, weight.shape[0], "the vocabulary size")
+    check_device("weight", weight)
+    if padding_idx is not None and padding_idx < 0:
+        padding_idx += weight.shape[0]
+    return _Embedding.apply(ids, weight, padding_idx)

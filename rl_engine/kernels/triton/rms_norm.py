@@ -1,0 +1,99 @@
+"""RMSNorm on the GPU with Hugging Face semantics: fp32 statistics, normalised value cast back, then * weight.
+
+One program per row. The sum of squares runs over the row in chunks of BLOCK
+columns from column 0, into a BLOCK-wide fp32 vector, reduced once at the end:
+the order depends only on the row length. Backward: autograd through the same
+formula in plain torch (deterministic).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rl_engine.kernels.native._checks import at_least_fp32, check_floating, check_last_dim
+from rl_engine.kernels.triton._common import check_device, tl_dtype
+
+_MAX_BLOCK = 4096  # chunk width: next power of two of H, at most this (depends on H only)
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, w_ptr, out_ptr, H, stride_x, stride_o, eps, ACC: tl.constexpr, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    sq = tl.zeros((BLOCK,), dtype=ACC)
+    for h0 in range(0, H, BLOCK):
+        x = tl.load(x_ptr + row * stride_x + h0 + offs, mask=h0 + offs < H, other=0.0).to(ACC)
+        sq += x * x
+    rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / H + eps)
+    for h0 in range(0, H, BLOCK):
+        mask = h0 + offs < H
+        x = tl.load(x_ptr + row * stride_x + h0 + offs, mask=mask, other=0.0)
+        w = tl.load(w_ptr + h0 + offs, mask=mask, other=0.0)
+        normed = (x.to(ACC) * rstd).to(x.dtype)  # cast back to the input dtype, as HF does
+        y = w.to(ACC) * normed.to(ACC)
+        tl.store(out_ptr + row * stride_o + h0 + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm_forward(x2d: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x2d = x2d.contiguous()
+    M, H = x2d.shape
+    out = torch.empty((M, H), dtype=torch.promote_types(weight.dtype, x2d.dtype), device=x2d.device)
+    if M == 0:
+        return out
+    _rms_norm_kernel[(M,)](
+        x2d,
+        weight.contiguous(),
+        out,
+        H,
+        x2d.stride(0),
+        out.stride(0),
+        float(eps),
+        ACC=tl_dtype(at_least_fp32(x2d.dtype)),
+        BLOCK=min(triton.next_power_of_2(H), _MAX_BLOCK),
+        num_warps=4 if H <= 4096 else 8,
+    )
+    return out
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The same formula in plain torch (for the backward)."""
+    x32 = x.to(at_least_fp32(x.dtype))
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+class _InvariantRMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x2d, weight, eps):
+        ctx.save_for_backward(x2d, weight)
+        ctx.eps = eps
+        return rms_norm_forward(x2d, weight, eps)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x2d, weight = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x2d.detach().requires_grad_(ctx.needs_input_grad[0])
+            w = weight.detach().requires_grad_(ctx.needs_input_grad[1])
+            y = rms_norm_reference(x, w, ctx.eps)
+            inputs = [t for t in (x, w) if t.requires_grad]
+            grads = iter(torch.autograd.grad(y, inputs, grad_out)) if inputs else iter(())
+        grad_x = next(grads) if ctx.needs_input_grad[0] else None
+        grad_w = next(grads) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x (..., H), weight (H,) -> (..., H) in promote(x.dtype, weight.dtype) (HF LlamaRMSNorm)."""
+    check_floating("x", x)
+    check_floating("weight", weight)
+    check_last_dim("x", x, weight.shape[-1], "the norm weight's size")
+    check_device("x", x)
+    if x.shape[-1] == 0 or x.numel() == 0:
+        return x * weight
+    out = _InvariantRMSNorm.apply(x.reshape(-1, x.shape[-1]), weight, float(eps))
+    return out.reshape(x.shape)
