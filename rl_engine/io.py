@@ -7,6 +7,9 @@ import os
 import tempfile
 from pathlib import Path
 
+FILE_MODE = 0o644
+"""Output files are group- and world-readable (mkstemp alone would make them 0600)."""
+
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
     path = Path(path)
@@ -17,6 +20,7 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

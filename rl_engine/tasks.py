@@ -1,17 +1,55 @@
-"""Prompt sources and verifiable rewards for RL jobs.
+"""Prompt sources and verifiable rewards for RL jobs (`rollout.task`).
 
-`count` needs no tokenizer (tiny random models): prompts are random token ids and
-the reward is the fraction of completion tokens inside a band of ids, a task a
-policy gradient learns in a few steps. `arithmetic` needs a tokenizer
-(SmolLM2): "What is a plus b?" with reward 1 when the completion contains a+b.
+- `count` needs no tokenizer (tiny random models): prompts are random token ids and
+  the reward is the fraction of completion tokens inside a band of ids, a task a
+  policy gradient learns in a few steps.
+- `arithmetic` needs a tokenizer (SmolLM2): "What is a plus b?", reward 1.0 when the
+  completion's final answer is a+b (`answer_matches`).
+- `jsonl:PATH`: prompts from a file, one `{"prompt": str, "answer": str}` per line,
+  rewarded by the same rule as `arithmetic`.
+- `module:function`: the user's reward, `fn(samples) -> list[float]`, over the built-in
+  prompts (arithmetic questions with a tokenizer, random token prompts without); each
+  sample is a dict with `prompt_ids`, `completion_ids`, `prompt` and `completion` (text,
+  or None without a tokenizer) and `answer` (or None).
+
+Prompts of step s are a function of (seed, s) only, so a resumed run sees the same
+prompts as an uninterrupted one: the step is the whole task state.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import random
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def final_answer(text: str) -> str:
+    """The completion's final answer: its last number (text without one: its last word)."""
+    numbers = _NUMBER.findall(text)
+    if numbers:
+        return numbers[-1]
+    words = text.split()
+    return words[-1].strip(".,;:!?\"'") if words else ""
+
+
+def answer_matches(text: str, answer: str) -> bool:
+    """The reward rule of `arithmetic` and `jsonl:` tasks.
+
+    A numeric answer must be the completion's last number; any other answer must end the
+    completion (as whole words, ignoring trailing punctuation).
+    """
+    answer = str(answer).strip()
+    if _NUMBER.fullmatch(answer):
+        return final_answer(text) == answer
+    tail = text.rstrip().rstrip(".,;:!?\"'")
+    return bool(answer) and re.search(rf"(?:^|\W){re.escape(answer)}$", tail) is not None
 
 
 class Task(Protocol):
@@ -51,7 +89,7 @@ class CountTask:
 
 @dataclass
 class ArithmeticTask:
-    """'What is a plus b?' as a chat prompt; reward 1.0 when the answer appears in the completion."""
+    """'What is a plus b?' as a chat prompt; reward 1.0 when the completion's final answer is a+b."""
 
     tokenizer: object
     seed: int = 0
@@ -61,39 +99,191 @@ class ArithmeticTask:
         rng = random.Random(self.seed * 1_000_003 + step)
         return [(rng.randint(1, 20), rng.randint(1, 20)) for _ in range(count)]
 
+    def questions(self, count, step) -> list[tuple[str, str]]:
+        """(question text, answer) pairs of this step."""
+        return [
+            (f"What is {a} plus {b}? Answer with just the number.", str(a + b))
+            for a, b in self._operands(count, step)
+        ]
+
     def prompts(self, count, step):
-        out = []
-        for a, b in self._operands(count, step):
-            chat = [
-                {"role": "user", "content": f"What is {a} plus {b}? Answer with just the number."}
-            ]
-            out.append(
-                self.tokenizer.apply_chat_template(
-                    chat, add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-            )
-        return [list(p) for p in out]
+        return [_chat_prompt(self.tokenizer, q) for q, _ in self.questions(count, step)]
+
+    def answers(self, count, step) -> list[str]:
+        return [answer for _, answer in self.questions(count, step)]
 
     def rewards(self, prompt_indices, completions, step):
-        operands = self._operands(max(prompt_indices) + 1, step)
-        scores = []
-        for idx, tokens in zip(prompt_indices, completions):
-            a, b = operands[idx]
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            scores.append(1.0 if re.search(rf"\b{a + b}\b", text) else 0.0)
-        return scores
+        answers = self.answers(max(prompt_indices) + 1, step)
+        return [
+            1.0 if answer_matches(_decode(self.tokenizer, tokens), answers[idx]) else 0.0
+            for idx, tokens in zip(prompt_indices, completions)
+        ]
 
 
-TASKS = ("count", "arithmetic")
+@dataclass
+class JsonlTask:
+    """Prompts drawn from a JSONL file (`jsonl:PATH`), rewarded like `arithmetic`."""
+
+    records: list[tuple[str, str]]
+    tokenizer: object
+    seed: int = 0
+    name: str = "jsonl"
+
+    def questions(self, count, step) -> list[tuple[str, str]]:
+        rng = random.Random(self.seed * 1_000_003 + step)
+        if count <= len(self.records):
+            return rng.sample(self.records, count)
+        return [rng.choice(self.records) for _ in range(count)]
+
+    def prompts(self, count, step):
+        return [_chat_prompt(self.tokenizer, q) for q, _ in self.questions(count, step)]
+
+    def answers(self, count, step) -> list[str]:
+        return [answer for _, answer in self.questions(count, step)]
+
+    def rewards(self, prompt_indices, completions, step):
+        answers = self.answers(max(prompt_indices) + 1, step)
+        return [
+            1.0 if answer_matches(_decode(self.tokenizer, tokens), answers[idx]) else 0.0
+            for idx, tokens in zip(prompt_indices, completions)
+        ]
+
+
+@dataclass
+class FunctionTask:
+    """The user's reward `fn(samples) -> list[float]` over a built-in task's prompts."""
+
+    prompts_from: Task
+    reward_fn: Callable
+    spec: str
+    tokenizer: object = None
+    name: str = field(default="function")
+
+    def prompts(self, count, step):
+        return self.prompts_from.prompts(count, step)
+
+    def rewards(self, prompt_indices, completions, step):
+        count = max(prompt_indices) + 1
+        prompts = self.prompts(count, step)
+        answers = getattr(self.prompts_from, "answers", lambda c, s: [None] * c)(count, step)
+        samples = [
+            {
+                "prompt_ids": list(prompts[idx]),
+                "completion_ids": list(tokens),
+                "prompt": _decode(self.tokenizer, prompts[idx]),
+                "completion": _decode(self.tokenizer, tokens),
+                "answer": answers[idx],
+            }
+            for idx, tokens in zip(prompt_indices, completions)
+        ]
+        rewards = self.reward_fn(samples)
+        return _checked_rewards(self.spec, rewards, len(samples))
+
+
+TASKS = ("count", "arithmetic", "module:function", "jsonl:PATH")
 
 
 def make_task(name: str, *, vocab_size: int, tokenizer=None, seed: int = 0) -> Task:
+    """The task `rollout.task` names; errors name the key and what is wrong."""
+    if name.startswith("jsonl:"):
+        return JsonlTask(
+            read_prompt_file(name[len("jsonl:") :]), _need_tokenizer(name, tokenizer), seed
+        )
+    if ":" in name:
+        builtin = "arithmetic" if tokenizer is not None else "count"
+        prompts = make_task(builtin, vocab_size=vocab_size, tokenizer=tokenizer, seed=seed)
+        return FunctionTask(prompts, import_reward_function(name), name, tokenizer)
     if name == "count":
         return CountTask(vocab_size=vocab_size, seed=seed)
     if name == "arithmetic":
-        if tokenizer is None:
-            raise ValueError(
-                "rollout.task 'arithmetic' needs a model with a tokenizer (e.g. smollm2-135m-instruct)"
-            )
-        return ArithmeticTask(tokenizer=tokenizer, seed=seed)
+        return ArithmeticTask(tokenizer=_need_tokenizer(name, tokenizer), seed=seed)
     raise ValueError(f"unknown rollout.task {name!r}; available tasks: {', '.join(TASKS)}")
+
+
+def check_task_spec(name: str) -> None:
+    """Everything about `rollout.task` that can be checked without a model (before Ray starts)."""
+    if name.startswith("jsonl:"):
+        read_prompt_file(name[len("jsonl:") :])
+    elif ":" in name:
+        import_reward_function(name)
+    elif name not in ("count", "arithmetic"):
+        raise ValueError(f"unknown rollout.task {name!r}; available tasks: {', '.join(TASKS)}")
+
+
+def import_reward_function(spec: str) -> Callable:
+    """`module:function` -> the function; the error says which part failed."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"rollout.task {spec!r}: expected module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(
+            f"rollout.task {spec!r}: cannot import module {module_name!r} ({err}); "
+            "is it on PYTHONPATH?"
+        ) from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"rollout.task {spec!r}: module {module_name!r} has no function {attr!r}")
+    return fn
+
+
+def read_prompt_file(path: str) -> list[tuple[str, str]]:
+    """(prompt, answer) pairs of a JSONL prompt file; a bad line is named by file and line."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(f"rollout.task 'jsonl:{path}': file {str(file)!r} does not exist")
+    records = []
+    for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{file}:{number}: not valid JSON ({err.msg})") from None
+        if not (
+            isinstance(record, dict)
+            and isinstance(record.get("prompt"), str)
+            and isinstance(record.get("answer"), str)
+        ):
+            raise ValueError(
+                f'{file}:{number}: expected {{"prompt": str, "answer": str}}, got {line.strip()[:80]}'
+            )
+        records.append((record["prompt"], record["answer"]))
+    if not records:
+        raise ValueError(f"rollout.task 'jsonl:{path}': {str(file)!r} holds no prompts")
+    return records
+
+
+def _need_tokenizer(name: str, tokenizer):
+    if tokenizer is None:
+        raise ValueError(
+            f"rollout.task {name!r} needs a model with a tokenizer (e.g. smollm2-135m-instruct)"
+        )
+    return tokenizer
+
+
+def _chat_prompt(tokenizer, text: str) -> list[int]:
+    """Token ids of `text` as a user turn (chat template when the tokenizer has one)."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        return list(ids)
+    return list(tokenizer.encode(text))
+
+
+def _decode(tokenizer, tokens) -> str | None:
+    return None if tokenizer is None else tokenizer.decode(list(tokens), skip_special_tokens=True)
+
+
+def _checked_rewards(spec: str, rewards, expected: int) -> list[float]:
+    ok = isinstance(rewards, (list, tuple)) and len(rewards) == expected
+    if not ok or not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rewards):
+        raise ValueError(
+            f"rollout.task {spec!r} must return a list of {expected} numbers, got {rewards!r:.200}"
+        )
+    return [float(r) for r in rewards]

