@@ -87,8 +87,25 @@ class CountTask:
         return [sum(t < band for t in c) / max(len(c), 1) for c in completions]
 
 
+class _QuestionTask:
+    """Chat prompts of `questions(count, step)`; reward 1.0 when a completion's final answer matches."""
+
+    def prompts(self, count, step):
+        return [_chat_prompt(self.tokenizer, q) for q, _ in self.questions(count, step)]
+
+    def answers(self, count, step) -> list[str]:
+        return [answer for _, answer in self.questions(count, step)]
+
+    def rewards(self, prompt_indices, completions, step):
+        answers = self.answers(max(prompt_indices) + 1, step)
+        return [
+            1.0 if answer_matches(_decode(self.tokenizer, tokens), answers[idx]) else 0.0
+            for idx, tokens in zip(prompt_indices, completions)
+        ]
+
+
 @dataclass
-class ArithmeticTask:
+class ArithmeticTask(_QuestionTask):
     """'What is a plus b?' as a chat prompt; reward 1.0 when the completion's final answer is a+b."""
 
     tokenizer: object
@@ -106,22 +123,9 @@ class ArithmeticTask:
             for a, b in self._operands(count, step)
         ]
 
-    def prompts(self, count, step):
-        return [_chat_prompt(self.tokenizer, q) for q, _ in self.questions(count, step)]
-
-    def answers(self, count, step) -> list[str]:
-        return [answer for _, answer in self.questions(count, step)]
-
-    def rewards(self, prompt_indices, completions, step):
-        answers = self.answers(max(prompt_indices) + 1, step)
-        return [
-            1.0 if answer_matches(_decode(self.tokenizer, tokens), answers[idx]) else 0.0
-            for idx, tokens in zip(prompt_indices, completions)
-        ]
-
 
 @dataclass
-class JsonlTask:
+class JsonlTask(_QuestionTask):
     """Prompts drawn from a JSONL file (`jsonl:PATH`), rewarded like `arithmetic`."""
 
     records: list[tuple[str, str]]
@@ -134,19 +138,6 @@ class JsonlTask:
         if count <= len(self.records):
             return rng.sample(self.records, count)
         return [rng.choice(self.records) for _ in range(count)]
-
-    def prompts(self, count, step):
-        return [_chat_prompt(self.tokenizer, q) for q, _ in self.questions(count, step)]
-
-    def answers(self, count, step) -> list[str]:
-        return [answer for _, answer in self.questions(count, step)]
-
-    def rewards(self, prompt_indices, completions, step):
-        answers = self.answers(max(prompt_indices) + 1, step)
-        return [
-            1.0 if answer_matches(_decode(self.tokenizer, tokens), answers[idx]) else 0.0
-            for idx, tokens in zip(prompt_indices, completions)
-        ]
 
 
 @dataclass

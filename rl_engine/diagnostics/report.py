@@ -233,25 +233,37 @@ def save_figure(fig, path: Path) -> None:
     tmp.replace(path)
 
 
-def _plot(report: DiagnosisReport, path: Path) -> None:
+def plot_report(report, path: Path, suptitle: str, draw_right, **right_axes) -> None:
+    """Both reports' figure: the per-token histogram (left), `draw_right(ax)` on a log y axis
+    labelled by `right_axes` (right); written atomically, skipped without matplotlib."""
     plt = pyplot()
     if plt is None:
         return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
     histogram_panel(ax1, report.results)
-    for r in report.results:
-        ax2.plot(
-            [max(m.max_abs_diff, 1e-12) for m in r.modules],
-            marker=".",
-            label=f"batch_invariant={r.batch_invariant}",
-        )
-    ax2.set(
-        yscale="log",
+    draw_right(ax2)
+    ax2.set(yscale="log", **right_axes)
+    ax2.legend()
+    fig.suptitle(suptitle)
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def _plot(report: DiagnosisReport, path: Path) -> None:
+    def per_module(ax):
+        for r in report.results:
+            ax.plot(
+                [max(m.max_abs_diff, 1e-12) for m in r.modules],
+                marker=".",
+                label=f"batch_invariant={r.batch_invariant}",
+            )
+
+    plot_report(
+        report,
+        path,
+        f"{report.model} ({report.dtype})",
+        per_module,
         title="decode vs prefill, per module (execution order)",
         xlabel="module index",
         ylabel="max |diff| (0 shown at 1e-12)",
     )
-    ax2.legend()
-    fig.suptitle(f"{report.model} ({report.dtype})")
-    save_figure(fig, path)
-    plt.close(fig)

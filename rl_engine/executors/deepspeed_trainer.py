@@ -5,12 +5,12 @@ before any forward (`batch_checks`), each micro-batch is scored at the batch's
 `logprob_temperature` (`policy.LogprobModule`), checked against the rollout's
 logprobs before the update (parity), its loss (`step_loss`) backpropagated, and
 DeepSpeed steps with every rank applying the update or none (`policy.StepGuard`).
-Setup: `distributed`, `ds_config`; weights and checkpoints: `checkpoints`.
+Rollout correction's bookkeeping: `step_corrections`. Setup: `distributed`, `ds_config`,
+`policy.prepare_policy`; weights and checkpoints: `checkpoints`.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rl_engine.algorithms import aggregation_units
 from rl_engine.config import RunConfig
 from rl_engine.devices import check_device
 from rl_engine.executors import checkpoints
@@ -27,31 +26,24 @@ from rl_engine.executors.batch_checks import agree_on_batch, micro_batches
 from rl_engine.executors.distributed import Collectives, DistEnv, import_deepspeed
 from rl_engine.executors.ds_config import build_deepspeed_config, validate_with_deepspeed
 from rl_engine.executors.errors import BatchError, ParityError, parity_error
-from rl_engine.executors.policy import LogprobModule, StepGuard, release_zero3_parameters
+from rl_engine.executors.policy import (
+    LogprobModule,
+    StepGuard,
+    frozen_copy,
+    prepare_policy,
+    release_zero3_parameters,
+)
+from rl_engine.executors.step_corrections import StepCorrections
 from rl_engine.executors.step_loss import (
     RECORD_SIZE,
     TOKENS,
-    Corrected,
     grad_norm,
     micro_loss,
     step_metrics,
     summary,
 )
 from rl_engine.logprobs import IGNORE_INDEX
-from rl_engine.models import load_model
-from rl_engine.parity import (
-    NUM_SUMS,
-    MismatchMetrics,
-    correction_metrics,
-    correction_sums,
-    empty_correction_sums,
-    merge_correction_sums,
-    merge_sums,
-    parity_sums,
-    reduce_correction_sums,
-    reduce_sums,
-)
-from rl_engine.patching import apply_batch_invariant, patch_handle
+from rl_engine.parity import NUM_SUMS, MismatchMetrics, merge_sums, parity_sums, reduce_sums
 
 __all__ = ["BatchError", "DeepSpeedTrainingWorker", "ParityError", "build_deepspeed_config"]
 
@@ -81,8 +73,8 @@ class DeepSpeedTrainingWorker:
         self._deepspeed.init_distributed(dist_backend=backend)
         validate_with_deepspeed(self.ds_config)
         self.comm = Collectives(self.env.rank, self.env.world_size, self.device)
-        policy = self._policy(model)
-        self.reference = _frozen_copy(policy) if config.algorithm.kl_coef > 0 else None
+        policy = prepare_policy(model, config, self.device)
+        self.reference = frozen_copy(policy) if config.algorithm.kl_coef > 0 else None
         self.module = LogprobModule(policy)
         self.vocab_size = int(self.module.head_parameters()[0].shape[0])  # before ZeRO-3 splits it
         if self.zero_stage == 3:
@@ -111,30 +103,6 @@ class DeepSpeedTrainingWorker:
         lambda self: int(self.engine.global_steps), doc="optimizer steps taken, skipped or not"
     )
 
-    def _policy(self, model: nn.Module | None) -> nn.Module:
-        config = self.config
-        if model is None:
-            model, _ = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a torch nn.Module, got {type(model).__name__}")
-        dtypes = sorted({str(p.dtype) for p in model.parameters()})
-        if dtypes != [str(config.torch_dtype)]:
-            raise ValueError(f"model parameters are {dtypes} but dtype is {config.dtype!r}")
-        handle = patch_handle(model)
-        if handle is not None and handle.device_type != self.device.type:
-            raise ValueError(
-                f"model was patched for {handle.device_type!r} but the worker runs on "
-                f"{self.device}: pass it unpatched (the worker moves it, then patches)"
-            )
-        model = model.to(self.device)  # move first: patching resolves the ops for this device
-        if config.batch_invariant and handle is None:
-            apply_batch_invariant(model)  # before deepspeed.initialize: same Parameter objects
-        elif not config.batch_invariant and handle is not None:
-            raise ValueError(
-                "model is patched (batch-invariant kernels) but batch_invariant is false"
-            )
-        return model
-
     # -------------------------------------------------------------- the step
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
@@ -162,33 +130,17 @@ class DeepSpeedTrainingWorker:
         scale = self.config.gradient_accumulation_steps * self.world_size
         sums = torch.zeros(RECORD_SIZE, dtype=torch.float64)
         parity = torch.zeros(NUM_SUMS, dtype=torch.float64)
-        ratios = empty_correction_sums()
         norm = None
         self.engine.train()
         with self._recoverable():
-            early = self._corrections_before_backward(micro)
-            units = self._step_units(micro, early)
+            corrections = StepCorrections(algo, micro, self._forward, self.comm.all_reduce)
             for index, mb in enumerate(micro):
                 logp = self._forward(mb)  # (b, T-1) fp32, the step's first forward of these tokens
                 parity = merge_sums(parity, self._check_parity(mb, logp.detach(), index))
-                corrected = early[index] or Corrected.of(algo, mb, logp.detach())
-                ratios = merge_correction_sums(
-                    ratios,
-                    correction_sums(
-                        corrected.proximal,
-                        mb.rollout_logprobs,
-                        mb.response_mask,
-                        corrected.correction,
-                    ),
-                )
+                corrected = corrections.take(index, mb, logp)
+                ref_logp = self._reference_logp(mb)
                 loss, record = micro_loss(
-                    algo,
-                    mb,
-                    logp,
-                    self._reference_logp(mb),
-                    units,
-                    scale,
-                    None if algo.rollout_correction == "none" else corrected,
+                    algo, mb, logp, ref_logp, corrections.units, scale, corrected
                 )
                 sums += record
                 self._backward_taken = True
@@ -197,30 +149,7 @@ class DeepSpeedTrainingWorker:
                     norm = self._stage0_grad_norm()  # before step() clips and clears the grads
                     self.guard.arm(force_skip=not bool(torch.isfinite(sums[:TOKENS]).all()))
                 self.engine.step()
-        return self._finish_step(sums, parity, norm, ratios)
-
-    def _corrections_before_backward(self, micro: list[TrainBatch]) -> list[Corrected | None]:
-        """Mask modes: every micro-batch's correction, from a no-grad forward before any backward.
-
-        A dropped token leaves the step's global denominator, so all of them must be known
-        before the first micro-batch's loss is scaled. Other modes drop nothing: None each
-        (the correction then comes from the micro-batch's own forward).
-        """
-        algo = self.config.algorithm
-        if not algo.rollout_correction.endswith("_mask"):
-            return [None] * len(micro)
-        with torch.no_grad():
-            return [Corrected.of(algo, mb, self._forward(mb)) for mb in micro]
-
-    def _step_units(self, micro: list[TrainBatch], early: list[Corrected | None]) -> float:
-        """The loss normaliser over every micro-batch and rank (what is dropped is not counted)."""
-        aggregation = self.config.algorithm.loss_aggregation
-        local = sum(
-            aggregation_units(mb.response_mask, aggregation) if c is None else c.units(aggregation)
-            for mb, c in zip(micro, early)
-        )
-        units = float(self.comm.all_reduce(torch.tensor([local], dtype=torch.float64))[0])
-        return max(units, 1.0)  # everything dropped: a zero loss, not 0 / 0
+        return self._finish_step(sums, parity, norm, corrections)
 
     def _micro_batches(self, batch, *, step: bool) -> list[TrainBatch]:
         strict = self.config.parity == "strict"
@@ -264,9 +193,11 @@ class DeepSpeedTrainingWorker:
             return None
         return grad_norm(self.module)
 
-    def _finish_step(self, sums, parity, stage0_norm: float | None, ratios) -> dict[str, float]:
+    def _finish_step(
+        self, sums, parity, stage0_norm: float | None, corrections: StepCorrections
+    ) -> dict[str, float]:
         sums, parity = self.comm.all_reduce(sums), reduce_sums(parity, self.comm.all_reduce)
-        ratios = reduce_correction_sums(ratios, self.comm.all_reduce)
+        correction = corrections.metrics(self.comm.all_reduce)
         skipped = self.guard.outcome != "stepped"  # None: DeepSpeed skipped it on every rank
         self.weight_version += 0 if skipped else 1
         norm = self.engine.get_global_grad_norm()
@@ -279,7 +210,7 @@ class DeepSpeedTrainingWorker:
             lr=float(self.engine.get_lr()[0]),
             step=self.global_step,
             weight_version=self.weight_version,
-            **correction_metrics(ratios),
+            **correction,
         )
         self._log_step(metrics)
         return metrics
@@ -362,10 +293,3 @@ class DeepSpeedTrainingWorker:
 
     def _log_step(self, m: dict) -> None:
         self._log(summary(m))
-
-
-def _frozen_copy(policy: nn.Module) -> LogprobModule:
-    """The KL reference: a frozen deep copy of the initial policy (same patching), full on every rank."""
-    reference = LogprobModule(copy.deepcopy(policy)).eval()
-    reference.requires_grad_(False)
-    return reference

@@ -1,4 +1,4 @@
-"""What DeepSpeed wraps and steps: the logprob module and the guard on the optimizer step.
+"""What DeepSpeed wraps and steps: the policy, its logprob module and the guard on the optimizer step.
 
 Logprobs never go through full logits: `LogprobModule` (the module handed to
 `deepspeed.initialize`) runs the Hugging Face decoder to its final hidden states
@@ -11,12 +11,16 @@ wrapper's forward and backward.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
+from rl_engine.config import RunConfig
 from rl_engine.executors.distributed import Collectives
 from rl_engine.logprobs import score_targets
-from rl_engine.patching import lm_head_parameters
+from rl_engine.models import load_model
+from rl_engine.patching import apply_batch_invariant, lm_head_parameters, patch_handle
 
 
 class LogprobModule(nn.Module):
@@ -78,3 +82,37 @@ def release_zero3_parameters(engine) -> None:
     """After an exception inside a ZeRO-3 forward/backward: release every gathered parameter."""
     coordinator = engine.optimizer.parameter_offload.get_param_coordinator()
     coordinator.release_and_reset_all(engine.module)
+
+
+def prepare_policy(model: nn.Module | None, config: RunConfig, device: torch.device) -> nn.Module:
+    """The worker's policy on `device`: `model`, else `load_model(config.model, seed=config.seed)`.
+
+    Moved first, then patched when `config.batch_invariant` (patching resolves the ops for
+    the device); a model patched for another device, or patched without batch_invariant, raises.
+    """
+    if model is None:
+        model, _ = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch nn.Module, got {type(model).__name__}")
+    dtypes = sorted({str(p.dtype) for p in model.parameters()})
+    if dtypes != [str(config.torch_dtype)]:
+        raise ValueError(f"model parameters are {dtypes} but dtype is {config.dtype!r}")
+    handle = patch_handle(model)
+    if handle is not None and handle.device_type != device.type:
+        raise ValueError(
+            f"model was patched for {handle.device_type!r} but the worker runs on "
+            f"{device}: pass it unpatched (the worker moves it, then patches)"
+        )
+    model = model.to(device)  # move first: patching resolves the ops for this device
+    if config.batch_invariant and handle is None:
+        apply_batch_invariant(model)  # before deepspeed.initialize: same Parameter objects
+    elif not config.batch_invariant and handle is not None:
+        raise ValueError("model is patched (batch-invariant kernels) but batch_invariant is false")
+    return model
+
+
+def frozen_copy(policy: nn.Module) -> LogprobModule:
+    """The KL reference: a frozen deep copy of the initial policy (same patching), full on every rank."""
+    reference = LogprobModule(copy.deepcopy(policy)).eval()
+    reference.requires_grad_(False)
+    return reference

@@ -28,6 +28,8 @@ from functools import cache
 
 import torch
 
+from rl_engine import devices
+
 OP_NAMES = (
     "embedding",
     "linear",
@@ -100,7 +102,7 @@ def list_ops() -> list[str]:
 
 def list_backends(device: str | torch.device) -> list[str]:
     """Backends that may serve `device`, the default first."""
-    return list(_DEVICE_BACKENDS[_device_type(device)])
+    return list(_DEVICE_BACKENDS[devices.device_type(device)])
 
 
 def interpreter_enabled() -> bool:
@@ -113,7 +115,7 @@ def resolve_backend(device: str | torch.device, backend: str | None = None) -> s
 
     Raises if that backend cannot load or may not serve the device; never falls back.
     """
-    device_type = _device_type(device)
+    device_type = devices.device_type(device)
     allowed = _DEVICE_BACKENDS[device_type]
     name = allowed[0] if backend is None else backend
     if name not in _BACKEND_MODULES:
@@ -160,20 +162,6 @@ def backend_layout(device: str | torch.device, backend: str | None = None) -> Ba
     if not isinstance(layout, BackendLayout):
         raise RuntimeError(f"backend {backend!r} does not define LAYOUT (a BackendLayout)")
     return layout
-
-
-def _device_type(device: str | torch.device) -> str:
-    if not isinstance(device, (str, torch.device)):
-        raise TypeError(f"device must be a str or torch.device, got {type(device).__name__}")
-    try:
-        device_type = torch.device(device).type
-    except RuntimeError as err:
-        raise ValueError(f"invalid device {device!r}: {err}") from None
-    if device_type not in _DEVICE_BACKENDS:
-        raise ValueError(
-            f"unsupported device {device_type!r}; supported devices: {', '.join(_DEVICE_BACKENDS)}"
-        )
-    return device_type
 
 
 @cache

@@ -82,8 +82,7 @@ def test_the_projects_invariant_engine_diagnoses_exact(tmp_path):
     completions = RolloutEngine(model, device="cpu", max_batch_size=3).generate(
         _prompts(), sampling
     )
-    for c in completions:
-        c.logprob_temperature = sampling.logprob_temperature
+    assert {c.logprob_temperature for c in completions} == {TEMPERATURE}
     path = write_rollouts(tmp_path / "own.jsonl", completions)
     code, data = _diagnose(path, tmp_path / "report", "--dtype", "bfloat16")
     assert code == 0

@@ -17,16 +17,10 @@ import importlib
 import pytest
 import torch
 
-from rl_engine.kernels import get_op, interpreter_enabled
+from rl_engine.kernels import get_op
+from tests.triton_marks import DEVICE, TRITON_MARKS
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = [
-    pytest.mark.triton,
-    pytest.mark.skipif(
-        DEVICE == "cpu" and not interpreter_enabled(),
-        reason="no GPU and TRITON_INTERPRET is not set",
-    ),
-]
+pytestmark = TRITON_MARKS
 DTYPES = [torch.float32, torch.bfloat16]
 attn_module = importlib.import_module("rl_engine.kernels.triton.attention")
 

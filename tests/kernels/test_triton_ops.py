@@ -19,17 +19,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rl_engine.kernels import get_op, interpreter_enabled
+from rl_engine.kernels import get_op
 from tests.invariance import garbage_like, probe_batches
+from tests.triton_marks import DEVICE, TRITON_MARKS
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = [
-    pytest.mark.triton,
-    pytest.mark.skipif(
-        DEVICE == "cpu" and not interpreter_enabled(),
-        reason="no GPU and TRITON_INTERPRET is not set",
-    ),
-]
+pytestmark = TRITON_MARKS
 DTYPES = [torch.float32, torch.bfloat16]
 BATCH_SIZES = [1, 2, 17, 33]
 

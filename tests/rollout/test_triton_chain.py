@@ -16,7 +16,7 @@ import functools
 import pytest
 import torch
 
-from rl_engine.kernels import get_op, interpreter_enabled
+from rl_engine.kernels import get_op
 from rl_engine.logprobs import final_hidden_states, scored_targets
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, lm_head_parameters, patch_handle
@@ -30,15 +30,9 @@ from tests.rollout.helpers import (
     recompute_padded,
     stop_ids,
 )
+from tests.triton_marks import DEVICE, TRITON_MARKS
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = [
-    pytest.mark.triton,
-    pytest.mark.skipif(
-        DEVICE == "cpu" and not interpreter_enabled(),
-        reason="no GPU and TRITON_INTERPRET is not set",
-    ),
-]
+pytestmark = TRITON_MARKS
 CASES = [("tiny-llama", torch.float32), ("tiny-qwen3", torch.bfloat16)]
 PROMPT_LENGTHS = (5, 9, 2)  # 3 requests through 2 slots: one reuses a freed slot
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.kernels.cpp._extension import current_isa, extension
-from rl_engine.kernels.native._checks import at_least_fp32, check_projection
+from rl_engine.kernels.common.checks import at_least_fp32, check_projection
 from rl_engine.kernels.native._gemm import fixed_order_matmul
 from rl_engine.kernels.native.linear import linear_backward
 

@@ -1,23 +1,27 @@
 """Fused, chunked per-token logprobs on CPU: log_softmax(lm_head(hidden) / T) at the targets.
 
-The native op's algorithm, code and contract (rl_engine.kernels.native.linear_logp):
-each chunk of tokens calls this backend's `lm_head` (the fixed-order GEMM,
-M-independent by construction) and the shared `log_softmax`, so the result is
-bitwise equal to materialising all logits, whatever the chunk size. What
-changes is the chunk: the fixed-order GEMM streams the whole LM-head weight
-once per 64-row tile of a chunk, so chunks are a multiple of 64 rows and as
-large as the memory target allows (CHUNK_ELEMENTS logits at a time).
+The shared chunked algorithm (rl_engine/kernels/common/linear_logp.py) with
+this backend's chunk: each chunk of tokens calls the cpp `lm_head` (the
+fixed-order GEMM, M-independent by construction) and the shared
+`log_softmax`, so the result is bitwise equal to materialising all logits,
+whatever the chunk size. Only the chunk size is this backend's own: the GEMM
+reuses each block of the LM-head weight across a chunk's rows, so chunks are
+a multiple of ROW_ALIGN rows and as large as the memory target allows
+(CHUNK_ELEMENTS logits at a time).
 """
 
 from __future__ import annotations
 
-import torch
+from functools import partial
 
+from rl_engine.kernels.common.linear_logp import (
+    chunked_logp_backward,
+    chunked_logp_forward,
+    linear_logp_function,
+    linear_logp_op,
+)
 from rl_engine.kernels.cpp.linear import lm_head
-from rl_engine.kernels.native.linear_logp import _validate
-from rl_engine.kernels.native.linear_logp import linear_logp_backward as native_backward
-from rl_engine.kernels.native.linear_logp import linear_logp_forward as native_forward
-from rl_engine.kernels.native.log_softmax import check_temperature
+from rl_engine.kernels.native.log_softmax import log_softmax
 
 # Logits held at once, in elements: 8M = 32 MiB per fp32 buffer (170 rows at a
 # 49152 vocabulary, rounded down to a multiple of ROW_ALIGN). Only speed and
@@ -32,65 +36,11 @@ def chunk_rows_for(vocab_size: int) -> int:
     return max(ROW_ALIGN, rows // ROW_ALIGN * ROW_ALIGN)
 
 
-def linear_logp_forward(hidden, weight, bias, targets, temperature, ignore_index):
-    step = chunk_rows_for(weight.shape[0])
-    return native_forward(
-        hidden, weight, bias, targets, temperature, ignore_index, project=lm_head, step=step
-    )
+def _chunk_logprobs(h, weight, bias, temperature):
+    return log_softmax(lm_head(h, weight, bias), temperature)  # (n, V) fp32
 
 
-def linear_logp_backward(grad_out, hidden, weight, bias, targets, temperature, ignore_index):
-    step = chunk_rows_for(weight.shape[0])
-    return native_backward(
-        grad_out,
-        hidden,
-        weight,
-        bias,
-        targets,
-        temperature,
-        ignore_index,
-        project=lm_head,
-        step=step,
-    )
-
-
-class _LinearLogp(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, ignore_index):
-        ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.temperature, ctx.ignore_index = temperature, ignore_index
-        return linear_logp_forward(hidden, weight, bias, targets, temperature, ignore_index)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        hidden, weight, bias, targets = ctx.saved_tensors
-        grads = linear_logp_backward(
-            grad_out, hidden, weight, bias, targets, ctx.temperature, ctx.ignore_index
-        )
-        grad_hidden, grad_weight, grad_bias = grads
-        return (
-            grad_hidden if ctx.needs_input_grad[0] else None,
-            grad_weight if ctx.needs_input_grad[1] else None,
-            grad_bias if ctx.needs_input_grad[2] else None,
-            None,
-            None,
-            None,
-        )
-
-
-def linear_logp(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    temperature: float = 1.0,
-    ignore_index: int = -100,
-) -> torch.Tensor:
-    """hidden (..., H), weight (V, H), targets (...) -> fp32 logprobs (...), 0 where ignored."""
-    _validate(hidden, weight, targets, bias, ignore_index)
-    temperature = check_temperature(temperature)
-    h2d = hidden.reshape(-1, hidden.shape[-1])
-    flat_targets = targets.reshape(-1).long()
-    out = _LinearLogp.apply(h2d, weight, bias, flat_targets, temperature, ignore_index)
-    return out.reshape(targets.shape)
+linear_logp_forward = partial(chunked_logp_forward, _chunk_logprobs, chunk_rows_for)
+linear_logp_backward = partial(chunked_logp_backward, _chunk_logprobs, chunk_rows_for)
+_LinearLogp = linear_logp_function(linear_logp_forward, linear_logp_backward, __name__)
+linear_logp = linear_logp_op(_LinearLogp)

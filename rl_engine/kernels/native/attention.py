@@ -56,11 +56,21 @@ only its G rows go through mask, max, exp, row sums and the tree sums. Those
 steps are elementwise or per-row, and GEMM rows do not depend on the other
 rows of the tile, so the bits equal the tiled path's. Garbage past a query
 (zeroed here, or the cache's finite values when read in place) gets weight 0.
+
+Argument checks, the backward (plain masked-softmax gradients in torch:
+deterministic, not invariant) and the autograd.Function are shared by every
+backend: rl_engine/kernels/common/attention.py.
 """
 
 from __future__ import annotations
 
 import torch
+
+# Old names kept for importers: _backward, _validate (the shared backward and checks).
+from rl_engine.kernels.common.attention import attention_backward as _backward  # noqa: F401
+from rl_engine.kernels.common.attention import compute_dtype as _compute_dtype
+from rl_engine.kernels.common.attention import invariant_attention_function, run_attention
+from rl_engine.kernels.common.attention import validate as _validate  # noqa: F401
 
 # Query tile rows and key block length (positions). BLOCK_K must be a multiple
 # of BLOCK_Q, and both are part of the numerics: changing them changes the bits.
@@ -68,79 +78,6 @@ BLOCK_Q = 16
 BLOCK_K = 128
 _RATIO = BLOCK_K // BLOCK_Q
 assert BLOCK_K % BLOCK_Q == 0
-
-_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float64, torch.float16)
-
-
-# ----------------------------------------------------------------------------- validation
-
-
-def _check_positions(name: str, pos: torch.Tensor, shape: tuple[int, int], device) -> None:
-    if not isinstance(pos, torch.Tensor):
-        raise ValueError(f"{name} must be a tensor, got {type(pos).__name__}")
-    if pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
-        raise ValueError(f"{name} must have an integer dtype (int64), got {pos.dtype}")
-    if tuple(pos.shape) != shape:
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(pos.shape)}")
-    if pos.device != device:
-        raise ValueError(f"{name} is on {pos.device}, but q is on {device}")
-
-
-def _validate(q, k, v, q_positions, k_positions, scale, kv_index=None) -> float:
-    """Raise ValueError naming the offending tensor; return the softmax scale."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must have rank 4 (B, H, T, D), got shape {list(t.shape)}")
-        if t.dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"{name} must be floating point (fp32/bf16/fp64), got {t.dtype}")
-        if t.device != q.device:
-            raise ValueError(f"{name} is on {t.device}, but q is on {q.device}")
-    kv_dtypes = (q.dtype, _compute_dtype(q.dtype))  # bf16 -> fp32 keys are exact
-    if k.dtype != v.dtype or k.dtype not in kv_dtypes:
-        raise ValueError(
-            f"q, k, v must share a dtype (or k, v in the compute dtype {kv_dtypes[1]}), "
-            f"got q={q.dtype}, k={k.dtype}, v={v.dtype}"
-        )
-    B, Hq, Tq, D = q.shape
-    if k.shape != v.shape:
-        raise ValueError(
-            f"k and v must have the same shape, got k={list(k.shape)}, v={list(v.shape)}"
-        )
-    Bk, Hkv, Tk, Dk = k.shape
-    if kv_index is not None:
-        _check_kv_index(kv_index, B, Bk, k_positions, q.device)
-    elif Bk != B:
-        raise ValueError(f"k has batch size {Bk}, but q has {B}")
-    if Dk != D:
-        raise ValueError(f"k has head dim D={Dk}, but q has D={D}")
-    if Hkv == 0 or Hq % Hkv != 0:
-        raise ValueError(f"q heads (Hq={Hq}) must be a multiple of k/v heads (Hkv={Hkv})")
-    _check_positions("q_positions", q_positions, (B, Tq), q.device)
-    if k_positions is not None:
-        _check_positions("k_positions", k_positions, (B, Tk), q.device)
-    if scale is None:
-        return D**-0.5 if D > 0 else 1.0
-    if isinstance(scale, torch.Tensor):
-        scale = scale.item()
-    return float(scale)
-
-
-def _check_kv_index(kv_index, B: int, S: int, k_positions, device) -> None:
-    if not isinstance(kv_index, torch.Tensor) or kv_index.dim() != 1:
-        raise ValueError(f"kv_index must be a 1-D integer tensor of shape [{B}]")
-    _check_positions("kv_index", kv_index.view(-1, 1), (B, 1), device)
-    if k_positions is not None:
-        raise ValueError("kv_index needs the aligned layout (k_positions=None)")
-    if B and not (0 <= int(kv_index.min()) and int(kv_index.max()) < S):
-        raise ValueError(f"kv_index must lie in [0, {S}) (k's batch size)")
-
-
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    # fp32 statistics for fp32/bf16/fp16, fp64 only so that gradcheck can run.
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
 
 # ----------------------------------------------------------------------------- forward
 
@@ -443,88 +380,6 @@ def _decode_forward(q, k, v, q_positions, kv_index, scale):
     return out.unsqueeze(2)
 
 
-# ----------------------------------------------------------------------------- backward
-
-# Query rows per backward chunk are chosen so that one chunk's score matrix
-# (Hq, rows, Tk) stays around this many elements.
-_BWD_CHUNK_ELEMS = 1 << 22
-
-
-def _aligned_sequence(x, kp, L: int, cdt):
-    """One sequence's keys or values by position: (Hkv, L, D), zero where absent.
-
-    kp is None (aligned: slot = position) or that sequence's k_positions.
-    """
-    if kp is None:
-        n = min(L, x.shape[1])
-        out = torch.zeros((x.shape[0], L, x.shape[2]), dtype=cdt, device=x.device)
-        out[:, :n] = x[:, :n]
-        return out
-    sel = ((kp >= 0) & (kp < L)).nonzero().squeeze(1)
-    out = torch.zeros((x.shape[0], L, x.shape[2]), dtype=cdt, device=x.device)
-    out[:, kp[sel]] = x[:, sel].to(cdt)
-    return out
-
-
-def _backward(grad_out, q, k, v, q_positions, k_positions, scale):
-    """Plain masked softmax attention gradients, one sequence and query chunk at a time.
-
-    Not invariant (it need not be), but deterministic: fixed shapes and a fixed
-    accumulation order for a given input. Keys are first put by position, so a
-    chunk only touches the keys up to its last query (causality). Padding
-    queries and key slots no query sees get exact zeros.
-    Returns (dq, dk, dv) in the compute dtype.
-    """
-    B, Hq, Tq, D = q.shape
-    Hkv, Tk = k.shape[1], k.shape[2]
-    G = Hq // Hkv
-    cdt = _compute_dtype(q.dtype)
-    dq = torch.zeros(q.shape, dtype=cdt, device=q.device)
-    dk = torch.zeros(k.shape, dtype=cdt, device=q.device)
-    dv = torch.zeros(v.shape, dtype=cdt, device=q.device)
-    for b in range(B):
-        L = int(q_positions[b].max()) + 1  # positions any query of b sees
-        if L <= 0:
-            continue
-        kp = None if k_positions is None else k_positions[b].long()
-        kb = _aligned_sequence(k[b], kp, L, cdt)  # (Hkv, L, D)
-        vb = _aligned_sequence(v[b], kp, L, cdt)
-        dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
-        kpos = torch.arange(L, device=q.device)
-        chunk = max(1, _BWD_CHUNK_ELEMS // (Hq * L))
-        for c0 in range(0, Tq, chunk):
-            qpos = q_positions[b, c0 : c0 + chunk].long()  # (C,)
-            n = int(qpos.max()) + 1  # keys this chunk can see
-            if n <= 0:
-                continue
-            C = qpos.numel()
-            # group heads stacked as rows: (Hkv, G*C, D); padding queries: zero rows
-            live = (qpos >= 0)[None, :, None]
-            qc = torch.where(live, q[b, :, c0 : c0 + C].to(cdt), 0.0).reshape(Hkv, G * C, D)
-            go = torch.where(live, grad_out[b, :, c0 : c0 + C].to(cdt), 0.0).reshape(Hkv, G * C, D)
-            kc, vc = kb[:, :n], vb[:, :n]
-            allowed = (kpos[None, :n] <= qpos[:, None]) & (qpos[:, None] >= 0)
-            allowed = allowed.repeat(G, 1)  # (G*C, n)
-            s = torch.where(allowed, (qc @ kc.transpose(1, 2)) * scale, float("-inf"))
-            m = s.amax(-1, keepdim=True)
-            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # padding rows
-            p = torch.exp(s - m)
-            den = p.sum(-1, keepdim=True)
-            p = p / torch.where(den > 0, den, torch.ones_like(den))  # (Hkv, G*C, n)
-            delta = (go * (p @ vc)).sum(-1, keepdim=True)
-            ds = torch.where(allowed, p * (go @ vc.transpose(1, 2) - delta), 0.0) * scale
-            dq[b, :, c0 : c0 + C] = (ds @ kc).view(Hq, C, D)
-            dkb[:, :n] += ds.transpose(1, 2) @ qc
-            dvb[:, :n] += p.transpose(1, 2) @ go
-        if kp is None:
-            n = min(L, Tk)
-            dk[b, :, :n], dv[b, :, :n] = dkb[:, :n], dvb[:, :n]
-        else:  # back to the caller's slots; empty / unseen slots stay 0
-            sel = ((kp >= 0) & (kp < L)).nonzero().squeeze(1)
-            dk[b][:, sel], dv[b][:, sel] = dkb[:, kp[sel]], dvb[:, kp[sel]]
-    return dq, dk, dv
-
-
 # ----------------------------------------------------------------------------- autograd
 
 
@@ -539,26 +394,14 @@ def _forward_any(q, k, v, q_positions, k_positions, scale, kv_index):
     return _forward(q, k, v, q_positions, k_positions, scale)
 
 
-class _InvariantAttention(torch.autograd.Function):
-    """kv_index is always None here when gradients are needed (see attention)."""
+def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
+    """(B, Hq, Tq, D) in q.dtype; empty q -> zeros."""
+    if q.numel() == 0:
+        return q.new_zeros(q.shape)
+    return _forward_any(q, k, v, q_positions, k_positions, scale, kv_index).to(q.dtype)
 
-    @staticmethod
-    def forward(ctx, q, k, v, q_positions, k_positions, scale, kv_index=None):
-        ctx.save_for_backward(q, k, v, q_positions, k_positions)
-        ctx.scale = scale
-        if q.numel() == 0:
-            return q.new_zeros(q.shape)
-        return _forward_any(q, k, v, q_positions, k_positions, scale, kv_index).to(q.dtype)
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        q, k, v, q_positions, k_positions = ctx.saved_tensors
-        if q.numel() == 0 or k.numel() == 0:
-            dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        else:
-            dq, dk, dv = _backward(grad_out, q, k, v, q_positions, k_positions, ctx.scale)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+_InvariantAttention = invariant_attention_function(attention_forward, __name__)
 
 
 def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None) -> torch.Tensor:
@@ -570,11 +413,4 @@ def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=No
     caches (aligned layout only). Returns (B, Hq, Tq, D) in q.dtype, exact
     zeros for padding queries.
     """
-    scale = _validate(q, k, v, q_positions, k_positions, scale, kv_index)
-    if (
-        kv_index is not None
-        and torch.is_grad_enabled()
-        and (q.requires_grad or k.requires_grad or v.requires_grad)
-    ):  # the backward works on per-row keys
-        k, v, kv_index = k.index_select(0, kv_index), v.index_select(0, kv_index), None
-    return _InvariantAttention.apply(q, k, v, q_positions, k_positions, scale, kv_index)
+    return run_attention(_InvariantAttention, q, k, v, q_positions, k_positions, scale, kv_index)

@@ -10,15 +10,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rl_engine.kernels.native._checks import check_floating, check_index_range
+from rl_engine.kernels.common.checks import check_embedding
 
 
 def embedding(
     ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None
 ) -> torch.Tensor:
     """ids (...) int, weight (V, H) -> (..., H) in weight.dtype."""
-    check_floating("weight", weight)
-    if weight.dim() != 2:
-        raise ValueError(f"embedding weight must be 2-D (vocab, hidden), got {tuple(weight.shape)}")
-    check_index_range("token ids", ids, weight.shape[0], "the vocabulary size")
+    check_embedding(ids, weight)
     return F.embedding(ids, weight, padding_idx=padding_idx)

@@ -6,16 +6,26 @@ same `lm_head` and `log_softmax` ops the rollout engine calls on its decode
 batch; both are row-invariant, so the result is bitwise equal to materialising
 all logits, whatever the chunk size. Backward recomputes each chunk's softmax:
 d logp[t] / d logits = (onehot(t) - softmax) / T.
+
+The chunk loops, the autograd.Function and the argument checks are shared by
+every backend (rl_engine/kernels/common/linear_logp.py); this file supplies the
+chunk (`_chunk_logprobs`) and the chunk size (`chunk_rows_for`).
 """
 
 from __future__ import annotations
 
-import torch
+from functools import partial
 
-from rl_engine.kernels.native._checks import at_least_fp32, check_index_range, check_projection
+from rl_engine.kernels.common.linear_logp import (
+    chunked_logp_backward,
+    chunked_logp_forward,
+    linear_logp_function,
+    linear_logp_op,
+    validate,
+)
 from rl_engine.kernels.native._gemm import MIN_ROWS
 from rl_engine.kernels.native.linear import lm_head
-from rl_engine.kernels.native.log_softmax import check_temperature, log_softmax
+from rl_engine.kernels.native.log_softmax import log_softmax
 
 # Logits held at once, in elements: 4M = 16 MiB per fp32 buffer. Smaller chunks re-read
 # the whole LM-head weight more often (slower); larger ones keep more memory. 4M met
@@ -28,121 +38,12 @@ def chunk_rows_for(vocab_size: int) -> int:
     return max(MIN_ROWS, min(MAX_CHUNK_ROWS, CHUNK_ELEMENTS // max(vocab_size, 1)))
 
 
-def _chunk_logprobs(h, weight, bias, temperature, project):
-    return log_softmax(project(h, weight, bias), temperature)  # (n, V) fp32
+def _chunk_logprobs(h, weight, bias, temperature):
+    return log_softmax(lm_head(h, weight, bias), temperature)  # (n, V) fp32
 
 
-# `project` (the LM-head op) and `step` (rows per chunk) let another backend reuse
-# this algorithm with its own row-invariant lm_head.
-def linear_logp_forward(
-    hidden, weight, bias, targets, temperature, ignore_index, *, project=lm_head, step=None
-):
-    n = hidden.shape[0]
-    out = torch.zeros(n, dtype=at_least_fp32(hidden.dtype), device=hidden.device)  # (N,)
-    live = targets != ignore_index
-    safe_targets = torch.where(live, targets, torch.zeros_like(targets))
-    step = step or chunk_rows_for(weight.shape[0])
-    for start in range(0, n, step):
-        stop = min(start + step, n)
-        logp = _chunk_logprobs(hidden[start:stop], weight, bias, temperature, project)
-        picked = logp.gather(1, safe_targets[start:stop, None]).squeeze(1)
-        out[start:stop] = torch.where(live[start:stop], picked, torch.zeros_like(picked))
-    return out
-
-
-def linear_logp_backward(
-    grad_out,
-    hidden,
-    weight,
-    bias,
-    targets,
-    temperature,
-    ignore_index,
-    *,
-    project=lm_head,
-    step=None,
-):
-    n, vocab = hidden.shape[0], weight.shape[0]
-    live = targets != ignore_index
-    safe_targets = torch.where(live, targets, torch.zeros_like(targets))
-    acc = at_least_fp32(weight.dtype)
-    coeff = torch.where(live, grad_out.to(acc), torch.zeros_like(grad_out, dtype=acc))
-    grad_hidden = torch.empty_like(hidden)
-    grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
-    grad_bias = torch.zeros(vocab, dtype=acc, device=weight.device) if bias is not None else None
-    step = step or chunk_rows_for(vocab)
-    for start in range(0, n, step):
-        stop = min(start + step, n)
-        h = hidden[start:stop]  # (n, H)
-        probs = _chunk_logprobs(h, weight, bias, temperature, project).exp_()  # (n, V)
-        grad_logits = probs.neg_()
-        grad_logits.scatter_add_(1, safe_targets[start:stop, None], torch.ones_like(probs[:, :1]))
-        grad_logits.mul_(coeff[start:stop, None] / temperature)  # (n, V)
-        g = grad_logits.to(weight.dtype)
-        grad_hidden[start:stop] = (g @ weight).to(hidden.dtype)
-        grad_weight += g.t() @ h.to(weight.dtype)
-        if grad_bias is not None:
-            grad_bias += grad_logits.sum(0)
-    grad_weight = grad_weight.to(weight.dtype)
-    if grad_bias is not None:
-        grad_bias = grad_bias.to(bias.dtype)
-    return grad_hidden, grad_weight, grad_bias
-
-
-class _LinearLogp(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature, ignore_index):
-        ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.temperature, ctx.ignore_index = temperature, ignore_index
-        return linear_logp_forward(hidden, weight, bias, targets, temperature, ignore_index)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        hidden, weight, bias, targets = ctx.saved_tensors
-        grads = linear_logp_backward(
-            grad_out, hidden, weight, bias, targets, ctx.temperature, ctx.ignore_index
-        )
-        grad_hidden, grad_weight, grad_bias = grads
-        return (
-            grad_hidden if ctx.needs_input_grad[0] else None,
-            grad_weight if ctx.needs_input_grad[1] else None,
-            grad_bias if ctx.needs_input_grad[2] else None,
-            None,
-            None,
-            None,
-        )
-
-
-def _validate(hidden, weight, targets, bias, ignore_index):
-    check_projection("hidden", hidden, weight, bias)
-    if not isinstance(targets, torch.Tensor):
-        raise TypeError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
-    if targets.shape != hidden.shape[:-1]:
-        raise ValueError(
-            f"targets shape {tuple(targets.shape)} must equal hidden's leading shape "
-            f"{tuple(hidden.shape[:-1])} (hidden is {tuple(hidden.shape)})"
-        )
-    check_index_range(
-        "targets", targets, weight.shape[0], "the vocabulary size", ignore=ignore_index
-    )
-
-
-def linear_logp(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    temperature: float = 1.0,
-    ignore_index: int = -100,
-) -> torch.Tensor:
-    """hidden (..., H), weight (V, H), targets (...) -> fp32 logprobs (...), 0 where ignored.
-
-    fp64 inputs give fp64 logprobs (for gradcheck); every other dtype gives fp32.
-    """
-    _validate(hidden, weight, targets, bias, ignore_index)
-    temperature = check_temperature(temperature)
-    h2d = hidden.reshape(-1, hidden.shape[-1])
-    flat_targets = targets.reshape(-1).long()
-    out = _LinearLogp.apply(h2d, weight, bias, flat_targets, temperature, ignore_index)
-    return out.reshape(targets.shape)
+linear_logp_forward = partial(chunked_logp_forward, _chunk_logprobs, chunk_rows_for)
+linear_logp_backward = partial(chunked_logp_backward, _chunk_logprobs, chunk_rows_for)
+_LinearLogp = linear_logp_function(linear_logp_forward, linear_logp_backward, __name__)
+_validate = validate
+linear_logp = linear_logp_op(_LinearLogp)

@@ -8,18 +8,9 @@ batch-invariant; `/` is exact on both the SIMD and the scalar path.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from rl_engine.kernels.native._checks import at_least_fp32, check_floating
-
-
-def check_temperature(temperature: float) -> float:
-    temperature = float(temperature)
-    if not math.isfinite(temperature) or temperature <= 0:
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
-    return temperature
+from rl_engine.kernels.common.checks import at_least_fp32, check_floating, check_temperature
 
 
 def log_softmax(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.native._checks import at_least_fp32, check_floating, check_last_dim
+from rl_engine.kernels.common.checks import at_least_fp32, check_floating, check_last_dim
 
 
 def _mean_square(x32: torch.Tensor) -> torch.Tensor:

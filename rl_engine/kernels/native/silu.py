@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.native._checks import at_least_fp32, check_floating
+from rl_engine.kernels.common.checks import at_least_fp32, check_floating
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:

@@ -35,7 +35,8 @@ weight exactly 0, so the other rows of a tile cannot change a row's bits. The
 arithmetic of a row depends only on its position: decode == prefill ==
 chunked prefill, bitwise, in any batch.
 
-Backward: the native op's plain-torch backward (deterministic, not invariant).
+Backward, argument checks and the autograd.Function: shared with every backend
+(rl_engine/kernels/common/attention.py; plain torch, deterministic, not invariant).
 """
 
 from __future__ import annotations
@@ -44,7 +45,11 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.kernels.native.attention import _backward, _compute_dtype, _validate
+from rl_engine.kernels.common.attention import (
+    compute_dtype,
+    invariant_attention_function,
+    run_attention,
+)
 from rl_engine.kernels.triton._common import INTERPRET, check_device, tl_dtype, upcast_dot
 
 # Part of the numerics: changing them changes the bits (the same for every
@@ -54,6 +59,31 @@ from rl_engine.kernels.triton._common import INTERPRET, check_device, tl_dtype, 
 # few hundred tokens then cross several splits.
 BLOCK_M, BLOCK_N, SPLIT_BLOCKS = (16, 32, 4) if INTERPRET else (64, 64, 16)
 assert BLOCK_N % BLOCK_M == 0
+
+
+@triton.jit
+def _program_tile(tile_start_ptr, BLOCK_N: tl.constexpr, SPLIT_BLOCKS: tl.constexpr):
+    """This program's tile and query head (grid axes 0 and 1), the tile's first position,
+    the key blocks it sees (0..n_blocks-1) and their number of KV splits."""
+    tile = tl.program_id(0)
+    start = tl.load(tile_start_ptr + tile)
+    n_blocks = start // BLOCK_N + 1
+    return tile, tl.program_id(1), start, n_blocks, tl.cdiv(n_blocks, SPLIT_BLOCKS)
+
+
+@triton.jit
+def _tile_rows(tile_b_ptr, tile_cols_ptr, tile, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A tile's sequence b, its rows, the q column of each row (-1: no query), live rows, head dims."""
+    b = tl.load(tile_b_ptr + tile).to(tl.int64)
+    rows = tl.arange(0, BLOCK_M)
+    cols = tl.load(tile_cols_ptr + tile * BLOCK_M + rows).to(tl.int64)  # -1: no query
+    return b, rows, cols, cols >= 0, tl.arange(0, BLOCK_D)
+
+
+@triton.jit
+def _rows_at(ptr, b, h, idx, d, s_b, s_h, s_t):
+    """Pointers to rows idx (the time index) of batch row b, head h, head dims d: (len(idx), len(d))."""
+    return ptr + b * s_b + h * s_h + idx[:, None] * s_t + d[None, :]
 
 
 @triton.jit(do_not_specialize=["has_slots"])
@@ -95,25 +125,17 @@ def _attention_split_kernel(
     BLOCK_D: tl.constexpr,
     SPLIT_BLOCKS: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    h = tl.program_id(1)
+    tile, h, start, n_blocks, n_splits = _program_tile(tile_start_ptr, BLOCK_N, SPLIT_BLOCKS)
     split = tl.program_id(2)
-    start = tl.load(tile_start_ptr + tile)
-    n_blocks = start // BLOCK_N + 1
-    n_splits = tl.cdiv(n_blocks, SPLIT_BLOCKS)
     if split < n_splits:
-        b = tl.load(tile_b_ptr + tile).to(tl.int64)
+        b, rows, cols, live, d = _tile_rows(tile_b_ptr, tile_cols_ptr, tile, BLOCK_M, BLOCK_D)
         kv_b = tl.load(kv_row_ptr + b).to(tl.int64)
         hk = (h // group).to(tl.int64)
-        rows = tl.arange(0, BLOCK_M)
-        cols = tl.load(tile_cols_ptr + tile * BLOCK_M + rows).to(tl.int64)  # -1: no query
-        live = cols >= 0
         qpos = start + rows
         last = tl.max(tl.where(live, qpos, -1), axis=0)  # last query position of the tile
-        d = tl.arange(0, BLOCK_D)
         dmask = d < D
         q = tl.load(
-            q_ptr + b * sq_b + h * sq_h + cols[:, None] * sq_t + d[None, :],
+            _rows_at(q_ptr, b, h, cols, d, sq_b, sq_h, sq_t),
             mask=live[:, None] & dmask[None, :],
             other=0.0,
         )  # (BM, BD)
@@ -131,10 +153,9 @@ def _attention_split_kernel(
             mapped = tl.load(slot_ptr + b * slot_len + kpos, mask=kpos < slot_len, other=-1)
             slots = tl.where(kpos * 0 + has_slots != 0, mapped.to(tl.int64), kpos.to(tl.int64))
             kmask = (kpos <= last) & (slots >= 0) & (slots < Tk)
+            kvmask = kmask[:, None] & dmask[None, :]
             k = tl.load(
-                k_ptr + kv_b * sk_b + hk * sk_h + slots[:, None] * sk_t + d[None, :],
-                mask=kmask[:, None] & dmask[None, :],
-                other=0.0,
+                _rows_at(k_ptr, kv_b, hk, slots, d, sk_b, sk_h, sk_t), mask=kvmask, other=0.0
             )  # (BN, BD)
             if UPCAST:
                 k = k.to(ACC)
@@ -150,9 +171,7 @@ def _attention_split_kernel(
             p = tl.exp(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             v = tl.load(
-                v_ptr + kv_b * sv_b + hk * sv_h + slots[:, None] * sv_t + d[None, :],
-                mask=kmask[:, None] & dmask[None, :],
-                other=0.0,
+                _rows_at(v_ptr, kv_b, hk, slots, d, sv_b, sv_h, sv_t), mask=kvmask, other=0.0
             )  # (BN, BD)
             if UPCAST:
                 v = v.to(ACC)
@@ -167,7 +186,7 @@ def _attention_split_kernel(
         if n_splits == 1:
             o = acc / l_i[:, None]
             tl.store(
-                out_ptr + b * so_b + h * so_h + cols[:, None] * so_t + d[None, :],
+                _rows_at(out_ptr, b, h, cols, d, so_b, so_h, so_t),
                 o.to(out_ptr.dtype.element_ty),
                 mask=live[:, None] & dmask[None, :],
             )
@@ -200,16 +219,9 @@ def _attention_combine_kernel(
     BLOCK_D: tl.constexpr,
     SPLIT_BLOCKS: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    h = tl.program_id(1)
-    start = tl.load(tile_start_ptr + tile)
-    n_splits = tl.cdiv(start // BLOCK_N + 1, SPLIT_BLOCKS)
+    tile, h, _, _, n_splits = _program_tile(tile_start_ptr, BLOCK_N, SPLIT_BLOCKS)
     if n_splits > 1:
-        b = tl.load(tile_b_ptr + tile).to(tl.int64)
-        rows = tl.arange(0, BLOCK_M)
-        cols = tl.load(tile_cols_ptr + tile * BLOCK_M + rows).to(tl.int64)
-        live = cols >= 0
-        d = tl.arange(0, BLOCK_D)
+        b, rows, cols, live, d = _tile_rows(tile_b_ptr, tile_cols_ptr, tile, BLOCK_M, BLOCK_D)
         base = ((tile * tl.num_programs(1) + h) * n_split_max).to(tl.int64)
         m = tl.full((BLOCK_M,), float("-inf"), dtype=ACC)
         for s in range(0, n_splits):
@@ -227,7 +239,7 @@ def _attention_combine_kernel(
             acc = acc + acc_s * w[:, None]
         o = acc / l_sum[:, None]
         tl.store(
-            out_ptr + b * so_b + h * so_h + cols[:, None] * so_t + d[None, :],
+            _rows_at(out_ptr, b, h, cols, d, so_b, so_h, so_t),
             o.to(out_ptr.dtype.element_ty),
             mask=live[:, None] & (d[None, :] < D),
         )
@@ -297,7 +309,7 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
         slot_len = slots.shape[1]
     else:
         slots, slot_len = tile_b, 0  # unused: aligned layout
-    acc_dtype = _compute_dtype(q.dtype)
+    acc_dtype = compute_dtype(q.dtype)
     block_d = max(16, triton.next_power_of_2(D))
     if n_split_max > 1:
         part_acc = torch.empty(
@@ -306,17 +318,21 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
         part_ml = torch.empty((NT, Hq, n_split_max, 2, BLOCK_M), dtype=acc_dtype, device=q.device)
     else:  # unused; fp32 all the same, so that every call runs one compiled kernel
         part_acc = part_ml = torch.empty(1, dtype=acc_dtype, device=q.device)
-    acc_tl = tl_dtype(acc_dtype)
+    # what both kernels take: the output, the split partials, the tile plan, the tile constants
+    tiles = (out, part_acc, part_ml, tile_b, tile_start, tile_cols)
+    meta = dict(
+        ACC=tl_dtype(acc_dtype),
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=block_d,
+        SPLIT_BLOCKS=SPLIT_BLOCKS,
+        num_warps=4,
+    )
     _attention_split_kernel[(NT, Hq, n_split_max)](
         q,
         k,
         v,
-        out,
-        part_acc,
-        part_ml,
-        tile_b,
-        tile_start,
-        tile_cols,
+        *tiles,
         kv_row,
         slots,
         *q.stride()[:3],
@@ -331,70 +347,19 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
         float(scale),
         int(k_positions is not None),
         UPCAST=upcast_dot(q.dtype),
-        ACC=acc_tl,
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
-        BLOCK_D=block_d,
-        SPLIT_BLOCKS=SPLIT_BLOCKS,
-        num_warps=4,
         num_stages=2,
+        **meta,
     )
     if n_split_max > 1:
-        _attention_combine_kernel[(NT, Hq)](
-            out,
-            part_acc,
-            part_ml,
-            tile_b,
-            tile_start,
-            tile_cols,
-            *out.stride()[:3],
-            n_split_max,
-            D,
-            ACC=acc_tl,
-            BLOCK_M=BLOCK_M,
-            BLOCK_N=BLOCK_N,
-            BLOCK_D=block_d,
-            SPLIT_BLOCKS=SPLIT_BLOCKS,
-            num_warps=4,
-        )
+        _attention_combine_kernel[(NT, Hq)](*tiles, *out.stride()[:3], n_split_max, D, **meta)
     return out
 
 
-class _InvariantAttention(torch.autograd.Function):
-    """kv_index is always None here when gradients are needed (see attention)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, q_positions, k_positions, scale, kv_index=None):
-        ctx.save_for_backward(q, k, v, q_positions, k_positions)
-        ctx.scale = scale
-        return attention_forward(q, k, v, q_positions, k_positions, scale, kv_index)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        q, k, v, q_positions, k_positions = ctx.saved_tensors
-        if q.numel() == 0 or k.numel() == 0:
-            dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        else:
-            dq, dk, dv = _backward(grad_out, q, k, v, q_positions, k_positions, ctx.scale)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+_InvariantAttention = invariant_attention_function(attention_forward, __name__)
 
 
 def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None) -> torch.Tensor:
-    """Batch-invariant causal GQA attention; the contract of the native op (see the module docstring).
-
-    q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D); q_positions: (B, Tq) int;
-    k_positions: (B, Tk) int or None (aligned KV-cache layout); kv_index: (B,)
-    int or None: row b reads k[kv_index[b]], v[kv_index[b]] of (S, Hkv, Tk, D)
-    caches (aligned layout only). Returns (B, Hq, Tq, D) in q.dtype, exact
-    zeros for padding queries.
-    """
-    scale = _validate(q, k, v, q_positions, k_positions, scale, kv_index)
-    check_device("q", q)
-    if (
-        kv_index is not None
-        and torch.is_grad_enabled()
-        and (q.requires_grad or k.requires_grad or v.requires_grad)
-    ):  # the backward works on per-row keys
-        k, v, kv_index = k.index_select(0, kv_index), v.index_select(0, kv_index), None
-    return _InvariantAttention.apply(q, k, v, q_positions, k_positions, scale, kv_index)
+    """Batch-invariant causal GQA attention: the native op's contract and arguments (see the module docstring)."""
+    return run_attention(
+        _InvariantAttention, q, k, v, q_positions, k_positions, scale, kv_index, check_device
+    )

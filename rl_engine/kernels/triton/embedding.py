@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.kernels.native._checks import check_floating, check_index_range
+from rl_engine.kernels.common.checks import check_embedding
 from rl_engine.kernels.triton._common import check_device
 
 _BLOCK = 1024
@@ -59,10 +59,7 @@ def embedding(
     ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None
 ) -> torch.Tensor:
     """ids (...) int, weight (V, H) -> (..., H) in weight.dtype."""
-    check_floating("weight", weight)
-    if weight.dim() != 2:
-        raise ValueError(f"embedding weight must be 2-D (vocab, hidden), got {tuple(weight.shape)}")
-    check_index_range("token ids", ids, weight.shape[0], "the vocabulary size")
+    check_embedding(ids, weight)
     check_device("weight", weight)
     if padding_idx is not None and padding_idx < 0:
         padding_idx += weight.shape[0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.native._checks import at_least_fp32
+from rl_engine.kernels.common.checks import at_least_fp32
 from rl_engine.kernels.triton.linear import apply_projection
 
 

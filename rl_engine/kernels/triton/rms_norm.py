@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.kernels.native._checks import at_least_fp32, check_floating, check_last_dim
+from rl_engine.kernels.common.checks import at_least_fp32, check_floating, check_last_dim
 from rl_engine.kernels.triton._common import check_device, tl_dtype
 
 _MAX_BLOCK = 4096  # chunk width: next power of two of H, at most this (depends on H only)

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.kernels.native._checks import at_least_fp32, check_floating
+from rl_engine.kernels.common.checks import at_least_fp32, check_floating
 from rl_engine.kernels.triton._common import check_device, tl_dtype
 
 _BLOCK = 1024

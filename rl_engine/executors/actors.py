@@ -1,0 +1,241 @@
+"""The job's Ray actors: a rollout engine or a DeepSpeed trainer rank each, and how they start.
+
+Devices (`config.device`): on cpu every actor asks Ray for one CPU; on cuda
+each also asks for one GPU (`actor_resources`), and Ray makes it the only GPU
+the actor sees. An engine moves its model there and then patches it (the
+device picks the kernels: triton on cuda); a trainer rank's LOCAL_RANK is the
+index of that GPU among the visible ones, and the worker uses cuda:LOCAL_RANK.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import ray
+
+from rl_engine.config import RunConfig
+from rl_engine.executors import cluster
+from rl_engine.executors.faults import ActorInfo, first_line, gather
+from rl_engine.io import write_json_atomic
+
+log = logging.getLogger("rl_engine.job")
+
+
+def actor_resources(config: RunConfig) -> dict:
+    """Ray resources of one rollout engine or trainer rank: one CPU, and one GPU on cuda."""
+    return {"num_cpus": 1, "num_gpus": 1 if config.device == "cuda" else 0}
+
+
+def _visible_gpu_index() -> int:
+    """Index, among the GPUs this process sees, of the one Ray assigned to this actor."""
+    assigned = [str(i) for i in ray.get_gpu_ids()]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    if not assigned:
+        raise RuntimeError("device is cuda but Ray assigned this actor no GPU")
+    return visible.index(assigned[0]) if assigned[0] in visible else 0
+
+
+def _actor_device(config: RunConfig) -> str:
+    """cuda:<the GPU Ray assigned> on cuda, else cpu."""
+    return f"cuda:{_visible_gpu_index()}" if config.device == "cuda" else "cpu"
+
+
+def _ds_accelerator(config: RunConfig) -> str:
+    """DeepSpeed's accelerator for the trainer actors: cuda on cuda, else the caller's (cpu)."""
+    return "cuda" if config.device == "cuda" else os.environ.get("DS_ACCELERATOR", "cpu")
+
+
+def _quiet_model_loading() -> None:
+    """Model-loading chatter (transformers, GGUF dequantisation bars, DeepSpeed info) off in actors."""
+    from rl_engine.models import quiet_loading
+
+    quiet_loading()
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+
+
+@ray.remote
+class RolloutActor:
+    """One rollout engine in its own process; `start` loads the model."""
+
+    def __init__(self, config: RunConfig):
+        self.config = config
+
+    def describe(self) -> dict:
+        return {
+            **cluster.node_identity(),
+            "facts": cluster.kernel_facts(self.config.device),
+        }
+
+    def start(self) -> dict:
+        from rl_engine.models import load_model
+        from rl_engine.patching import apply_batch_invariant
+        from rl_engine.rollout import RolloutEngine
+
+        _quiet_model_loading()
+        config = self.config
+        model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+        device = _actor_device(config)
+        model.to(device)  # first move, then patch: the ops are resolved for this device
+        if config.batch_invariant:
+            apply_batch_invariant(model)
+        self.engine = RolloutEngine(
+            model, device=device, max_batch_size=config.rollout.max_batch_size
+        )
+        return {
+            "vocab_size": model.config.vocab_size,
+            "eos_token_id": model.config.eos_token_id,
+            "tokenizer": tokenizer,
+        }
+
+    def generate(self, prompts, sampling):
+        """(completions, seconds spent generating)."""
+        started = time.perf_counter()
+        completions = self.engine.generate(prompts, sampling, progress=False)
+        return completions, time.perf_counter() - started
+
+    def load_weights(self, state_dict, version: int) -> None:
+        self.engine.load_weights(state_dict, version)
+
+
+@ray.remote
+class TrainerActor:
+    """One DeepSpeed rank; `start` joins the process group and builds the worker."""
+
+    def __init__(self, config: RunConfig, rank: int, world_size: int):
+        self.config, self.rank, self.world_size = config, rank, world_size
+
+    def describe(self) -> dict:
+        return {
+            **cluster.node_identity(),
+            "facts": cluster.kernel_facts(self.config.device),
+        }
+
+    def free_port(self) -> int:
+        """A port free on every interface of this rank's node: MASTER_PORT when this is rank 0."""
+        from rl_engine.executors.distributed import free_port
+
+        return free_port(host="")
+
+    def start(self, master_addr: str, master_port: int, resume_from: str | None) -> None:
+        from datetime import timedelta
+
+        cuda = self.config.device == "cuda"
+        os.environ.update(
+            RANK=str(self.rank),
+            LOCAL_RANK=str(_visible_gpu_index() if cuda else self.rank),
+            WORLD_SIZE=str(self.world_size),
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+        )
+        _quiet_model_loading()
+        import deepspeed
+
+        from rl_engine.executors.deepspeed_trainer import DeepSpeedTrainingWorker
+
+        # Joined here so that every collective of the worker fails after the timeout instead of hanging.
+        deepspeed.init_distributed(
+            dist_backend="nccl" if cuda else "gloo",
+            timeout=timedelta(seconds=self.config.trainer.collective_timeout_s),
+        )
+        self.worker = DeepSpeedTrainingWorker(
+            self.config, device=self.config.device
+        )  # cuda: LOCAL_RANK
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
+
+    def train_step(self, batch) -> dict:
+        started = time.perf_counter()
+        metrics = self._collective("train_step", self.worker.train_step, batch)
+        return {**metrics, "time/train_compute": time.perf_counter() - started}
+
+    def export_weights(self):
+        return self._collective("export_weights", self.worker.export_weights)
+
+    def save_checkpoint(self, directory: str) -> None:
+        self._collective("save_checkpoint", self.worker.save_checkpoint, directory, tag="state")
+
+    def load_checkpoint(self, directory: str) -> None:
+        self._collective("load_checkpoint", self.worker.load_checkpoint, directory)
+
+    def compute_logprobs(self, batch):
+        return self._collective("compute_logprobs", self.worker.compute_logprobs, batch)
+
+    def _collective(self, what: str, fn, *args, **kwargs):
+        """Run a worker call; a collective that timed out becomes a TimeoutError that says so."""
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as err:
+            if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
+                raise
+            limit = self.config.trainer.collective_timeout_s
+            raise TimeoutError(
+                f"trainer rank {self.rank}: {what} waited more than trainer.collective_timeout_s = "
+                f"{limit:g} s in a collective for the other ranks ({first_line(str(err))})"
+            ) from None
+
+
+def spawn_actors(config: RunConfig, groups: list) -> tuple[list[ActorInfo], list[ActorInfo]]:
+    """(trainer ranks, rollout engines) in one placement group per role.
+
+    Each group is appended to `groups` as soon as it is reserved, so that the caller
+    releases it even when a later one fails. The actors start empty (nothing heavy
+    before the kernel checks).
+    """
+    n_ranks, n_engines = config.trainer.num_ranks, config.rollout.num_engines
+    resources = actor_resources(config)
+    rank_group = cluster.reserve("trainer", n_ranks, config.trainer.placement, resources)
+    groups.append(rank_group)
+    engine_group = cluster.reserve("rollout", n_engines, config.rollout.placement, resources)
+    groups.append(engine_group)
+    options = dict(
+        **resources,
+        runtime_env={"env_vars": cluster.actor_env(_ds_accelerator(config))},
+        max_restarts=0,
+    )
+    trainers = [
+        ActorInfo(
+            "trainer rank",
+            r,
+            TrainerActor.options(
+                **options, scheduling_strategy=cluster.in_group(rank_group, r)
+            ).remote(config, r, n_ranks),
+        )
+        for r in range(n_ranks)
+    ]
+    engines = [
+        ActorInfo(
+            "rollout engine",
+            e,
+            RolloutActor.options(
+                **options, scheduling_strategy=cluster.in_group(engine_group, e)
+            ).remote(config),
+        )
+        for e in range(n_engines)
+    ]
+    return trainers, engines
+
+
+def sync_weights(trainers: list[ActorInfo], engines: list[ActorInfo], version: int) -> dict:
+    """Rank 0's weights into every engine as `version` (export is collective under ZeRO-3); returns them."""
+    weights = gather([(a, a.handle.export_weights.remote()) for a in trainers])[0]
+    ref = ray.put(weights)
+    gather([(e, e.handle.load_weights.remote(ref, version)) for e in engines])
+    return weights
+
+
+def describe_actors(actors: list[ActorInfo], run_dir: Path) -> None:
+    """Each actor's node, pid and kernel facts into RUN_DIR/actors.json and the log; all must match."""
+    for actor, facts in zip(actors, gather([(a, a.handle.describe.remote()) for a in actors])):
+        actor.node_ip, actor.node_id, actor.pid = (
+            facts["node_ip"],
+            facts["node_id"],
+            facts["pid"],
+        )
+        actor.facts = facts["facts"]
+    write_json_atomic(run_dir / "actors.json", [a.as_dict() for a in actors])
+    for actor in actors:
+        log.info("%s", actor.describe())
+    cluster.check_same_kernels({a.describe(): a.facts for a in actors})

@@ -1,0 +1,156 @@
+"""The chunked linear -> logprob algorithm, parameterised by a backend's kernels.
+
+Forward walks the tokens in chunks of `chunk_rows_for(V)` rows, so at most
+`chunk_rows x V` logits exist at a time. Each chunk's logprobs come from the
+backend's `chunk_logprobs(h, weight, bias, temperature)`, which must run the
+very same kernels as its `lm_head` and `log_softmax` ops (the ones the rollout
+engine calls on its decode batch); both are row-invariant, so fused ==
+unfused bitwise, whatever the chunk size. Only memory and speed depend on
+the chunk size, never the bits.
+
+Backward recomputes each chunk's softmax with `chunk_logprobs` and finishes
+with plain torch GEMMs (deterministic, not batch-invariant):
+d logp[t] / d logits = (onehot(t) - softmax) / T.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl_engine.kernels.common.checks import (
+    at_least_fp32,
+    check_index_range,
+    check_projection,
+    check_temperature,
+)
+
+
+def chunked_logp_forward(
+    chunk_logprobs, chunk_rows_for, hidden, weight, bias, targets, temperature, ignore_index
+):
+    n = hidden.shape[0]
+    out = torch.zeros(n, dtype=at_least_fp32(hidden.dtype), device=hidden.device)  # (N,)
+    live = targets != ignore_index
+    safe_targets = torch.where(live, targets, torch.zeros_like(targets))
+    step = chunk_rows_for(weight.shape[0])
+    for start in range(0, n, step):
+        stop = min(start + step, n)
+        logp = chunk_logprobs(hidden[start:stop], weight, bias, temperature)
+        picked = logp.gather(1, safe_targets[start:stop, None]).squeeze(1)
+        out[start:stop] = torch.where(live[start:stop], picked, torch.zeros_like(picked))
+    return out
+
+
+def chunked_logp_backward(
+    chunk_logprobs,
+    chunk_rows_for,
+    grad_out,
+    hidden,
+    weight,
+    bias,
+    targets,
+    temperature,
+    ignore_index,
+):
+    n, vocab = hidden.shape[0], weight.shape[0]
+    live = targets != ignore_index
+    safe_targets = torch.where(live, targets, torch.zeros_like(targets))
+    acc = at_least_fp32(weight.dtype)
+    coeff = torch.where(live, grad_out.to(acc), torch.zeros_like(grad_out, dtype=acc))
+    grad_hidden = torch.empty_like(hidden)
+    grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
+    grad_bias = torch.zeros(vocab, dtype=acc, device=weight.device) if bias is not None else None
+    step = chunk_rows_for(vocab)
+    for start in range(0, n, step):
+        stop = min(start + step, n)
+        h = hidden[start:stop]  # (n, H)
+        probs = chunk_logprobs(h, weight, bias, temperature).exp_()  # (n, V)
+        grad_logits = probs.neg_()
+        grad_logits.scatter_add_(1, safe_targets[start:stop, None], torch.ones_like(probs[:, :1]))
+        grad_logits.mul_(coeff[start:stop, None] / temperature)  # (n, V)
+        g = grad_logits.to(weight.dtype)
+        grad_hidden[start:stop] = (g @ weight).to(hidden.dtype)
+        grad_weight += g.t() @ h.to(weight.dtype)
+        if grad_bias is not None:
+            grad_bias += grad_logits.sum(0)
+    grad_weight = grad_weight.to(weight.dtype)
+    if grad_bias is not None:
+        grad_bias = grad_bias.to(bias.dtype)
+    return grad_hidden, grad_weight, grad_bias
+
+
+def linear_logp_function(linear_logp_forward, linear_logp_backward, module: str):
+    """`_LinearLogp` of the backend `module`, from its `linear_logp_forward` / `linear_logp_backward`."""
+
+    class _LinearLogp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, hidden, weight, bias, targets, temperature, ignore_index):
+            ctx.save_for_backward(hidden, weight, bias, targets)
+            ctx.temperature, ctx.ignore_index = temperature, ignore_index
+            return linear_logp_forward(hidden, weight, bias, targets, temperature, ignore_index)
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            hidden, weight, bias, targets = ctx.saved_tensors
+            grads = linear_logp_backward(
+                grad_out, hidden, weight, bias, targets, ctx.temperature, ctx.ignore_index
+            )
+            grad_hidden, grad_weight, grad_bias = grads
+            return (
+                grad_hidden if ctx.needs_input_grad[0] else None,
+                grad_weight if ctx.needs_input_grad[1] else None,
+                grad_bias if ctx.needs_input_grad[2] else None,
+                None,
+                None,
+                None,
+            )
+
+    _LinearLogp.__module__, _LinearLogp.__qualname__ = module, "_LinearLogp"
+    return _LinearLogp
+
+
+def validate(hidden, weight, targets, bias, ignore_index):
+    check_projection("hidden", hidden, weight, bias)
+    if not isinstance(targets, torch.Tensor):
+        raise TypeError(f"targets must be a torch.Tensor, got {type(targets).__name__}")
+    if targets.shape != hidden.shape[:-1]:
+        raise ValueError(
+            f"targets shape {tuple(targets.shape)} must equal hidden's leading shape "
+            f"{tuple(hidden.shape[:-1])} (hidden is {tuple(hidden.shape)})"
+        )
+    check_index_range(
+        "targets", targets, weight.shape[0], "the vocabulary size", ignore=ignore_index
+    )
+
+
+def linear_logp_op(function, check_device=None):
+    """The public `linear_logp` of a backend whose autograd.Function is `function`.
+
+    `check_device(name, tensor)`, when given, is the backend's device check
+    (run after the argument checks).
+    """
+
+    def linear_logp(
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        temperature: float = 1.0,
+        ignore_index: int = -100,
+    ) -> torch.Tensor:
+        """hidden (..., H), weight (V, H), targets (...) -> fp32 logprobs (...), 0 where ignored.
+
+        fp64 inputs give fp64 logprobs (for gradcheck); every other dtype gives fp32.
+        """
+        validate(hidden, weight, targets, bias, ignore_index)
+        if check_device is not None:
+            check_device("hidden", hidden)
+        temperature = check_temperature(temperature)
+        h2d = hidden.reshape(-1, hidden.shape[-1])
+        flat_targets = targets.reshape(-1).long()
+        out = function.apply(h2d, weight, bias, flat_targets, temperature, ignore_index)
+        return out.reshape(targets.shape)
+
+    linear_logp.__module__ = function.__module__
+    return linear_logp
