@@ -34,7 +34,7 @@ ISA_ENV = "RL_ENGINE_CPU_ISA"
 # Fastest first: the default is the first one the CPU supports.
 ISA_PATHS = ("avx512_bf16", "avx512", "avx2")
 # Version of the numerics of these kernels: bump it whenever any kernel's bits change.
-NUMERICS_VERSION = "fixed16-v1"
+NUMERICS_VERSION = "serialk-v1"
 
 
 def _compiler() -> str:
