@@ -67,7 +67,9 @@ def main() -> None:
                     ours.append(_time(lambda: ext.gemm(x, w, isa), inner))
                     ref.append(_time(lambda: F.linear(x, w), inner))
                 a, b = statistics.median(ours), statistics.median(ref)
-                print(f"{name:26s} {dname:5s} {threads:3d} {a * 1e3:9.3f} {b * 1e3:9.3f} {a / b:6.2f}")
+                print(
+                    f"{name:26s} {dname:5s} {threads:3d} {a * 1e3:9.3f} {b * 1e3:9.3f} {a / b:6.2f}"
+                )
 
 
 if __name__ == "__main__":

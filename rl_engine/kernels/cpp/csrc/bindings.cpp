@@ -59,6 +59,10 @@ constexpr int64_t kSmallM = 64;
 constexpr int64_t kTaskRows = 480;  // a multiple of the 6-row register tile
 constexpr int64_t kTaskCols = 256;
 constexpr int64_t kSmallTaskCols = 64;
+// K per packed weight block (bf16: even, so a pair never straddles two blocks).
+// Between blocks the fp32 accumulators are stored to y and reloaded: exact.
+constexpr int64_t kBlockKF32 = 256;
+constexpr int64_t kBlockKBf16 = 512;
 
 }  // namespace
 
@@ -82,7 +86,8 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const void* xp = x.data_ptr();
   const void* wp = w.data_ptr();
-  const int64_t scratch_bytes = (k.gemm_scratch_bytes() + 63) / 64 * 64;
+  const int64_t kb = bf16 ? kBlockKBf16 : kBlockKF32;
+  const int64_t scratch_bytes = (k.gemm_scratch_bytes(kb) + 63) / 64 * 64;
   at::Tensor scratch = at::empty({at::get_num_threads(), scratch_bytes}, x.options().dtype(at::kByte));
   at::parallel_for(0, mt * nt, 1, [&](int64_t begin, int64_t end) {
     void* scr = scratch.data_ptr<uint8_t>() + at::get_thread_num() * scratch_bytes;
@@ -92,11 +97,11 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa
       if (bf16) {
         const auto* xb = static_cast<const uint16_t*>(xp) + m0 * ldx;
         const auto* wb = static_cast<const uint16_t*>(wp) + n0 * ldw;
-        k.gemm_bf16(xb, ldx, wb, ldw, yp + m0 * N + n0, N, m, n, K, scr);
+        k.gemm_bf16(xb, ldx, wb, ldw, yp + m0 * N + n0, N, m, n, K, kb, scr);
       } else {
         const auto* xf = static_cast<const float*>(xp) + m0 * ldx;
         const auto* wf = static_cast<const float*>(wp) + n0 * ldw;
-        k.gemm_f32(xf, ldx, wf, ldw, yp + m0 * N + n0, N, m, n, K, scr);
+        k.gemm_f32(xf, ldx, wf, ldw, yp + m0 * N + n0, N, m, n, K, kb, scr);
       }
     }
   });

@@ -23,7 +23,6 @@
 // broadcasts x[m, k] (bf16: the pair x[m, 2p..2p+1]) and walks k upward.
 
 constexpr int kPanel = 64;        // columns per packed panel (4 vectors)
-constexpr int64_t kBlockK = 256;  // K per packed block (even: bf16 pairs never straddle)
 constexpr int64_t kBlockN = 256;  // columns packed at once (4 panels)
 
 static inline float rl_bf16_to_f32(uint16_t h) {
@@ -220,7 +219,6 @@ struct GemmOps<float> {
                     int64_t ldy, int cols, bool first) {
     micro_f32<MR, NV>(x, ldx, p, kc, y, ldy, cols, first);
   }
-  static constexpr int64_t kPanelElems = kPanel * kBlockK;
   static constexpr int kColStride = 1;  // panel elements per column per k
 };
 template <>
@@ -233,8 +231,7 @@ struct GemmOps<uint16_t> {
                     int64_t ldy, int cols, bool first) {
     micro_bf16<MR, NV>(x, ldx, p, kc, y, ldy, cols, first);
   }
-  static constexpr int64_t kPanelElems = kPanel * kBlockK;  // kBlockK / 2 pairs of 2
-  static constexpr int kColStride = 2;                      // a pair per column
+  static constexpr int kColStride = 2;  // a pair per column
 };
 
 // One panel (up to 64 columns) for mr <= MR_MAX rows: NV_MAX vectors at a time.
@@ -249,40 +246,42 @@ static void panel_rows(int mr, const T* x, int64_t ldx, const T* p, int64_t kc, 
                                            ldy, cols - c0, first);
 }
 
-// y block (M x N, row stride ldy) of x @ w^T; scratch: gemm_scratch_elems() elements of T.
+// y block (M x N, row stride ldy) of x @ w^T, K in blocks of kb (even);
+// scratch: gemm_scratch_bytes(kb). Per K block: pack the (up to) 4 panels
+// (they stay in L2), then each row tile (its x slice in L1) against them.
 template <typename T>
 static void gemm_block(const T* x, int64_t ldx, const T* w, int64_t ldw, float* y, int64_t ldy,
-                       int64_t M, int64_t N, int64_t K, T* scratch) {
+                       int64_t M, int64_t N, int64_t K, int64_t kb, T* scratch) {
+  const int64_t panel_elems = kPanel * kb;  // bf16: kb / 2 pairs of 2
   for (int64_t n0 = 0; n0 < N; n0 += kBlockN) {
     const int64_t nb = N - n0 < kBlockN ? N - n0 : kBlockN;
     const int np = (int)((nb + kPanel - 1) / kPanel);
-    for (int64_t k0 = 0; k0 < K; k0 += kBlockK) {
-      const int64_t kc = K - k0 < kBlockK ? K - k0 : kBlockK;
+    for (int64_t k0 = 0; k0 < K; k0 += kb) {
+      const int64_t kc = K - k0 < kb ? K - k0 : kb;
       for (int p = 0; p < np; ++p) {
         const int nr = (int)(nb - p * kPanel < kPanel ? nb - p * kPanel : kPanel);
-        GemmOps<T>::pack(w + (n0 + p * kPanel) * ldw + k0, ldw, nr, kc,
-                         scratch + p * GemmOps<T>::kPanelElems);
+        GemmOps<T>::pack(w + (n0 + p * kPanel) * ldw + k0, ldw, nr, kc, scratch + p * panel_elems);
       }
       for (int64_t m0 = 0; m0 < M; m0 += MR_MAX) {
         const int mr = (int)(M - m0 < MR_MAX ? M - m0 : MR_MAX);
         for (int p = 0; p < np; ++p) {
           const int nr = (int)(nb - p * kPanel < kPanel ? nb - p * kPanel : kPanel);
-          panel_rows<T, MR_MAX>(mr, x + m0 * ldx + k0, ldx, scratch + p * GemmOps<T>::kPanelElems,
-                                kc, y + m0 * ldy + n0 + p * kPanel, ldy, nr, k0 == 0);
+          panel_rows<T, MR_MAX>(mr, x + m0 * ldx + k0, ldx, scratch + p * panel_elems, kc,
+                                y + m0 * ldy + n0 + p * kPanel, ldy, nr, k0 == 0);
         }
       }
     }
   }
 }
 
-int64_t gemm_scratch_bytes() { return (kBlockN / kPanel) * kPanel * kBlockK * 4; }
+int64_t gemm_scratch_bytes(int64_t kb) { return kBlockN * kb * 4; }
 
 void gemm_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y, int64_t ldy,
-              int64_t M, int64_t N, int64_t K, void* scratch) {
-  gemm_block<float>(x, ldx, w, ldw, y, ldy, M, N, K, (float*)scratch);
+              int64_t M, int64_t N, int64_t K, int64_t kb, void* scratch) {
+  gemm_block<float>(x, ldx, w, ldw, y, ldy, M, N, K, kb, (float*)scratch);
 }
 
 void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, float* y,
-               int64_t ldy, int64_t M, int64_t N, int64_t K, void* scratch) {
-  gemm_block<uint16_t>(x, ldx, w, ldw, y, ldy, M, N, K, (uint16_t*)scratch);
+               int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t kb, void* scratch) {
+  gemm_block<uint16_t>(x, ldx, w, ldw, y, ldy, M, N, K, kb, (uint16_t*)scratch);
 }
