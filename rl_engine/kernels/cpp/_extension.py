@@ -5,6 +5,8 @@ The extension is compiled from source with the system C++ compiler by
 checkout, never a shared cache). `make setup` builds it; at run time `load`
 only re-links when a source changed. There is no prebuilt binary and no
 fallback: if it cannot build, this raises with the compiler's reason.
+Numerics: see csrc/gemm_impl.h (the GEMM's serial K chain) and
+csrc/kernels_impl.h; NUMERICS_VERSION names them in `kernel_facts`.
 
 Instruction-set paths: `avx512_bf16`, `avx512` and `avx2` are compiled into
 the one library; the fastest one this CPU runs is used unless

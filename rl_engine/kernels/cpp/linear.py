@@ -1,13 +1,15 @@
 """Batch-invariant linear layer on CPU through the fixed-order C++ GEMM.
 
-Every output element y[m, n] = dot(x[m], w[n]) is computed by one code path
-whose order of additions depends on K alone (csrc/kernels_impl.h: 16 fp32
-lanes, lane i sums k = i mod 16 with FMAs in increasing k, then a fixed
-tree; bf16 by pairs, summed in fp32). Threads only split output tiles, so a
-row has the same bits for M = 1 (decode) and M = 4096 (training), at any row
-position, next to any rows, with any thread count, and without padding small
-batches. bf16 products are exact and summed in fp32: the result is rounded
-once, at the end (to bf16 for `linear`, kept in fp32 for `lm_head`).
+Every output element y[m, n] is one serial chain over K computed by one code
+path (csrc/gemm_impl.h, "serial K chain"): fp32 acc = +0, then acc =
+fma(x[m, k], w[n, k], acc) for k = 0 .. K-1 in increasing order; bf16 by
+pairs in increasing order, odd element first (VDPBF16PS), accumulated in fp32.
+Blocking, packing and threads only split output blocks (and store / reload
+the exact fp32 accumulator between K blocks), so a row has the same bits for
+M = 1 (decode) and M = 4096 (training), at any row position, next to any
+rows, with any thread count, and without padding small batches. bf16
+products are exact and summed in fp32: the result is rounded once, at the end
+(to bf16 for `linear`, kept in fp32 for `lm_head`).
 
 fp64 and fp16 (gradcheck, rare) go through the native fixed-order GEMM.
 Backward is the native one: plain GEMMs, accurate and deterministic; gradients

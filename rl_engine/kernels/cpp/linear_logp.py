@@ -4,9 +4,10 @@ The native op's algorithm, code and contract (rl_engine.kernels.native.linear_lo
 each chunk of tokens calls this backend's `lm_head` (the fixed-order GEMM,
 M-independent by construction) and the shared `log_softmax`, so the result is
 bitwise equal to materialising all logits, whatever the chunk size. What
-changes is the chunk: the fixed-order GEMM streams the whole LM-head weight
-once per 64-row tile of a chunk, so chunks are a multiple of 64 rows and as
-large as the memory target allows (CHUNK_ELEMENTS logits at a time).
+changes is the chunk: the fixed-order GEMM packs (streams) the whole LM-head
+weight once per block of up to 480 rows of a chunk, so chunks are a multiple
+of 64 rows and as large as the memory target allows (CHUNK_ELEMENTS logits at
+a time).
 """
 
 from __future__ import annotations
