@@ -149,3 +149,88 @@ def test_missing_compiler_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-rl-engine")
     with pytest.raises(RuntimeError, match="need a C\\+\\+ compiler, but 'no-such-compiler"):
         _extension._compiler()
+
+
+# ----------------------------------------------------------------------------- GEMM numerics
+
+
+def _serial_chain_reference(x, w):
+    """The specified order, emulated in float64 (exact products, one rounding to fp32 per add).
+
+    fp32: acc = fma(x[m, k], w[n, k], acc) for k = 0, 1, ...; bf16: per pair, the odd
+    element's product first, then the even one's (VDPBF16PS), odd K padded with zeros.
+    A float64 add of an exact product and an fp32 value, then rounded to fp32, is the
+    fp32 FMA except for double-rounding ties, which random data does not hit.
+    """
+    xd, wd = x.double(), w.double()
+    if x.dtype == torch.bfloat16 and x.shape[1] % 2:
+        xd, wd = F.pad(xd, (0, 1)), F.pad(wd, (0, 1))
+    order = range(xd.shape[1])
+    if x.dtype == torch.bfloat16:
+        order = [k + 1 - 2 * (k % 2) for k in order]  # 1, 0, 3, 2, ...
+    acc = torch.zeros(x.shape[0], w.shape[0])
+    for k in order:
+        acc = (torch.outer(xd[:, k], wd[:, k]) + acc.double()).float()
+    return acc
+
+
+@pytest.mark.parametrize("isa_path", ISAS, indirect=True)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemm_is_the_serial_k_chain(isa_path, dtype):
+    g = torch.Generator().manual_seed(5)
+    ext = _extension.extension()
+    for m, n, k in ((1, 1, 1), (3, 17, 5), (7, 70, 33), (13, 65, 40)):
+        x, w = torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype)
+        assert torch.equal(ext.gemm(x, w, isa_path), _serial_chain_reference(x, w)), (m, n, k)
+
+
+# (K, N): K not a multiple of 16/32 (nor of the K block), N not a multiple of the 64-column panel
+GEMM_SHAPES = [(1, 1), (17, 15), (33, 65), (1000, 2817), (600, 130)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_m_rows_equal_large_m_rows(dtype):
+    """Decode-sized calls (unpacked tasks) give the rows of training-sized calls (packed blocks)."""
+    g = torch.Generator().manual_seed(6)
+    ext, isa = _extension.extension(), _extension.current_isa()
+    for k, n in GEMM_SHAPES:
+        big = 300 if k * n > 1e5 else 4096
+        x = torch.randn(big, k, generator=g).to(dtype)
+        w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype)
+        full = ext.gemm(x, w, isa)
+        for m in (1, 3, 8, 16, 17, 65):
+            for start in (0, big - m, 101):
+                got = ext.gemm(x[start : start + m], w, isa)
+                assert torch.equal(got, full[start : start + m]), (k, n, m, start)
+        assert torch.equal(ext.gemm(x[:300], w, isa), full[:300])
+
+
+def test_isa_paths_agree_on_odd_shapes():
+    """fp32: every path the same bits; bf16: the FMA emulations (avx512, avx2) the same bits."""
+    paths = _extension.supported_isas()
+    ext = _extension.extension()
+    g = torch.Generator().manual_seed(7)
+    for k, n in GEMM_SHAPES[:4]:
+        for m in (1, 17, 100):
+            x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g) / k**0.5
+            ref = ext.gemm(x, w, paths[0])
+            for isa in paths[1:]:
+                assert torch.equal(ext.gemm(x, w, isa), ref), (isa, m, n, k)
+            xb, wb = x.bfloat16(), w.bfloat16()
+            emulated = [isa for isa in paths if isa != "avx512_bf16"]
+            ref = ext.gemm(xb, wb, emulated[0])
+            for isa in emulated[1:]:
+                assert torch.equal(ext.gemm(xb, wb, isa), ref), (isa, m, n, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemm_accuracy_against_float64(dtype):
+    """Error of a serial fp32 chain: within a few ulp * sqrt(K) of sum |x w| (random signs)."""
+    g = torch.Generator().manual_seed(8)
+    ext, isa = _extension.extension(), _extension.current_isa()
+    for k in (17, 1000, 4099):
+        x, w = torch.randn(40, k, generator=g).to(dtype), torch.randn(70, k, generator=g).to(dtype)
+        ref = x.double() @ w.double().T
+        scale = x.double().abs() @ w.double().abs().T
+        err = (ext.gemm(x, w, isa).double() - ref).abs()
+        assert bool((err <= 4 * 2.0**-24 * k**0.5 * scale).all()), (dtype, k)

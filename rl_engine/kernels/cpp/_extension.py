@@ -5,6 +5,8 @@ The extension is compiled from source with the system C++ compiler by
 checkout, never a shared cache). `make setup` builds it; at run time `load`
 only re-links when a source changed. There is no prebuilt binary and no
 fallback: if it cannot build, this raises with the compiler's reason.
+Numerics: see csrc/gemm_impl.h (the GEMM's serial K chain) and
+csrc/kernels_impl.h; NUMERICS_VERSION names them in `kernel_facts`.
 
 Instruction-set paths: `avx512_bf16`, `avx512` and `avx2` are compiled into
 the one library; the fastest one this CPU runs is used unless
@@ -28,13 +30,16 @@ EXTENSION_NAME = "rl_engine_cpu_kernels"
 SOURCES = ("bindings.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "isa_avx512_bf16.cpp")
 # -ffp-contract=off: the compiler must never fuse a mul and an add on its own;
 # every FMA in the kernels is written out, identically on every ISA.
-CFLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno")
+# -fopenmp: at::parallel_for is a header template; without it the kernels'
+# `#pragma omp parallel` is ignored and every call runs on one thread.
+CFLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-fopenmp")
+LDFLAGS = ("-fopenmp",)
 
 ISA_ENV = "RL_ENGINE_CPU_ISA"
 # Fastest first: the default is the first one the CPU supports.
 ISA_PATHS = ("avx512_bf16", "avx512", "avx2")
 # Version of the numerics of these kernels: bump it whenever any kernel's bits change.
-NUMERICS_VERSION = "fixed16-v1"
+NUMERICS_VERSION = "serialk-v1"
 
 
 def _compiler() -> str:
@@ -60,6 +65,7 @@ def extension():
             name=EXTENSION_NAME,
             sources=[str(CSRC / name) for name in SOURCES],
             extra_cflags=list(CFLAGS),
+            extra_ldflags=list(LDFLAGS),
             build_directory=str(BUILD_DIR),
             verbose=False,
         )

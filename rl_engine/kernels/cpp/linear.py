@@ -1,13 +1,15 @@
 """Batch-invariant linear layer on CPU through the fixed-order C++ GEMM.
 
-Every output element y[m, n] = dot(x[m], w[n]) is computed by one code path
-whose order of additions depends on K alone (csrc/kernels_impl.h: 16 fp32
-lanes, lane i sums k = i mod 16 with FMAs in increasing k, then a fixed
-tree; bf16 by pairs, summed in fp32). Threads only split output tiles, so a
-row has the same bits for M = 1 (decode) and M = 4096 (training), at any row
-position, next to any rows, with any thread count, and without padding small
-batches. bf16 products are exact and summed in fp32: the result is rounded
-once, at the end (to bf16 for `linear`, kept in fp32 for `lm_head`).
+Every output element y[m, n] is one serial chain over K computed by one code
+path (csrc/gemm_impl.h, "serial K chain"): fp32 acc = +0, then acc =
+fma(x[m, k], w[n, k], acc) for k = 0 .. K-1 in increasing order; bf16 by
+pairs in increasing order, odd element first (VDPBF16PS), accumulated in fp32.
+Blocking, packing and threads only split output blocks (and store / reload
+the exact fp32 accumulator between K blocks), so a row has the same bits for
+M = 1 (decode) and M = 4096 (training), at any row position, next to any
+rows, with any thread count, and without padding small batches. bf16
+products are exact and summed in fp32: the result is rounded once, at the end
+(to bf16 for `linear`, kept in fp32 for `lm_head`).
 
 fp64 and fp16 (gradcheck, rare) go through the native fixed-order GEMM.
 Backward is the native one: plain GEMMs, accurate and deterministic; gradients
@@ -18,10 +20,10 @@ from __future__ import annotations
 
 import torch
 
+from rl_engine.kernels.common.checks import at_least_fp32
+from rl_engine.kernels.common.linear import invariant_linear_function, project
 from rl_engine.kernels.cpp._extension import current_isa, extension
-from rl_engine.kernels.common.checks import at_least_fp32, check_projection
 from rl_engine.kernels.native._gemm import fixed_order_matmul
-from rl_engine.kernels.native.linear import linear_backward
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -44,29 +46,11 @@ def linear_forward(x2d, weight, bias, out_dtype):
     return out
 
 
-class _FixedOrderLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x2d, weight, bias, out_dtype):
-        ctx.save_for_backward(x2d, weight)
-        ctx.has_bias = bias is not None
-        return linear_forward(x2d, weight, bias, out_dtype)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x2d, weight = ctx.saved_tensors
-        needs_bias = ctx.has_bias and ctx.needs_input_grad[2]
-        grad_x, grad_weight, grad_bias = linear_backward(grad_out, x2d, weight, needs_bias)
-        if not ctx.needs_input_grad[1]:
-            grad_weight = None
-        return grad_x, grad_weight, grad_bias, None
+_InvariantLinear = invariant_linear_function(linear_forward, __name__)
 
 
 def _apply(x, weight, bias, out_dtype):
-    check_projection("x", x, weight, bias)
-    lead = x.shape[:-1]
-    x2d = x.reshape(-1, x.shape[-1])
-    out = _FixedOrderLinear.apply(x2d, weight, bias, out_dtype)
-    return out.reshape(*lead, weight.shape[0])
+    return project(_InvariantLinear, x, weight, bias, out_dtype)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -5,9 +5,9 @@ this backend's chunk: each chunk of tokens calls the cpp `lm_head` (the
 fixed-order GEMM, M-independent by construction) and the shared
 `log_softmax`, so the result is bitwise equal to materialising all logits,
 whatever the chunk size. Only the chunk size is this backend's own: the GEMM
-reuses each block of the LM-head weight across a chunk's rows, so chunks are
-a multiple of ROW_ALIGN rows and as large as the memory target allows
-(CHUNK_ELEMENTS logits at a time).
+packs (streams) the whole LM-head weight once per block of up to 480 rows of
+a chunk, so chunks are a multiple of ROW_ALIGN rows and as large as the
+memory target allows (CHUNK_ELEMENTS logits at a time).
 """
 
 from __future__ import annotations

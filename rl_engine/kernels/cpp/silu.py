@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.cpp._extension import current_isa, extension
 from rl_engine.kernels.common.checks import check_floating
+from rl_engine.kernels.cpp._extension import current_isa, extension
 from rl_engine.kernels.native.silu import silu as native_silu
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)

@@ -9,6 +9,7 @@
 namespace {
 
 struct Kernels {
+  decltype(&rl_avx2::gemm_scratch_bytes) gemm_scratch_bytes;
   decltype(&rl_avx2::gemm_f32) gemm_f32;
   decltype(&rl_avx2::gemm_bf16) gemm_bf16;
   decltype(&rl_avx2::silu_f32) silu_f32;
@@ -17,7 +18,7 @@ struct Kernels {
 };
 
 #define RL_KERNELS(ns) \
-  Kernels { ns::gemm_f32, ns::gemm_bf16, ns::silu_f32, ns::silu_bf16, ns::attention_block }
+  Kernels { ns::gemm_scratch_bytes, ns::gemm_f32, ns::gemm_bf16, ns::silu_f32, ns::silu_bf16, ns::attention_block }
 
 // ISA names as the Python side spells them (RL_ENGINE_CPU_ISA).
 bool isa_supported(const std::string& isa) {
@@ -50,9 +51,18 @@ void check_rows(const char* name, const at::Tensor& t) {
               " must be float32 or bfloat16, got ", t.scalar_type());
 }
 
-// Output tiles handed to one task. Speed only: a tile never splits a dot product.
-constexpr int64_t kTaskRows = 64;
-constexpr int64_t kTaskCols = 64;
+// Output blocks handed to one task (speed only: a block never splits a dot
+// product, whose chain runs over all of K inside one task). Small M (decode):
+// one 64-column panel per task, every row, so the weight is read once. Large
+// M: kTaskRows x kTaskCols blocks, the packed weight block reused by all rows.
+constexpr int64_t kSmallM = 64;
+constexpr int64_t kTaskRows = 480;  // a multiple of the 6-row register tile
+constexpr int64_t kTaskCols = 256;
+constexpr int64_t kSmallTaskCols = 64;
+// K per packed weight block (bf16: even, so a pair never straddles two blocks).
+// Between blocks the fp32 accumulators are stored to y and reloaded: exact.
+constexpr int64_t kBlockKF32 = 256;
+constexpr int64_t kBlockKBf16 = 512;
 
 }  // namespace
 
@@ -68,24 +78,30 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa
   at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
   if (M == 0 || N == 0) return y;
   if (K == 0) return y.zero_();
-  const int64_t mt = (M + kTaskRows - 1) / kTaskRows, nt = (N + kTaskCols - 1) / kTaskCols;
+  const int64_t rows = M <= kSmallM ? M : kTaskRows;
+  const int64_t cols = M <= kSmallM ? kSmallTaskCols : kTaskCols;
+  const int64_t mt = (M + rows - 1) / rows, nt = (N + cols - 1) / cols;
   const int64_t ldx = x.stride(0), ldw = w.stride(0);
   float* yp = y.data_ptr<float>();
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const void* xp = x.data_ptr();
   const void* wp = w.data_ptr();
+  const int64_t kb = bf16 ? kBlockKBf16 : kBlockKF32;
+  const int64_t scratch_bytes = (k.gemm_scratch_bytes(kb) + 63) / 64 * 64;
+  at::Tensor scratch = at::empty({at::get_num_threads(), scratch_bytes}, x.options().dtype(at::kByte));
   at::parallel_for(0, mt * nt, 1, [&](int64_t begin, int64_t end) {
+    void* scr = scratch.data_ptr<uint8_t>() + at::get_thread_num() * scratch_bytes;
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t m0 = (t / nt) * kTaskRows, n0 = (t % nt) * kTaskCols;
-      const int64_t m = std::min(kTaskRows, M - m0), n = std::min(kTaskCols, N - n0);
+      const int64_t m0 = (t / nt) * rows, n0 = (t % nt) * cols;
+      const int64_t m = std::min(rows, M - m0), n = std::min(cols, N - n0);
       if (bf16) {
         const auto* xb = static_cast<const uint16_t*>(xp) + m0 * ldx;
         const auto* wb = static_cast<const uint16_t*>(wp) + n0 * ldw;
-        k.gemm_bf16(xb, ldx, wb, ldw, yp + m0 * N + n0, N, m, n, K);
+        k.gemm_bf16(xb, ldx, wb, ldw, yp + m0 * N + n0, N, m, n, K, kb, scr);
       } else {
         const auto* xf = static_cast<const float*>(xp) + m0 * ldx;
         const auto* wf = static_cast<const float*>(wp) + n0 * ldw;
-        k.gemm_f32(xf, ldx, wf, ldw, yp + m0 * N + n0, N, m, n, K);
+        k.gemm_f32(xf, ldx, wf, ldw, yp + m0 * N + n0, N, m, n, K, kb, scr);
       }
     }
   });

@@ -7,7 +7,7 @@
 
 
 namespace rl_avx2 {
-constexpr int MR_MAX = 2, NR_MAX = 3;  // register tile; speed only, never the bits
+constexpr int MR_MAX = 2, NV_MAX = 2;  // GEMM register tile (rows x 16-column vectors); speed only
 constexpr int ATT_ROWS = 4;      // attention score rows per register tile
 constexpr int PV_ACC_BUDGET = 6; // attention p @ v accumulators (16-lane vectors)
 #include "vec_avx2.h"

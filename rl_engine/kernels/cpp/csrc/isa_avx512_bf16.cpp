@@ -7,7 +7,8 @@
 #define RL_BF16_DOT_HW  // VDPBF16PS for bf16 dot products
 
 namespace rl_avx512_bf16 {
-constexpr int MR_MAX = 4, NR_MAX = 4;  // register tile; speed only, never the bits
+#define RL_GEMM_AVX512  // 16 x 16 register transposes when packing GEMM panels
+constexpr int MR_MAX = 6, NV_MAX = 4;  // GEMM register tile (rows x 16-column vectors); speed only
 constexpr int ATT_ROWS = 8;      // attention score rows per register tile
 constexpr int PV_ACC_BUDGET = 24; // attention p @ v accumulators (16-lane vectors)
 #include "vec_avx512.h"
