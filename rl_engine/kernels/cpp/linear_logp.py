@@ -5,8 +5,8 @@ each chunk of tokens calls this backend's `lm_head` (the fixed-order GEMM,
 M-independent by construction) and the shared `log_softmax`, so the result is
 bitwise equal to materialising all logits, whatever the chunk size. What
 changes is the chunk: the fixed-order GEMM packs (streams) the whole LM-head
-weight once per block of up to 480 rows of a chunk, so chunks are a multiple
-of 64 rows and as large as the memory target allows (CHUNK_ELEMENTS logits at
+weight once per call for a chunk of up to 480 rows, so chunks are a multiple
+of 48 rows and as large as the memory target allows (CHUNK_ELEMENTS logits at
 a time).
 """
 
@@ -20,11 +20,15 @@ from rl_engine.kernels.native.linear_logp import linear_logp_backward as native_
 from rl_engine.kernels.native.linear_logp import linear_logp_forward as native_forward
 from rl_engine.kernels.native.log_softmax import check_temperature
 
-# Logits held at once, in elements: 8M = 32 MiB per fp32 buffer (170 rows at a
-# 49152 vocabulary, rounded down to a multiple of ROW_ALIGN). Only speed and
-# memory depend on it, never the bits.
-CHUNK_ELEMENTS = 8 * 1024 * 1024
-ROW_ALIGN = 64
+# Logits held at once, in elements: 16M = 64 MiB per fp32 buffer, 1/12 of the
+# 768 MiB of materialised logits at 4096 tokens x 49152 vocabulary (341 rows,
+# rounded down to 336, a multiple of ROW_ALIGN). A chunk of up to 480 rows
+# (the GEMM's row block) packs each 256-column weight block once, in L2, so
+# the weight is streamed once per chunk: larger chunks amortise it. ROW_ALIGN
+# is a multiple of the 6-row register tile. Only speed and memory depend on
+# these, never the bits.
+CHUNK_ELEMENTS = 16 * 1024 * 1024
+ROW_ALIGN = 48
 MAX_CHUNK_ROWS = 1024
 
 
