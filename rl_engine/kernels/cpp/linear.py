@@ -67,7 +67,11 @@ def _apply(x, weight, bias, out_dtype):
     check_projection("x", x, weight, bias)
     lead = x.shape[:-1]
     x2d = x.reshape(-1, x.shape[-1])
-    out = _FixedOrderLinear.apply(x2d, weight, bias, out_dtype)
+    tracked = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    if torch.is_grad_enabled() and tracked:
+        out = _FixedOrderLinear.apply(x2d, weight, bias, out_dtype)
+    else:  # inference (rollout decode): the same forward, without the autograd.Function cost
+        out = linear_forward(x2d, weight, bias, out_dtype)
     return out.reshape(*lead, weight.shape[0])
 
 
