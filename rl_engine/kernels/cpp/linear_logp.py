@@ -20,14 +20,15 @@ from rl_engine.kernels.native.linear_logp import linear_logp_backward as native_
 from rl_engine.kernels.native.linear_logp import linear_logp_forward as native_forward
 from rl_engine.kernels.native.log_softmax import check_temperature
 
-# Logits held at once, in elements: 16M = 64 MiB per fp32 buffer, 1/12 of the
-# 768 MiB of materialised logits at 4096 tokens x 49152 vocabulary (341 rows,
-# rounded down to 336, a multiple of ROW_ALIGN). A chunk of up to 480 rows
-# (the GEMM's row block) packs each 256-column weight block once, in L2, so
-# the weight is streamed once per chunk: larger chunks amortise it. ROW_ALIGN
-# is a multiple of the 6-row register tile. Only speed and memory depend on
-# these, never the bits.
-CHUNK_ELEMENTS = 16 * 1024 * 1024
+# Logits held at once, in elements: 14M = 56 MiB per fp32 buffer (298 rows at
+# a 49152 vocabulary, rounded down to 288, a multiple of ROW_ALIGN); the op
+# holds about three such buffers (logits, log_softmax, its temporaries): peak
+# extra memory 0.11x of materialising 4096 x 49152 fp32 logits (16M: 0.126x,
+# over the 1/8 target). A chunk of up to 480 rows (the GEMM's row block)
+# packs each 256-column weight block once, in L2, so the weight is streamed
+# once per chunk: larger chunks amortise it. ROW_ALIGN is a multiple of the
+# 6-row register tile. Only speed and memory depend on these, never the bits.
+CHUNK_ELEMENTS = 14 * 1024 * 1024
 ROW_ALIGN = 48
 MAX_CHUNK_ROWS = 1024
 
