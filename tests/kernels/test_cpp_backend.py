@@ -179,7 +179,7 @@ def _serial_chain_reference(x, w):
 def test_gemm_is_the_serial_k_chain(isa_path, dtype):
     g = torch.Generator().manual_seed(5)
     ext = _extension.extension()
-    for m, n, k in ((1, 1, 1), (3, 17, 5), (7, 70, 33), (13, 65, 40)):
+    for m, n, k in ((1, 1, 1), (2, 19, 37), (3, 17, 5), (7, 70, 33), (13, 65, 40)):
         x, w = torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype)
         assert torch.equal(ext.gemm(x, w, isa_path), _serial_chain_reference(x, w)), (m, n, k)
 
@@ -198,7 +198,7 @@ def test_small_m_rows_equal_large_m_rows(dtype):
         x = torch.randn(big, k, generator=g).to(dtype)
         w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype)
         full = ext.gemm(x, w, isa)
-        for m in (1, 3, 8, 16, 17, 65):
+        for m in (1, 2, 3, 8, 16, 17, 65):
             for start in (0, big - m, 101):
                 got = ext.gemm(x[start : start + m], w, isa)
                 assert torch.equal(got, full[start : start + m]), (k, n, m, start)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.common.checks import at_least_fp32
+from rl_engine.kernels.common.checks import at_least_fp32, check_projection
 from rl_engine.kernels.common.linear import invariant_linear_function, project
 from rl_engine.kernels.cpp._extension import current_isa, extension
 from rl_engine.kernels.native._gemm import fixed_order_matmul
@@ -50,7 +50,13 @@ _InvariantLinear = invariant_linear_function(linear_forward, __name__)
 
 
 def _apply(x, weight, bias, out_dtype):
-    return project(_InvariantLinear, x, weight, bias, out_dtype)
+    tracked = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    if torch.is_grad_enabled() and tracked:
+        return project(_InvariantLinear, x, weight, bias, out_dtype)
+    # Inference (rollout decode): the same forward, without the autograd.Function cost.
+    check_projection("x", x, weight, bias)
+    out = linear_forward(x.reshape(-1, x.shape[-1]), weight, bias, out_dtype)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

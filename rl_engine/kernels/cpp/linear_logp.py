@@ -5,8 +5,8 @@ this backend's chunk: each chunk of tokens calls the cpp `lm_head` (the
 fixed-order GEMM, M-independent by construction) and the shared
 `log_softmax`, so the result is bitwise equal to materialising all logits,
 whatever the chunk size. Only the chunk size is this backend's own: the GEMM
-packs (streams) the whole LM-head weight once per block of up to 480 rows of
-a chunk, so chunks are a multiple of ROW_ALIGN rows and as large as the
+packs (streams) the whole LM-head weight once per call for a chunk of up to
+480 rows, so chunks are a multiple of ROW_ALIGN rows and as large as the
 memory target allows (CHUNK_ELEMENTS logits at a time).
 """
 
@@ -23,11 +23,16 @@ from rl_engine.kernels.common.linear_logp import (
 from rl_engine.kernels.cpp.linear import lm_head
 from rl_engine.kernels.native.log_softmax import log_softmax
 
-# Logits held at once, in elements: 8M = 32 MiB per fp32 buffer (170 rows at a
-# 49152 vocabulary, rounded down to a multiple of ROW_ALIGN). Only speed and
-# memory depend on it, never the bits.
-CHUNK_ELEMENTS = 8 * 1024 * 1024
-ROW_ALIGN = 64
+# Logits held at once, in elements: 14M = 56 MiB per fp32 buffer (298 rows at
+# a 49152 vocabulary, rounded down to 288, a multiple of ROW_ALIGN); the op
+# holds about three such buffers (logits, log_softmax, its temporaries): peak
+# extra memory 0.11x of materialising 4096 x 49152 fp32 logits (16M: 0.126x,
+# over the 1/8 target). A chunk of up to 480 rows (the GEMM's row block)
+# packs each 256-column weight block once, in L2, so the weight is streamed
+# once per chunk: larger chunks amortise it. ROW_ALIGN is a multiple of the
+# 6-row register tile. Only speed and memory depend on these, never the bits.
+CHUNK_ELEMENTS = 14 * 1024 * 1024
+ROW_ALIGN = 48
 MAX_CHUNK_ROWS = 1024
 
 

@@ -4,6 +4,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <atomic>
+
 #include "kernels.h"
 
 namespace {
@@ -64,6 +66,18 @@ constexpr int64_t kSmallTaskCols = 64;
 constexpr int64_t kBlockKF32 = 256;
 constexpr int64_t kBlockKBf16 = 512;
 
+// Runs fn(t) for t in [0, n) on the intra-op threads, each thread claiming the
+// next task from a shared counter (dynamic: a descheduled thread on a busy
+// machine does not hold back a fixed share). Speed only: tasks are independent.
+template <typename F>
+void parallel_tasks(int64_t n, const F& fn) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(n, at::get_num_threads());
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) fn(t);
+  });
+}
+
 }  // namespace
 
 // x (M, K) @ w (N, K)^T -> (M, N) float32.
@@ -86,23 +100,24 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const void* xp = x.data_ptr();
   const void* wp = w.data_ptr();
-  const int64_t kb = bf16 ? kBlockKBf16 : kBlockKF32;
+  const int64_t kmax = bf16 ? kBlockKBf16 : kBlockKF32;
+  // Balanced K blocks (even), at most kmax long: speed only.
+  const int64_t nkb = (K + kmax - 1) / kmax;
+  const int64_t kb = std::min(kmax, ((K + nkb - 1) / nkb + 1) / 2 * 2);
   const int64_t scratch_bytes = (k.gemm_scratch_bytes(kb) + 63) / 64 * 64;
   at::Tensor scratch = at::empty({at::get_num_threads(), scratch_bytes}, x.options().dtype(at::kByte));
-  at::parallel_for(0, mt * nt, 1, [&](int64_t begin, int64_t end) {
+  parallel_tasks(mt * nt, [&](int64_t t) {
     void* scr = scratch.data_ptr<uint8_t>() + at::get_thread_num() * scratch_bytes;
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t m0 = (t / nt) * rows, n0 = (t % nt) * cols;
-      const int64_t m = std::min(rows, M - m0), n = std::min(cols, N - n0);
-      if (bf16) {
-        const auto* xb = static_cast<const uint16_t*>(xp) + m0 * ldx;
-        const auto* wb = static_cast<const uint16_t*>(wp) + n0 * ldw;
-        k.gemm_bf16(xb, ldx, wb, ldw, yp + m0 * N + n0, N, m, n, K, kb, scr);
-      } else {
-        const auto* xf = static_cast<const float*>(xp) + m0 * ldx;
-        const auto* wf = static_cast<const float*>(wp) + n0 * ldw;
-        k.gemm_f32(xf, ldx, wf, ldw, yp + m0 * N + n0, N, m, n, K, kb, scr);
-      }
+    const int64_t m0 = (t / nt) * rows, n0 = (t % nt) * cols;
+    const int64_t m = std::min(rows, M - m0), n = std::min(cols, N - n0);
+    if (bf16) {
+      const auto* xb = static_cast<const uint16_t*>(xp) + m0 * ldx;
+      const auto* wb = static_cast<const uint16_t*>(wp) + n0 * ldw;
+      k.gemm_bf16(xb, ldx, wb, ldw, yp + m0 * N + n0, N, m, n, K, kb, scr);
+    } else {
+      const auto* xf = static_cast<const float*>(xp) + m0 * ldx;
+      const auto* wf = static_cast<const float*>(wp) + n0 * ldw;
+      k.gemm_f32(xf, ldx, wf, ldw, yp + m0 * N + n0, N, m, n, K, kb, scr);
     }
   });
   return y;

@@ -276,8 +276,47 @@ static void gemm_block(const T* x, int64_t ldx, const T* w, int64_t ldw, float* 
 
 int64_t gemm_scratch_bytes(int64_t kb) { return kBlockN * kb * 4; }
 
+#ifdef RL_GEMM_AVX512
+// M <= 2 (decode), fp32: the same serial chain per output, without the packed
+// panel: 16 outputs at a time, each 16 x 16 block of w transposed in registers
+// and used at once by the MR rows, the accumulators kept in registers over all
+// of K (no panel stores and reloads, no y reload between K blocks).
+template <int MR>
+static void gemv_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,
+                     int64_t ldy, int64_t N, int64_t K) {
+  for (int64_t j0 = 0; j0 < N; j0 += 16) {
+    const int nr = (int)(N - j0 < 16 ? N - j0 : 16);
+    __m512 acc[MR];
+    for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+    for (int64_t k0 = 0; k0 < K; k0 += 16) {
+      const int kn = (int)(K - k0 < 16 ? K - k0 : 16);
+      const __mmask16 km = (__mmask16)((1u << kn) - 1u);
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = i < nr ? _mm512_maskz_loadu_ps(km, w + (j0 + i) * ldw + k0) : _mm512_setzero_ps();
+      transpose16(r);
+      if (kn == 16) {
+        for (int t = 0; t < 16; ++t)
+          for (int i = 0; i < MR; ++i)
+            acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + k0 + t]), r[t], acc[i]);
+      } else {
+        for (int t = 0; t < kn; ++t)
+          for (int i = 0; i < MR; ++i)
+            acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(x[i * ldx + k0 + t]), r[t], acc[i]);
+      }
+    }
+    for (int i = 0; i < MR; ++i)
+      _mm512_mask_storeu_ps(y + i * ldy + j0, (__mmask16)((1u << nr) - 1u), acc[i]);
+  }
+}
+#endif
+
 void gemm_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y, int64_t ldy,
               int64_t M, int64_t N, int64_t K, int64_t kb, void* scratch) {
+#ifdef RL_GEMM_AVX512
+  if (M == 1) return gemv_f32<1>(x, ldx, w, ldw, y, ldy, N, K);
+  if (M == 2) return gemv_f32<2>(x, ldx, w, ldw, y, ldy, N, K);
+#endif
   gemm_block<float>(x, ldx, w, ldw, y, ldy, M, N, K, kb, (float*)scratch);
 }
 
