@@ -4,7 +4,7 @@ Contract: the one of `rl_engine.kernels.native.attention` (same arguments,
 shapes, layouts, padding and kv_index semantics, exact zeros for padding
 queries, output in q.dtype, statistics in fp32).
 
-Numerics (csrc/kernels_impl.h, `attention_block`): every query row is computed
+Numerics (csrc/attention_impl.h, `attention_block`): every query row is computed
 against the keys at positions 0..p of its sequence in an order that depends on
 p and the head dim D only:
 - scores: 16 keys per vector, one FMA per d in increasing d (q pre-scaled);
