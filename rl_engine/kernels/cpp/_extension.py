@@ -28,7 +28,10 @@ EXTENSION_NAME = "rl_engine_cpu_kernels"
 SOURCES = ("bindings.cpp", "isa_avx2.cpp", "isa_avx512.cpp", "isa_avx512_bf16.cpp")
 # -ffp-contract=off: the compiler must never fuse a mul and an add on its own;
 # every FMA in the kernels is written out, identically on every ISA.
-CFLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno")
+# -fopenmp: at::parallel_for (bindings.cpp) is inline and only splits work when
+# compiled with OpenMP; without it every kernel ran on one thread whatever
+# torch.set_num_threads said. The runtime is the libgomp torch already loaded.
+CFLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-fopenmp")
 
 ISA_ENV = "RL_ENGINE_CPU_ISA"
 # Fastest first: the default is the first one the CPU supports.
@@ -60,6 +63,7 @@ def extension():
             name=EXTENSION_NAME,
             sources=[str(CSRC / name) for name in SOURCES],
             extra_cflags=list(CFLAGS),
+            extra_ldflags=["-fopenmp"],
             build_directory=str(BUILD_DIR),
             verbose=False,
         )
