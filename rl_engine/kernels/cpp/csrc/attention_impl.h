@@ -21,26 +21,118 @@
 constexpr int kMaxHeadChunks = 16;  // D <= 256
 constexpr int kMaxBlockRows = 256;  // nq * G
 
-// Scores of `count` rows (indices rows[]) against one transposed 16-key block kt (D x 16).
+// ----------------------------------------------------------------------------- key packing
+
+// Whether Vec16 is one zmm register (vec_avx512.h) rather than two ymm (vec_avx2.h).
+template <typename V, typename = void>
+struct IsZmm {
+  static constexpr bool value = false;
+};
+template <typename V>
+struct IsZmm<V, decltype((void)V{}.v)> {
+  static constexpr bool value = true;
+};
+
+// r[i] lane j -> r[j] lane i, for one zmm per row (data movement only).
+template <typename V>
+static inline void transpose16(V (&r)[16]) {
+  if constexpr (IsZmm<V>::value) {
+    __m512 t[16];
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i].v, r[2 * i + 1].v);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i].v, r[2 * i + 1].v);
+    }
+    __m512 u[16];  // u[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c
+    for (int i = 0; i < 4; ++i) {
+      u[4 * i + 0] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+      u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+      u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+      u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; ++c) {
+      t[c] = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+      t[4 + c] = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+      t[8 + c] = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+      t[12 + c] = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+    }
+    for (int c = 0; c < 4; ++c) {
+      r[c].v = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+      r[8 + c].v = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xDD);
+      r[4 + c].v = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0x88);
+      r[12 + c].v = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0xDD);
+    }
+  } else {
+    float buf[16][16];
+    for (int i = 0; i < 16; ++i) r[i].store(buf[i]);
+    float tr[16][16];
+    for (int i = 0; i < 16; ++i)
+      for (int j = 0; j < 16; ++j) tr[j][i] = buf[i][j];
+    for (int i = 0; i < 16; ++i) r[i] = V::load(tr[i]);
+  }
+}
+
+// Keys 0..n-1 (rows of D, row stride D) into 16-key blocks kt[b][d][16]
+// (lane jj of block b, row d = k[(16b + jj) * D + d]); lanes past n are 0.
+// Data movement only: done once per (sequence, kv head) and call.
+void attention_pack_keys(const float* k, int64_t n, int64_t D, float* kt) {
+  const int nd = (int)((D + 15) / 16);
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int valid = (int)(n - j0 < 16 ? n - j0 : 16);
+    float* blk = kt + (j0 / 16) * D * 16;
+    for (int c = 0; c < nd; ++c) {
+      const int dc = (int)(D - c * 16 < 16 ? D - c * 16 : 16);
+      Vec16 r[16];
+      for (int jj = 0; jj < 16; ++jj) {
+        const float* src = k + (j0 + jj) * D + c * 16;
+        r[jj] = jj >= valid ? Vec16::zero() : dc == 16 ? Vec16::load(src) : Vec16::load_n(src, dc);
+      }
+      transpose16(r);
+      for (int d = 0; d < dc; ++d) r[d].store(blk + (c * 16 + d) * 16);
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------- scores
+
+// Scores of `count` rows (indices rows[]) against NB consecutive 16-key blocks
+// kt (each D x 16, packed): S[row, j0 + 16 b + lane]. Register tile: RT rows x NB blocks.
+template <int RT, int NB>
+static inline void score_tile(const float* qsc, int64_t D, const int* rows, const float* kt,
+                              float* S, int64_t L, int64_t j0) {
+  Vec16 acc[RT][NB];
+  for (int r = 0; r < RT; ++r)
+    for (int b = 0; b < NB; ++b) acc[r][b] = Vec16::zero();
+  const float* qr[RT];
+  for (int r = 0; r < RT; ++r) qr[r] = qsc + rows[r] * D;
+  for (int64_t d = 0; d < D; ++d) {
+    Vec16 kv[NB];
+    for (int b = 0; b < NB; ++b) kv[b] = Vec16::load(kt + b * D * 16 + d * 16);
+    for (int r = 0; r < RT; ++r) {
+      const Vec16 qd = Vec16::set1(qr[r][d]);
+      for (int b = 0; b < NB; ++b) acc[r][b] = fmadd(qd, kv[b], acc[r][b]);
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int b = 0; b < NB; ++b) acc[r][b].store(S + rows[r] * L + j0 + b * 16);
+}
+
+// A tail of rest < RT rows as one tile.
+template <int RT, int NB>
+static inline void score_rest(int rest, const float* qsc, int64_t D, const int* rows,
+                              const float* kt, float* S, int64_t L, int64_t j0) {
+  if constexpr (RT > 1) {
+    if (rest < RT) return score_rest<RT - 1, NB>(rest, qsc, D, rows, kt, S, L, j0);
+  }
+  score_tile<RT, NB>(qsc, D, rows, kt, S, L, j0);
+}
+
+template <int NB>
 static void score_rows(const float* qsc, int64_t D, const int* rows, int count, const float* kt,
                        float* S, int64_t L, int64_t j0) {
+  constexpr int RT = IsZmm<Vec16>::value || NB == 1 ? ATT_ROWS : ATT_ROWS / NB;
   int t = 0;
-  for (; t + ATT_ROWS <= count; t += ATT_ROWS) {
-    Vec16 acc[ATT_ROWS];
-    for (int r = 0; r < ATT_ROWS; ++r) acc[r] = Vec16::zero();
-    for (int64_t d = 0; d < D; ++d) {
-      const Vec16 kv = Vec16::load(kt + d * 16);
-      for (int r = 0; r < ATT_ROWS; ++r)
-        acc[r] = fmadd(Vec16::set1(qsc[rows[t + r] * D + d]), kv, acc[r]);
-    }
-    for (int r = 0; r < ATT_ROWS; ++r) acc[r].store(S + rows[t + r] * L + j0);
-  }
-  for (; t < count; ++t) {
-    Vec16 acc = Vec16::zero();
-    for (int64_t d = 0; d < D; ++d)
-      acc = fmadd(Vec16::set1(qsc[rows[t] * D + d]), Vec16::load(kt + d * 16), acc);
-    acc.store(S + rows[t] * L + j0);
-  }
+  for (; t + RT <= count; t += RT) score_tile<RT, NB>(qsc, D, rows + t, kt, S, L, j0);
+  if (t < count) score_rest<RT, NB>(count - t, qsc, D, rows + t, kt, S, L, j0);
 }
 
 // Mask past p, exp in place, return l. S holds round_up(p + 1, 16) scores.
@@ -110,17 +202,19 @@ static void dispatch_values(int nd, const float* const* e, const int64_t* p, con
 }
 
 // q row (query i, head g) at q + g * ldq_head + i * D, same addressing for out;
-// k, v: Tk rows of D (row stride D) of one kv head. scratch: see the binding.
+// kt: the keys of one kv head packed by attention_pack_keys (at least
+// round_up(max pos + 1, 16) positions); v: rows of D (row stride D) of that
+// kv head. scratch: R * (D + L) floats (see the binding).
 void attention_block(const float* q, int64_t ldq_head, int G, int nq, const int64_t* pos,
-                     const float* k, const float* v, int64_t Tk, int64_t D, float scale,
+                     const float* kt, const float* v, int64_t Tk, int64_t D, float scale,
                      float* out, float* scratch) {
+  (void)Tk;
   int64_t pmax = -1;
   for (int i = 0; i < nq; ++i) pmax = pos[i] > pmax ? pos[i] : pmax;
   if (pmax < 0) return;
   const int R = nq * G;
   const int64_t L = (pmax + 1 + 15) / 16 * 16;
-  float* kt = scratch;      // D x 16: one key block, transposed
-  float* qsc = kt + D * 16; // R x D: scaled queries
+  float* qsc = scratch;     // R x D: scaled queries
   float* S = qsc + R * D;   // R x L: scores, then exp
   int rows[kMaxBlockRows];
   int64_t p[kMaxBlockRows];
@@ -145,16 +239,17 @@ void attention_block(const float* q, int64_t ldq_head, int G, int nq, const int6
       ++live;
     }
   }
-  const int64_t readable = (pmax + 1 < Tk ? pmax + 1 : Tk);
-  for (int64_t j0 = 0; j0 < L; j0 += 16) {
-    const int64_t valid = readable - j0 < 16 ? readable - j0 : 16;
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t jj = 0; jj < 16; ++jj) kt[d * 16 + jj] = jj < valid ? k[(j0 + jj) * D + d] : 0.0f;
-    int need[kMaxBlockRows];
-    int count = 0;
-    for (int t = 0; t < live; ++t)
-      if (p[t] >= j0) need[count++] = rows[t];
-    score_rows(qsc, D, need, count, kt, S, L, j0);
+  // Key blocks two at a time: rows that reach the second block score both in one tile.
+  for (int64_t j0 = 0; j0 < L; j0 += 32) {
+    int both[kMaxBlockRows], first[kMaxBlockRows];
+    int n2 = 0, n1 = 0;
+    for (int t = 0; t < live; ++t) {
+      if (p[t] >= j0 + 16) both[n2++] = rows[t];
+      else if (p[t] >= j0) first[n1++] = rows[t];
+    }
+    const float* kb = kt + (j0 / 16) * D * 16;
+    if (n2) score_rows<2>(qsc, D, both, n2, kb, S, L, j0);
+    if (n1) score_rows<1>(qsc, D, first, n1, kb, S, L, j0);
   }
   for (int t = 0; t < live; ++t) l[t] = softmax_row(S + rows[t] * L, p[t]);
   dispatch_values<1>(nd, e, p, l, o, live, v, D, dtail);

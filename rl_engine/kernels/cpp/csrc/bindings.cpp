@@ -115,9 +115,23 @@ at::Tensor silu(const at::Tensor& x_in, const std::string& isa) {
   return y;
 }
 
-// Causal GQA attention. A task is (sequence, kv head, a pair of query blocks):
-// blocks i and nb-1-i share a task so that threads get about equal work in a
-// causal prefill. Blocks only group rows; each row's arithmetic is its own.
+// Key packing of the attention kernels (csrc/attention_impl.h), one per ISA namespace.
+namespace rl_avx2 {
+void attention_pack_keys(const float* k, int64_t n, int64_t D, float* kt);
+}
+namespace rl_avx512 {
+void attention_pack_keys(const float* k, int64_t n, int64_t D, float* kt);
+}
+namespace rl_avx512_bf16 {
+void attention_pack_keys(const float* k, int64_t n, int64_t D, float* kt);
+}
+
+// Causal GQA attention. First the keys each sequence reads (positions
+// 0..max p of its kv row) are packed, per (sequence, kv head), into 16-key
+// blocks [D][16] (data movement only). Then a task is (sequence, kv head, a
+// pair of query blocks): blocks i and nb-1-i share a task so that threads get
+// about equal work in a causal prefill. Blocks only group rows; each row's
+// arithmetic is its own.
 // q (B, Hq, Tq, D), k and v (S, Hkv, Tk, D): fp32, contiguous. Query (b, t) at
 // position p = q_positions[b, t] reads positions 0..p of row kv_rows[b] of k, v;
 // p < 0 is padding (output 0).
@@ -140,24 +154,41 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t* pp = pos.data_ptr<int64_t>();
   const int64_t* rp = rows.data_ptr<int64_t>();
   int64_t max_pos = -1;
+  std::vector<int64_t> nblk(B), kt_off(B + 1, 0);  // packed 16-key blocks of sequence b
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(rp[b] >= 0 && rp[b] < S, "kv row ", rp[b], " outside [0, ", S, ")");
-    for (int64_t t = 0; t < Tq; ++t) max_pos = std::max(max_pos, pp[b * Tq + t]);
+    int64_t mb = -1;
+    for (int64_t t = 0; t < Tq; ++t) mb = std::max(mb, pp[b * Tq + t]);
+    max_pos = std::max(max_pos, mb);
+    nblk[b] = (mb + 1 + 15) / 16;
+    kt_off[b + 1] = kt_off[b] + Hkv * nblk[b] * D * 16;
   }
   TORCH_CHECK(max_pos < Tk, "a query at position ", max_pos, " needs ", max_pos + 1,
               " keys, but k holds ", Tk);
   const Kernels& kern = kernels_for(isa);
+  const auto pack = isa == "avx2"     ? rl_avx2::attention_pack_keys
+                    : isa == "avx512" ? rl_avx512::attention_pack_keys
+                                      : rl_avx512_bf16::attention_pack_keys;
   at::Tensor out = at::zeros_like(q);
   if (max_pos < 0) return out;
   const int G = (int)(Hq / Hkv);
   const int64_t QB = std::max<int64_t>(1, std::min<int64_t>(16, 256 / G));  // queries per block
   const int64_t L = (max_pos + 1 + 15) / 16 * 16;
-  const int64_t per_thread = D * 16 + QB * G * (D + L);
+  const int64_t per_thread = QB * G * (D + L);
   at::Tensor scratch = at::empty({at::get_num_threads(), per_thread}, q.options());
+  at::Tensor packed = at::empty({kt_off[B]}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
+  float* ktp = packed.data_ptr<float>();
   float* op = out.data_ptr<float>();
+  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / Hkv, h = task % Hkv;
+      const int64_t n = std::min(nblk[b] * 16, Tk);
+      pack(kp + (rp[b] * Hkv + h) * Tk * D, n, D, ktp + kt_off[b] + h * nblk[b] * D * 16);
+    }
+  });
   const int64_t nb = (Tq + QB - 1) / QB, pairs = (nb + 1) / 2;
   at::parallel_for(0, B * Hkv * pairs, 1, [&](int64_t begin, int64_t end) {
     float* scr = scratch.data_ptr<float>() + at::get_thread_num() * per_thread;
@@ -167,9 +198,10 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       for (int u = 0; u < (blocks[0] == blocks[1] ? 1 : 2); ++u) {
         const int64_t t0 = blocks[u] * QB, nq = std::min(QB, Tq - t0);
         const int64_t qoff = ((b * Hq + h * G) * Tq + t0) * D;
-        const int64_t koff = (rp[b] * Hkv + h) * Tk * D;
-        kern.attention_block(qp + qoff, Tq * D, G, (int)nq, pp + b * Tq + t0, kp + koff, vp + koff,
-                             Tk, D, (float)scale, op + qoff, scr);
+        const int64_t voff = (rp[b] * Hkv + h) * Tk * D;
+        kern.attention_block(qp + qoff, Tq * D, G, (int)nq, pp + b * Tq + t0,
+                             ktp + kt_off[b] + h * nblk[b] * D * 16, vp + voff, Tk, D,
+                             (float)scale, op + qoff, scr);
       }
     }
   });
