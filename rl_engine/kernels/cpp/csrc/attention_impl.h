@@ -82,10 +82,15 @@ void attention_pack_keys(const float* k, int64_t n, int64_t D, float* kt) {
     for (int c = 0; c < nd; ++c) {
       const int dc = (int)(D - c * 16 < 16 ? D - c * 16 : 16);
       Vec16 r[16];
-      for (int jj = 0; jj < 16; ++jj) {
-        const float* src = k + (j0 + jj) * D + c * 16;
-        r[jj] = jj >= valid ? Vec16::zero() : dc == 16 ? Vec16::load(src) : Vec16::load_n(src, dc);
+      const float* src = k + j0 * D + c * 16;
+      if (valid == 16 && dc == 16) {  // the common case, with no branches for the registers
+        for (int jj = 0; jj < 16; ++jj) r[jj] = Vec16::load(src + jj * D);
+        transpose16(r);
+        for (int d = 0; d < 16; ++d) r[d].store(blk + (c * 16 + d) * 16);
+        continue;
       }
+      for (int jj = 0; jj < 16; ++jj)
+        r[jj] = jj >= valid ? Vec16::zero() : Vec16::load_n(src + jj * D, dc);
       transpose16(r);
       for (int d = 0; d < dc; ++d) r[d].store(blk + (c * 16 + d) * 16);
     }
@@ -182,6 +187,16 @@ static void weighted_values(const float* const* e, const int64_t* p, const float
   }
 }
 
+// A tail of rest < RT rows as one tile (they share the value loads).
+template <int RT, int ND>
+static inline void values_rest(int rest, const float* const* e, const int64_t* p, const float* l,
+                               float* const* out, const float* v, int64_t ldk, int dtail) {
+  if constexpr (RT > 1) {
+    if (rest < RT) return values_rest<RT - 1, ND>(rest, e, p, l, out, v, ldk, dtail);
+  }
+  weighted_values<RT, ND>(e, p, l, out, v, ldk, dtail);
+}
+
 template <int ND>
 static void weighted_values_rows(const float* const* e, const int64_t* p, const float* l,
                                  float* const* out, int count, const float* v, int64_t ldk,
@@ -189,7 +204,7 @@ static void weighted_values_rows(const float* const* e, const int64_t* p, const 
   constexpr int RT = PV_ACC_BUDGET / ND > 0 ? PV_ACC_BUDGET / ND : 1;
   int t = 0;
   for (; t + RT <= count; t += RT) weighted_values<RT, ND>(e + t, p + t, l + t, out + t, v, ldk, dtail);
-  for (; t < count; ++t) weighted_values<1, ND>(e + t, p + t, l + t, out + t, v, ldk, dtail);
+  if (t < count) values_rest<RT, ND>(count - t, e + t, p + t, l + t, out + t, v, ldk, dtail);
 }
 
 template <int ND>

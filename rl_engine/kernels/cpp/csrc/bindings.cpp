@@ -174,34 +174,45 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int G = (int)(Hq / Hkv);
   const int64_t QB = std::max<int64_t>(1, std::min<int64_t>(16, 256 / G));  // queries per block
   const int64_t L = (max_pos + 1 + 15) / 16 * 16;
-  const int64_t per_thread = QB * G * (D + L);
+  const int64_t nb = (Tq + QB - 1) / QB, pairs = (nb + 1) / 2;
+  // One query block per (sequence, kv head) (decode, short prefill): its one
+  // task packs the keys into its thread's scratch, where they stay in cache.
+  // Otherwise the keys are packed once into a buffer all tasks share.
+  const bool shared_pack = nb > 1;
+  const int64_t per_thread = QB * G * (D + L) + (shared_pack ? 0 : L * D);
   at::Tensor scratch = at::empty({at::get_num_threads(), per_thread}, q.options());
-  at::Tensor packed = at::empty({kt_off[B]}, q.options());
+  at::Tensor packed = at::empty({shared_pack ? kt_off[B] : 0}, q.options());
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
   float* ktp = packed.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / Hkv, h = task % Hkv;
-      const int64_t n = std::min(nblk[b] * 16, Tk);
-      pack(kp + (rp[b] * Hkv + h) * Tk * D, n, D, ktp + kt_off[b] + h * nblk[b] * D * 16);
-    }
-  });
-  const int64_t nb = (Tq + QB - 1) / QB, pairs = (nb + 1) / 2;
+  if (shared_pack) {
+    at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / Hkv, h = task % Hkv;
+        const int64_t n = std::min(nblk[b] * 16, Tk);
+        pack(kp + (rp[b] * Hkv + h) * Tk * D, n, D, ktp + kt_off[b] + h * nblk[b] * D * 16);
+      }
+    });
+  }
   at::parallel_for(0, B * Hkv * pairs, 1, [&](int64_t begin, int64_t end) {
     float* scr = scratch.data_ptr<float>() + at::get_thread_num() * per_thread;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / (Hkv * pairs), h = (task / pairs) % Hkv, i = task % pairs;
+      const int64_t koff = (rp[b] * Hkv + h) * Tk * D;
+      const float* kt = ktp + kt_off[b] + h * nblk[b] * D * 16;
+      if (!shared_pack) {
+        float* own = scr + QB * G * (D + L);
+        pack(kp + koff, std::min(nblk[b] * 16, Tk), D, own);
+        kt = own;
+      }
       const int64_t blocks[2] = {i, nb - 1 - i};
       for (int u = 0; u < (blocks[0] == blocks[1] ? 1 : 2); ++u) {
         const int64_t t0 = blocks[u] * QB, nq = std::min(QB, Tq - t0);
         const int64_t qoff = ((b * Hq + h * G) * Tq + t0) * D;
-        const int64_t voff = (rp[b] * Hkv + h) * Tk * D;
-        kern.attention_block(qp + qoff, Tq * D, G, (int)nq, pp + b * Tq + t0,
-                             ktp + kt_off[b] + h * nblk[b] * D * 16, vp + voff, Tk, D,
-                             (float)scale, op + qoff, scr);
+        kern.attention_block(qp + qoff, Tq * D, G, (int)nq, pp + b * Tq + t0, kt, vp + koff, Tk,
+                             D, (float)scale, op + qoff, scr);
       }
     }
   });
