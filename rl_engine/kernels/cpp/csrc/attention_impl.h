@@ -105,19 +105,27 @@ template <int RT, int NB>
 static inline void score_tile(const float* qsc, int64_t D, const int* rows, const float* kt,
                               float* S, int64_t L, int64_t j0) {
   Vec16 acc[RT][NB];
+  #pragma GCC unroll 32
   for (int r = 0; r < RT; ++r)
+    #pragma GCC unroll 32
     for (int b = 0; b < NB; ++b) acc[r][b] = Vec16::zero();
   const float* qr[RT];
+  #pragma GCC unroll 32
   for (int r = 0; r < RT; ++r) qr[r] = qsc + rows[r] * D;
   for (int64_t d = 0; d < D; ++d) {
     Vec16 kv[NB];
+    #pragma GCC unroll 32
     for (int b = 0; b < NB; ++b) kv[b] = Vec16::load(kt + b * D * 16 + d * 16);
+    #pragma GCC unroll 32
     for (int r = 0; r < RT; ++r) {
       const Vec16 qd = Vec16::set1(qr[r][d]);
+      #pragma GCC unroll 32
       for (int b = 0; b < NB; ++b) acc[r][b] = fmadd(qd, kv[b], acc[r][b]);
     }
   }
+  #pragma GCC unroll 32
   for (int r = 0; r < RT; ++r)
+    #pragma GCC unroll 32
     for (int b = 0; b < NB; ++b) acc[r][b].store(S + rows[r] * L + j0 + b * 16);
 }
 
@@ -161,27 +169,35 @@ template <int RT, int ND>
 static void weighted_values(const float* const* e, const int64_t* p, const float* l,
                             float* const* out, const float* v, int64_t ldk, int dtail) {
   Vec16 acc[RT][ND];
+  #pragma GCC unroll 32
   for (int r = 0; r < RT; ++r)
+    #pragma GCC unroll 32
     for (int c = 0; c < ND; ++c) acc[r][c] = Vec16::zero();
   int64_t pmin = p[0];
   for (int r = 1; r < RT; ++r) pmin = p[r] < pmin ? p[r] : pmin;
   for (int64_t j = 0; j <= pmin; ++j) {
     Vec16 vj[ND];
+    #pragma GCC unroll 32
     for (int c = 0; c < ND - 1; ++c) vj[c] = Vec16::load(v + j * ldk + c * 16);
     vj[ND - 1] = Vec16::load_n(v + j * ldk + (ND - 1) * 16, dtail);
+    #pragma GCC unroll 32
     for (int r = 0; r < RT; ++r) {
       const Vec16 er = Vec16::set1(e[r][j]);
+      #pragma GCC unroll 32
       for (int c = 0; c < ND; ++c) acc[r][c] = fmadd(er, vj[c], acc[r][c]);
     }
   }
+  #pragma GCC unroll 32
   for (int r = 0; r < RT; ++r) {
     for (int64_t j = pmin + 1; j <= p[r]; ++j) {
       const Vec16 er = Vec16::set1(e[r][j]);
+      #pragma GCC unroll 32
       for (int c = 0; c < ND - 1; ++c)
         acc[r][c] = fmadd(er, Vec16::load(v + j * ldk + c * 16), acc[r][c]);
       acc[r][ND - 1] = fmadd(er, Vec16::load_n(v + j * ldk + (ND - 1) * 16, dtail), acc[r][ND - 1]);
     }
     const Vec16 lr = Vec16::set1(l[r]);
+    #pragma GCC unroll 32
     for (int c = 0; c < ND - 1; ++c) (acc[r][c] / lr).store(out[r] + c * 16);
     (acc[r][ND - 1] / lr).store_n(out[r] + (ND - 1) * 16, dtail);
   }
