@@ -179,7 +179,8 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // task packs the keys into its thread's scratch, where they stay in cache.
   // Otherwise the keys are packed once into a buffer all tasks share.
   const bool shared_pack = nb > 1;
-  const int64_t per_thread = QB * G * (D + L) + (shared_pack ? 0 : L * D);
+  const int64_t rows_max = std::min(QB, Tq) * G;  // rows of one block (G for a decode)
+  const int64_t per_thread = rows_max * (D + L) + (shared_pack ? 0 : L * D);
   at::Tensor scratch = at::empty({at::get_num_threads(), per_thread}, q.options());
   at::Tensor packed = at::empty({shared_pack ? kt_off[B] : 0}, q.options());
   const float* qp = q.data_ptr<float>();
@@ -203,7 +204,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       const int64_t koff = (rp[b] * Hkv + h) * Tk * D;
       const float* kt = ktp + kt_off[b] + h * nblk[b] * D * 16;
       if (!shared_pack) {
-        float* own = scr + QB * G * (D + L);
+        float* own = scr + rows_max * (D + L);
         pack(kp + koff, std::min(nblk[b] * 16, Tk), D, own);
         kt = own;
       }
