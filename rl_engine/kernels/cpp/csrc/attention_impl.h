@@ -239,7 +239,7 @@ static void dispatch_values(int nd, const float* const* e, const int64_t* p, con
 void attention_block(const float* q, int64_t ldq_head, int G, int nq, const int64_t* pos,
                      const float* kt, const float* v, int64_t Tk, int64_t D, float scale,
                      float* out, float* scratch) {
-  (void)Tk;
+  (void)Tk;  // the packed keys hold every position a row reads (the binding checked Tk)
   int64_t pmax = -1;
   for (int i = 0; i < nq; ++i) pmax = pos[i] > pmax ? pos[i] : pmax;
   if (pmax < 0) return;
