@@ -114,8 +114,12 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
             f"plus one, but k holds {k.shape[2]} (aligned layout: slot j = position j)"
         )
     rows = kv_index.long() if kv_index is not None else torch.arange(B, device=q.device)
-    q32, k32, v32 = (t.float().contiguous() for t in (q, k, v))
-    return extension().attention(q32, k32, v32, q_positions, rows, scale, current_isa())
+    if k.dtype == v.dtype == torch.bfloat16:  # widened (exactly) while the kernel packs them
+        k, v = k.contiguous(), v.contiguous()
+    else:
+        k, v = k.float().contiguous(), v.float().contiguous()
+    q32 = q.float().contiguous()
+    return extension().attention(q32, k, v, q_positions, rows, scale, current_isa())
 
 
 class _FixedOrderAttention(torch.autograd.Function):

@@ -71,10 +71,21 @@ static inline void transpose16(V (&r)[16]) {
   }
 }
 
-// Keys 0..n-1 (rows of D, row stride D) into 16-key blocks kt[b][d][16]
-// (lane jj of block b, row d = k[(16b + jj) * D + d]); lanes past n are 0.
-// Data movement only: done once per (sequence, kv head) and call.
-void attention_pack_keys(const float* k, int64_t n, int64_t D, float* kt) {
+// 16 values from p as fp32: n (< 16) of them, the rest 0. bf16 widens exactly.
+static inline Vec16 load_part(const float* p, int n) { return Vec16::load_n(p, n); }
+static inline Vec16 load_part(const uint16_t* p, int n) {
+  uint16_t t[16] = {0};
+  for (int i = 0; i < n; ++i) t[i] = p[i];
+  return Vec16::load_bf16(t);
+}
+static inline Vec16 load_full(const float* p) { return Vec16::load(p); }
+static inline Vec16 load_full(const uint16_t* p) { return Vec16::load_bf16(p); }
+
+// Keys 0..n-1 (rows of D, row stride D; fp32 or bf16) into fp32 16-key blocks
+// kt[b][d][16] (lane jj of block b, row d = k[(16b + jj) * D + d]); lanes past
+// n are 0. Data movement only (bf16 -> fp32 is exact).
+template <typename T>
+static void pack_keys(const T* k, int64_t n, int64_t D, float* kt) {
   const int nd = (int)((D + 15) / 16);
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     const int valid = (int)(n - j0 < 16 ? n - j0 : 16);
@@ -82,19 +93,33 @@ void attention_pack_keys(const float* k, int64_t n, int64_t D, float* kt) {
     for (int c = 0; c < nd; ++c) {
       const int dc = (int)(D - c * 16 < 16 ? D - c * 16 : 16);
       Vec16 r[16];
-      const float* src = k + j0 * D + c * 16;
+      const T* src = k + j0 * D + c * 16;
       if (valid == 16 && dc == 16) {  // the common case, with no branches for the registers
-        for (int jj = 0; jj < 16; ++jj) r[jj] = Vec16::load(src + jj * D);
+        for (int jj = 0; jj < 16; ++jj) r[jj] = load_full(src + jj * D);
         transpose16(r);
         for (int d = 0; d < 16; ++d) r[d].store(blk + (c * 16 + d) * 16);
         continue;
       }
       for (int jj = 0; jj < 16; ++jj)
-        r[jj] = jj >= valid ? Vec16::zero() : Vec16::load_n(src + jj * D, dc);
+        r[jj] = jj >= valid ? Vec16::zero() : load_part(src + jj * D, dc);
       transpose16(r);
       for (int d = 0; d < dc; ++d) r[d].store(blk + (c * 16 + d) * 16);
     }
   }
+}
+
+void attention_pack_keys(const float* k, int64_t n, int64_t D, float* kt) {
+  pack_keys(k, n, D, kt);
+}
+void attention_pack_keys_bf16(const uint16_t* k, int64_t n, int64_t D, float* kt) {
+  pack_keys(k, n, D, kt);
+}
+
+// n bf16 values widened to fp32 (exact): values read by p @ v.
+void attention_widen_bf16(const uint16_t* x, int64_t n, float* y) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) Vec16::load_bf16(x + i).store(y + i);
+  if (i < n) load_part(x + i, (int)(n - i)).store_n(y + i, (int)(n - i));
 }
 
 // ----------------------------------------------------------------------------- scores
