@@ -118,8 +118,8 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
         k, v = k.contiguous(), v.contiguous()
     else:
         k, v = k.float().contiguous(), v.float().contiguous()
-    q32 = q.float().contiguous()
-    return extension().attention(q32, k, v, q_positions, rows, scale, current_isa())
+    q = q.contiguous() if q.dtype == torch.bfloat16 else q.float().contiguous()
+    return extension().attention(q, k, v, q_positions, rows, scale, current_isa())
 
 
 class _FixedOrderAttention(torch.autograd.Function):

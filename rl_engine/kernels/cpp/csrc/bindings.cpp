@@ -150,14 +150,16 @@ const AttentionPacking& attention_packing_for(const std::string& isa) {
 // only). Then a task is (sequence, kv head, a pair of query blocks): blocks i
 // and nb-1-i share a task so that threads get about equal work in a causal
 // prefill. Blocks only group rows; each row's arithmetic is its own.
-// q (B, Hq, Tq, D) fp32, k and v (S, Hkv, Tk, D) both fp32 or both bf16; all
-// contiguous. Query (b, t) at position p = q_positions[b, t] reads positions
-// 0..p of row kv_rows[b] of k, v; p < 0 is padding (output 0).
+// q (B, Hq, Tq, D) fp32 or bf16 (widened per block, exactly), k and v (S, Hkv,
+// Tk, D) both fp32 or both bf16; all contiguous. Output fp32. Query (b, t) at
+// position p = q_positions[b, t] reads positions 0..p of row kv_rows[b] of k,
+// v; p < 0 is padding (output 0).
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& q_positions, const at::Tensor& kv_rows, double scale,
                      const std::string& isa) {
-  TORCH_CHECK(q.dim() == 4 && q.scalar_type() == at::kFloat && q.is_contiguous(),
-              "q must be a contiguous 4-D float32 tensor");
+  TORCH_CHECK(q.dim() == 4 && q.is_contiguous() &&
+                  (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
+              "q must be a contiguous 4-D float32 or bfloat16 tensor");
   for (const at::Tensor* t : {&k, &v}) {
     TORCH_CHECK(t->dim() == 4 && t->is_contiguous() &&
                     (t->scalar_type() == at::kFloat || t->scalar_type() == at::kBFloat16),
@@ -189,8 +191,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               " keys, but k holds ", Tk);
   const Kernels& kern = kernels_for(isa);
   const AttentionPacking& packing = attention_packing_for(isa);
-  at::Tensor out = at::zeros_like(q);
-  if (max_pos < 0) return out;
+  const at::TensorOptions f32 = q.options().dtype(at::kFloat);
+  if (max_pos < 0) return at::zeros(q.sizes(), f32);
+  at::Tensor out = at::empty(q.sizes(), f32);  // every row is written by its task
   const bool bf16 = k.scalar_type() == at::kBFloat16;
   const int G = (int)(Hq / Hkv);
   const int64_t QB = std::max<int64_t>(1, std::min<int64_t>(16, 256 / G));  // queries per block
@@ -202,11 +205,16 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // tasks share.
   const bool shared_pack = nb > 1;
   const int64_t rows_max = std::min(QB, Tq) * G;  // rows of one block (G for a decode)
-  const int64_t per_thread = rows_max * (D + L) + (shared_pack ? 0 : L * D * (bf16 ? 2 : 1));
-  at::Tensor scratch = at::empty({at::get_num_threads(), per_thread}, q.options());
-  at::Tensor packed = at::empty({shared_pack ? kt_off[B] : 0}, q.options());
-  at::Tensor widened = at::empty({shared_pack && bf16 ? kt_off[B] : 0}, q.options());
-  const float* qp = q.data_ptr<float>();
+  const bool q_bf16 = q.scalar_type() == at::kBFloat16;
+  const int64_t q_own = q_bf16 && !shared_pack ? rows_max * D : 0;  // the queries, widened
+  const int64_t per_thread =
+      rows_max * (D + L) + q_own + (shared_pack ? 0 : L * D * (bf16 ? 2 : 1));
+  at::Tensor scratch = at::empty({at::get_num_threads(), per_thread}, f32);
+  at::Tensor packed = at::empty({shared_pack ? kt_off[B] : 0}, f32);
+  at::Tensor widened = at::empty({shared_pack && bf16 ? kt_off[B] : 0}, f32);
+  at::Tensor q_wide = at::empty({shared_pack && q_bf16 ? q.numel() : 0}, f32);
+  float* qwp = q_wide.data_ptr<float>();
+  const void* qp = q.data_ptr();
   const void* kp = k.data_ptr();
   const void* vp = v.data_ptr();
   float* ktp = packed.data_ptr<float>();
@@ -227,6 +235,10 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         const int64_t b = task / Hkv, h = task % Hkv;
         const int64_t off = kt_off[b] + h * nblk[b] * D * 16;
         prepare((rp[b] * Hkv + h) * Tk * D, std::min(nblk[b] * 16, Tk), ktp + off, vwp + off);
+        if (q_bf16) {  // the G heads of this kv head, all positions
+          const int64_t qh = (b * Hq + h * G) * Tq * D;
+          packing.widen_bf16(static_cast<const uint16_t*>(qp) + qh, G * Tq * D, qwp + qh);
+        }
       }
     });
   }
@@ -238,18 +250,29 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       const int64_t off = kt_off[b] + h * nblk[b] * D * 16;
       const float* kt = ktp + off;
       const float* vf = bf16 ? vwp + off : static_cast<const float*>(vp) + koff;
+      // The G heads of this kv head as fp32 rows [g][Tq][D].
+      const int64_t qh = (b * Hq + h * G) * Tq * D;
+      const float* qf = q_bf16 ? qwp + qh : static_cast<const float*>(qp) + qh;
       if (!shared_pack) {
-        float* own_k = scr + rows_max * (D + L);
+        float* own_k = scr + rows_max * (D + L) + q_own;
         float* own_v = own_k + L * D;
         prepare(koff, std::min(nblk[b] * 16, Tk), own_k, own_v);
         kt = own_k;
         if (bf16) vf = own_v;
+        if (q_bf16) {  // one block: Tq <= QB, so G * Tq * D fits in q_own
+          float* own_q = scr + rows_max * (D + L);
+          packing.widen_bf16(static_cast<const uint16_t*>(qp) + qh, G * Tq * D, own_q);
+          qf = own_q;
+        }
       }
       const int64_t blocks[2] = {i, nb - 1 - i};
       for (int u = 0; u < (blocks[0] == blocks[1] ? 1 : 2); ++u) {
         const int64_t t0 = blocks[u] * QB, nq = std::min(QB, Tq - t0);
         const int64_t qoff = ((b * Hq + h * G) * Tq + t0) * D;
-        kern.attention_block(qp + qoff, Tq * D, G, (int)nq, pp + b * Tq + t0, kt, vf, Tk, D,
+        for (int64_t t = 0; t < nq; ++t)  // padding queries: exact zeros
+          if (pp[b * Tq + t0 + t] < 0)
+            for (int g = 0; g < G; ++g) std::fill_n(op + qoff + g * Tq * D + t * D, D, 0.0f);
+        kern.attention_block(qf + t0 * D, Tq * D, G, (int)nq, pp + b * Tq + t0, kt, vf, Tk, D,
                              (float)scale, op + qoff, scr);
       }
     }
