@@ -195,6 +195,40 @@ def test_decode_equals_prefill(dtype, heads, attention):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,d", [((8, 1), 72), ((2, 2), 80), ((16, 2), 16), ((6, 3), 40)])
+def test_decode_equals_prefill_other_head_dims_and_groups(dtype, heads, d, attention):
+    """Head dims not a multiple of 16, G = 1 and 8: decode == prefill row, one mixed batch.
+
+    The prefill of 300 tokens spans many query blocks (keys packed once for all
+    of them); a decode batch, a 16-token chunk and a 1-token chunk have one
+    block per (sequence, kv head) (keys packed by its task). The decode batch
+    mixes cache lengths, reads the cache through kv_index in shuffled order,
+    and every slot past a row's position holds inf / nan.
+    """
+    hq, hkv = heads
+    lengths = [1, 17, 40, 300]
+    seqs = _seqs(lengths, hq, hkv, d, dtype, seed=11)
+    alone = [_alone(attention, s) for s in seqs]
+    batch = [(3, 299), (0, 0), (2, 39), (1, 16), (3, 15), (3, 16), (2, 31)]
+    tk = 305
+    kc = torch.full((len(batch), hkv, tk, d), float("inf")).to(dtype)
+    vc = torch.full((len(batch), hkv, tk, d), float("nan")).to(dtype)
+    order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(3))
+    for b, (i, p) in enumerate(batch):
+        row = int(order[b])
+        kc[row, :, : p + 1], vc[row, :, : p + 1] = seqs[i][1][:, : p + 1], seqs[i][2][:, : p + 1]
+    q = torch.stack([seqs[i][0][:, p : p + 1] for i, p in batch])
+    pos = torch.tensor(batch)[:, 1:]
+    out = attention(q, kc, vc, q_positions=pos, kv_index=order)
+    for b, (i, p) in enumerate(batch):
+        assert torch.equal(out[b, :, 0], alone[i][:, p]), f"decode of length {lengths[i]} at {p}"
+    q, k, v = seqs[3]
+    for s, e in ((100, 116), (299, 300)):
+        out = attention(q[None, :, s:e], k[None], v[None], q_positions=torch.arange(s, e)[None])
+        assert torch.equal(out[0], alone[3][:, s:e]), f"chunk [{s}, {e})"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_chunked_prefill_equals_full_prefill(dtype, attention):
     n = 2 * BLOCK_K + 3
     (seq,) = _seqs([n], 4, 2, 64, dtype, seed=4)

@@ -52,6 +52,9 @@ for dtype in (torch.float32, torch.bfloat16):
     q = torch.randn(2, 6, 150, 40, generator=g).to(dtype)
     k, v = (torch.randn(2, 2, 150, 40, generator=g).to(dtype) for _ in range(2))
     result[f"attention{dtype}"] = attention(q, k, v, q_positions=torch.arange(150).expand(2, 150))
+    decode_pos = torch.tensor([[149], [70]])  # one query block per sequence: keys packed per task
+    qd = torch.stack([q[0, :, 149:], q[1, :, 70:71]])
+    result[f"attention_decode{dtype}"] = attention(qd, k, v, q_positions=decode_pos)
 """
 
 

@@ -4,7 +4,7 @@ Contract: the one of `rl_engine.kernels.native.attention` (same arguments,
 shapes, layouts, padding and kv_index semantics, exact zeros for padding
 queries, output in q.dtype, statistics in fp32).
 
-Numerics (csrc/kernels_impl.h, `attention_block`): every query row is computed
+Numerics (csrc/attention_impl.h, `attention_block`): every query row is computed
 against the keys at positions 0..p of its sequence in an order that depends on
 p and the head dim D only:
 - scores: 16 keys per vector, one FMA per d in increasing d (q pre-scaled);
@@ -114,8 +114,12 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
             f"plus one, but k holds {k.shape[2]} (aligned layout: slot j = position j)"
         )
     rows = kv_index.long() if kv_index is not None else torch.arange(B, device=q.device)
-    q32, k32, v32 = (t.float().contiguous() for t in (q, k, v))
-    return extension().attention(q32, k32, v32, q_positions, rows, scale, current_isa())
+    if k.dtype == v.dtype == torch.bfloat16:  # widened (exactly) while the kernel packs them
+        k, v = k.contiguous(), v.contiguous()
+    else:
+        k, v = k.float().contiguous(), v.float().contiguous()
+    q = q.contiguous() if q.dtype == torch.bfloat16 else q.float().contiguous()
+    return extension().attention(q, k, v, q_positions, rows, scale, current_isa())
 
 
 class _FixedOrderAttention(torch.autograd.Function):

@@ -146,19 +146,57 @@ at::Tensor silu(const at::Tensor& x_in, const std::string& isa) {
   return y;
 }
 
-// Causal GQA attention. A task is (sequence, kv head, a pair of query blocks):
-// blocks i and nb-1-i share a task so that threads get about equal work in a
-// causal prefill. Blocks only group rows; each row's arithmetic is its own.
-// q (B, Hq, Tq, D), k and v (S, Hkv, Tk, D): fp32, contiguous. Query (b, t) at
-// position p = q_positions[b, t] reads positions 0..p of row kv_rows[b] of k, v;
-// p < 0 is padding (output 0).
+// Key packing and value widening of the attention kernels (csrc/attention_impl.h), per ISA.
+#define RL_DECLARE_ATTENTION_PACKING(ns)                                                   \
+  namespace ns {                                                                           \
+  void attention_pack_keys(const float* k, int64_t n, int64_t D, float* kt);               \
+  void attention_pack_keys_bf16(const uint16_t* k, int64_t n, int64_t D, float* kt);       \
+  void attention_widen_bf16(const uint16_t* x, int64_t n, float* y);                       \
+  }
+RL_DECLARE_ATTENTION_PACKING(rl_avx2)
+RL_DECLARE_ATTENTION_PACKING(rl_avx512)
+RL_DECLARE_ATTENTION_PACKING(rl_avx512_bf16)
+
+namespace {
+struct AttentionPacking {
+  decltype(&rl_avx2::attention_pack_keys) pack_f32;
+  decltype(&rl_avx2::attention_pack_keys_bf16) pack_bf16;
+  decltype(&rl_avx2::attention_widen_bf16) widen_bf16;
+};
+#define RL_ATTENTION_PACKING(ns) \
+  AttentionPacking { ns::attention_pack_keys, ns::attention_pack_keys_bf16, ns::attention_widen_bf16 }
+const AttentionPacking& attention_packing_for(const std::string& isa) {
+  static const AttentionPacking avx2 = RL_ATTENTION_PACKING(rl_avx2);
+  static const AttentionPacking avx512 = RL_ATTENTION_PACKING(rl_avx512);
+  static const AttentionPacking avx512_bf16 = RL_ATTENTION_PACKING(rl_avx512_bf16);
+  if (isa == "avx2") return avx2;
+  if (isa == "avx512") return avx512;
+  return avx512_bf16;
+}
+}  // namespace
+
+// Causal GQA attention. First the keys each sequence reads (positions
+// 0..max p of its kv row) are packed, per (sequence, kv head), into fp32
+// 16-key blocks [D][16] (bf16 values are widened there too; data movement
+// only). Then a task is (sequence, kv head, a pair of query blocks): blocks i
+// and nb-1-i share a task so that threads get about equal work in a causal
+// prefill. Blocks only group rows; each row's arithmetic is its own.
+// q (B, Hq, Tq, D) fp32 or bf16 (widened per block, exactly), k and v (S, Hkv,
+// Tk, D) both fp32 or both bf16; all contiguous. Output fp32. Query (b, t) at
+// position p = q_positions[b, t] reads positions 0..p of row kv_rows[b] of k,
+// v; p < 0 is padding (output 0).
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& q_positions, const at::Tensor& kv_rows, double scale,
                      const std::string& isa) {
-  for (const at::Tensor* t : {&q, &k, &v}) {
-    TORCH_CHECK(t->dim() == 4 && t->scalar_type() == at::kFloat && t->is_contiguous(),
-                "q, k, v must be contiguous 4-D float32 tensors");
+  TORCH_CHECK(q.dim() == 4 && q.is_contiguous() &&
+                  (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
+              "q must be a contiguous 4-D float32 or bfloat16 tensor");
+  for (const at::Tensor* t : {&k, &v}) {
+    TORCH_CHECK(t->dim() == 4 && t->is_contiguous() &&
+                    (t->scalar_type() == at::kFloat || t->scalar_type() == at::kBFloat16),
+                "k, v must be contiguous 4-D float32 or bfloat16 tensors");
   }
+  TORCH_CHECK(k.scalar_type() == v.scalar_type(), "k and v must have the same dtype");
   TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same shape");
   TORCH_CHECK(q_positions.scalar_type() == at::kLong && kv_rows.scalar_type() == at::kLong,
               "q_positions and kv_rows must be int64");
@@ -171,36 +209,102 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const int64_t* pp = pos.data_ptr<int64_t>();
   const int64_t* rp = rows.data_ptr<int64_t>();
   int64_t max_pos = -1;
+  std::vector<int64_t> nblk(B), kt_off(B + 1, 0);  // packed 16-key blocks of sequence b
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(rp[b] >= 0 && rp[b] < S, "kv row ", rp[b], " outside [0, ", S, ")");
-    for (int64_t t = 0; t < Tq; ++t) max_pos = std::max(max_pos, pp[b * Tq + t]);
+    int64_t mb = -1;
+    for (int64_t t = 0; t < Tq; ++t) mb = std::max(mb, pp[b * Tq + t]);
+    max_pos = std::max(max_pos, mb);
+    nblk[b] = (mb + 1 + 15) / 16;
+    kt_off[b + 1] = kt_off[b] + Hkv * nblk[b] * D * 16;
   }
   TORCH_CHECK(max_pos < Tk, "a query at position ", max_pos, " needs ", max_pos + 1,
               " keys, but k holds ", Tk);
   const Kernels& kern = kernels_for(isa);
-  at::Tensor out = at::zeros_like(q);
-  if (max_pos < 0) return out;
+  const AttentionPacking& packing = attention_packing_for(isa);
+  const at::TensorOptions f32 = q.options().dtype(at::kFloat);
+  if (max_pos < 0) return at::zeros(q.sizes(), f32);
+  at::Tensor out = at::empty(q.sizes(), f32);  // every row is written by its task
+  const bool bf16 = k.scalar_type() == at::kBFloat16;
   const int G = (int)(Hq / Hkv);
   const int64_t QB = std::max<int64_t>(1, std::min<int64_t>(16, 256 / G));  // queries per block
   const int64_t L = (max_pos + 1 + 15) / 16 * 16;
-  const int64_t per_thread = D * 16 + QB * G * (D + L);
-  at::Tensor scratch = at::empty({at::get_num_threads(), per_thread}, q.options());
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
-  float* op = out.data_ptr<float>();
   const int64_t nb = (Tq + QB - 1) / QB, pairs = (nb + 1) / 2;
+  // One query block per (sequence, kv head) (decode, short prefill): its one
+  // task packs the keys (and widens bf16 values) into its thread's scratch,
+  // where they stay in cache. Otherwise that is done once into buffers all
+  // tasks share.
+  const bool shared_pack = nb > 1;
+  const int64_t rows_max = std::min(QB, Tq) * G;  // rows of one block (G for a decode)
+  const bool q_bf16 = q.scalar_type() == at::kBFloat16;
+  const int64_t q_own = q_bf16 && !shared_pack ? rows_max * D : 0;  // the queries, widened
+  const int64_t per_thread =
+      rows_max * (D + L) + q_own + (shared_pack ? 0 : L * D * (bf16 ? 2 : 1));
+  at::Tensor scratch = at::empty({at::get_num_threads(), per_thread}, f32);
+  at::Tensor packed = at::empty({shared_pack ? kt_off[B] : 0}, f32);
+  at::Tensor widened = at::empty({shared_pack && bf16 ? kt_off[B] : 0}, f32);
+  at::Tensor q_wide = at::empty({shared_pack && q_bf16 ? q.numel() : 0}, f32);
+  float* qwp = q_wide.data_ptr<float>();
+  const void* qp = q.data_ptr();
+  const void* kp = k.data_ptr();
+  const void* vp = v.data_ptr();
+  float* ktp = packed.data_ptr<float>();
+  float* vwp = widened.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  // Keys 0..n-1 of (kv row offset koff) into kt; bf16 values 0..n-1 into vw.
+  auto prepare = [&](int64_t koff, int64_t n, float* kt, float* vw) {
+    if (bf16) {
+      packing.pack_bf16(static_cast<const uint16_t*>(kp) + koff, n, D, kt);
+      packing.widen_bf16(static_cast<const uint16_t*>(vp) + koff, n * D, vw);
+    } else {
+      packing.pack_f32(static_cast<const float*>(kp) + koff, n, D, kt);
+    }
+  };
+  if (shared_pack) {
+    at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / Hkv, h = task % Hkv;
+        const int64_t off = kt_off[b] + h * nblk[b] * D * 16;
+        prepare((rp[b] * Hkv + h) * Tk * D, std::min(nblk[b] * 16, Tk), ktp + off, vwp + off);
+        if (q_bf16) {  // the G heads of this kv head, all positions
+          const int64_t qh = (b * Hq + h * G) * Tq * D;
+          packing.widen_bf16(static_cast<const uint16_t*>(qp) + qh, G * Tq * D, qwp + qh);
+        }
+      }
+    });
+  }
   at::parallel_for(0, B * Hkv * pairs, 1, [&](int64_t begin, int64_t end) {
     float* scr = scratch.data_ptr<float>() + at::get_thread_num() * per_thread;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / (Hkv * pairs), h = (task / pairs) % Hkv, i = task % pairs;
+      const int64_t koff = (rp[b] * Hkv + h) * Tk * D;
+      const int64_t off = kt_off[b] + h * nblk[b] * D * 16;
+      const float* kt = ktp + off;
+      const float* vf = bf16 ? vwp + off : static_cast<const float*>(vp) + koff;
+      // The G heads of this kv head as fp32 rows [g][Tq][D].
+      const int64_t qh = (b * Hq + h * G) * Tq * D;
+      const float* qf = q_bf16 ? qwp + qh : static_cast<const float*>(qp) + qh;
+      if (!shared_pack) {
+        float* own_k = scr + rows_max * (D + L) + q_own;
+        float* own_v = own_k + L * D;
+        prepare(koff, std::min(nblk[b] * 16, Tk), own_k, own_v);
+        kt = own_k;
+        if (bf16) vf = own_v;
+        if (q_bf16) {  // one block: Tq <= QB, so G * Tq * D fits in q_own
+          float* own_q = scr + rows_max * (D + L);
+          packing.widen_bf16(static_cast<const uint16_t*>(qp) + qh, G * Tq * D, own_q);
+          qf = own_q;
+        }
+      }
       const int64_t blocks[2] = {i, nb - 1 - i};
       for (int u = 0; u < (blocks[0] == blocks[1] ? 1 : 2); ++u) {
         const int64_t t0 = blocks[u] * QB, nq = std::min(QB, Tq - t0);
         const int64_t qoff = ((b * Hq + h * G) * Tq + t0) * D;
-        const int64_t koff = (rp[b] * Hkv + h) * Tk * D;
-        kern.attention_block(qp + qoff, Tq * D, G, (int)nq, pp + b * Tq + t0, kp + koff, vp + koff,
-                             Tk, D, (float)scale, op + qoff, scr);
+        for (int64_t t = 0; t < nq; ++t)  // padding queries: exact zeros
+          if (pp[b * Tq + t0 + t] < 0)
+            for (int g = 0; g < G; ++g) std::fill_n(op + qoff + g * Tq * D + t * D, D, 0.0f);
+        kern.attention_block(qf + t0 * D, Tq * D, G, (int)nq, pp + b * Tq + t0, kt, vf, Tk, D,
+                             (float)scale, op + qoff, scr);
       }
     }
   });

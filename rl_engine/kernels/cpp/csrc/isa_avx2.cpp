@@ -12,4 +12,5 @@ constexpr int ATT_ROWS = 4;      // attention score rows per register tile
 constexpr int PV_ACC_BUDGET = 6; // attention p @ v accumulators (16-lane vectors)
 #include "vec_avx2.h"
 #include "kernels_impl.h"
+#include "attention_impl.h"
 }  // namespace rl_avx2

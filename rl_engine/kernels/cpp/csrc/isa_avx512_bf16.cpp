@@ -13,4 +13,5 @@ constexpr int ATT_ROWS = 8;      // attention score rows per register tile
 constexpr int PV_ACC_BUDGET = 24; // attention p @ v accumulators (16-lane vectors)
 #include "vec_avx512.h"
 #include "kernels_impl.h"
+#include "attention_impl.h"
 }  // namespace rl_avx512_bf16
