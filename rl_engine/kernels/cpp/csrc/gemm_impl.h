@@ -184,8 +184,13 @@ static void finish_rows(const float* acc, int64_t lda, const GemmOut& o, int64_t
       const uint16_t* b = (const uint16_t*)o.bias + col0;
       for (int64_t j = 0; j < nc; j += 16) {
         const int c = (int)(nc - j < 16 ? nc - j : 16);
+        if (c == 16) {  // full vector: straight to out (the same steps as the tail below)
+          Vec16::load(a + j).store_bf16(out + j);
+          if (o.bias) (Vec16::load_bf16(out + j) + Vec16::load_bf16(b + j)).store_bf16(out + j);
+          continue;
+        }
         uint16_t r[16];
-        (c == 16 ? Vec16::load(a + j) : Vec16::load_n(a + j, c)).store_bf16(r);
+        Vec16::load_n(a + j, c).store_bf16(r);
         if (o.bias) {
           uint16_t bb[16] = {0};
           for (int t = 0; t < c; ++t) bb[t] = b[j + t];
