@@ -237,3 +237,64 @@ def test_gemm_accuracy_against_float64(dtype):
         scale = x.double().abs() @ w.double().abs().T
         err = (ext.gemm(x, w, isa).double() - ref).abs()
         assert bool((err <= 4 * 2.0**-24 * k**0.5 * scale).all()), (dtype, k)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, except that any NaN equals any NaN (torch's own NaN payloads vary by path)."""
+    nan = a.isnan()
+    if not torch.equal(nan, b.isnan()):
+        return False
+    return torch.equal(a[~nan], b[~nan])
+
+
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.bfloat16])
+def test_fused_output_rounding_and_bias_equal_the_unfused_steps(in_dtype):
+    """gemm(out fp32 / bf16, with / without bias) == gemm fp32 -> .to(out) -> + bias.to(out), every path.
+
+    K = 600 spans two K blocks (the fp32 accumulators of a bf16 output are kept in
+    scratch between them); M = 300 takes the large-M tasks, M <= 7 the small ones.
+    """
+    ext = _extension.extension()
+    g = torch.Generator().manual_seed(11)
+    for isa in _extension.supported_isas():
+        for m in (1, 2, 7, 300):
+            for n in (1, 17, 100):
+                for k in (1, 33, 600):
+                    x = torch.randn(m, k, generator=g).to(in_dtype)
+                    w = (torch.randn(n, k, generator=g) / k**0.5).to(in_dtype)
+                    bias = torch.randn(n, generator=g)
+                    y = ext.gemm(x, w, isa)
+                    for out in (torch.float32, torch.bfloat16):
+                        ob = out == torch.bfloat16
+                        assert torch.equal(ext.gemm(x, w, isa, out_bf16=ob), y.to(out))
+                        want = y.to(out) + bias.to(out)
+                        got = ext.gemm(x, w, isa, bias.to(out), out_bf16=ob)
+                        assert got.dtype == out and torch.equal(got, want), (isa, m, n, k, out)
+
+
+def test_fused_bf16_rounding_equals_torch_on_ties_inf_nan_subnormals():
+    """acc -> bf16 in the kernel == torch's .to(bfloat16): ties (even / odd), inf, NaN, subnormals, overflow."""
+    g = torch.Generator().manual_seed(12)
+    bits = [
+        torch.randint(-(2**31), 2**31, (5000,), generator=g, dtype=torch.int64),  # any pattern
+        torch.randint(0, 2**15, (500,), generator=g, dtype=torch.int64) << 16 | 0x8000,  # ties
+        torch.randint(0, 2**15, (500,), generator=g, dtype=torch.int64) << 16 | 0x7FFF,
+        torch.randint(0, 2**15, (500,), generator=g, dtype=torch.int64) << 16 | 0x8001,
+        torch.randint(0, 2**23, (500,), generator=g, dtype=torch.int64),  # subnormals
+        torch.tensor([0, 1, 0x8000, 0x7FFF, 0x18000, 0x7F7FFFFF, 0x7F7F8000, 0x7F800000]),
+        torch.tensor([0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF, 0x80000000, 0x807FFFFF]),
+    ]
+    raw = torch.cat(bits) & 0xFFFFFFFF
+    vals = torch.where(raw >= 2**31, raw - 2**32, raw).to(torch.int32).view(torch.float32)
+    # K = 1 and w = 1: acc = fma(x, 1, +0) = x, except -0 -> +0 (sign of the +0 start): fine, the
+    # reference is the kernel's own fp32 result.
+    x = torch.cat([vals, vals.neg()]).reshape(-1, 1)
+    w = torch.ones(19, 1)
+    bias = torch.randn(19, generator=g).bfloat16()
+    ext = _extension.extension()
+    for isa in _extension.supported_isas():
+        for rows in (x, x[:1], x[:2], x[5:11]):  # large-M tasks and the M <= 2 register path
+            y = ext.gemm(rows, w, isa)
+            assert _same_bits(ext.gemm(rows, w, isa, out_bf16=True), y.bfloat16()), isa
+            assert _same_bits(ext.gemm(rows, w, isa, bias, out_bf16=True), y.bfloat16() + bias), isa
+            assert _same_bits(ext.gemm(rows, w, isa, bias.float()), y + bias.float()), isa

@@ -9,7 +9,10 @@ the exact fp32 accumulator between K blocks), so a row has the same bits for
 M = 1 (decode) and M = 4096 (training), at any row position, next to any
 rows, with any thread count, and without padding small batches. bf16
 products are exact and summed in fp32: the result is rounded once, at the end
-(to bf16 for `linear`, kept in fp32 for `lm_head`).
+(to bf16 for `linear`, kept in fp32 for `lm_head`). The rounding and the bias
+are fused into the kernel (each output tile is finished after its last K
+block) with the bits of the unfused steps: `y.to(out_dtype) + bias.to(out_dtype)`
+(for bf16: round to nearest even, then the bias added in fp32 and rounded again).
 
 fp64 and fp16 (gradcheck, rare) go through the native fixed-order GEMM.
 Backward is the native one: plain GEMMs, accurate and deterministic; gradients
@@ -28,18 +31,35 @@ from rl_engine.kernels.native._gemm import fixed_order_matmul
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def fixed_order_gemm(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x (M, K) @ weight (N, K)^T -> fp32 (M, N); fp64 stays fp64."""
-    if x2d.dtype not in KERNEL_DTYPES or x2d.device.type != "cpu":
-        return fixed_order_matmul(x2d, weight, out_dtype=at_least_fp32(x2d.dtype))
+def _kernel_operands(x2d: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if x2d.stride(-1) != 1:
         x2d = x2d.contiguous()
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
+    return x2d, weight
+
+
+def _on_kernel(x2d: torch.Tensor) -> bool:
+    return x2d.dtype in KERNEL_DTYPES and x2d.device.type == "cpu"
+
+
+def fixed_order_gemm(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x (M, K) @ weight (N, K)^T -> fp32 (M, N); fp64 stays fp64."""
+    if not _on_kernel(x2d):
+        return fixed_order_matmul(x2d, weight, out_dtype=at_least_fp32(x2d.dtype))
+    x2d, weight = _kernel_operands(x2d, weight)
     return extension().gemm(x2d, weight, current_isa())
 
 
 def linear_forward(x2d, weight, bias, out_dtype):
+    """fp32 GEMM -> out_dtype, then + bias in out_dtype; fused in the kernel for fp32 / bf16 out."""
+    if _on_kernel(x2d) and out_dtype in KERNEL_DTYPES:
+        x2d, weight = _kernel_operands(x2d, weight)
+        if bias is not None:
+            bias = bias.to(out_dtype).contiguous()
+        return extension().gemm(
+            x2d, weight, current_isa(), bias, out_bf16=out_dtype == torch.bfloat16
+        )
     out = fixed_order_gemm(x2d, weight).to(out_dtype)  # (M, N)
     if bias is not None:
         out = out + bias.to(out_dtype)

@@ -80,8 +80,11 @@ void parallel_tasks(int64_t n, const F& fn) {
 
 }  // namespace
 
-// x (M, K) @ w (N, K)^T -> (M, N) float32.
-at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa) {
+// x (M, K) @ w (N, K)^T -> (M, N), float32 (or bfloat16 with out_bf16), plus
+// bias (N,) when given (in the output dtype). Bits: those of the fp32 result
+// `.to(out dtype)`, then `+ bias` in the output dtype (gemm_impl.h, GemmOut).
+at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa,
+                const c10::optional<at::Tensor>& bias, bool out_bf16) {
   check_rows("x", x);
   check_rows("weight", w);
   TORCH_CHECK(x.scalar_type() == w.scalar_type(), "x is ", x.scalar_type(), " but weight is ",
@@ -89,14 +92,24 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa
   TORCH_CHECK(x.size(1) == w.size(1), "x has K=", x.size(1), " but weight has K=", w.size(1));
   const Kernels& k = kernels_for(isa);
   const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
-  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kFloat));
-  if (M == 0 || N == 0) return y;
-  if (K == 0) return y.zero_();
+  const auto out_type = out_bf16 ? at::kBFloat16 : at::kFloat;
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->is_contiguous(),
+                "bias must be contiguous of shape (", N, ")");
+    TORCH_CHECK(bias->scalar_type() == out_type, "bias must be ", out_type, ", got ",
+                bias->scalar_type());
+  }
+  at::Tensor out = at::empty({M, N}, x.options().dtype(out_type));
+  if (M == 0 || N == 0) return out;
+  if (K == 0) {  // the empty chain is +0; then the output steps
+    at::Tensor z = at::zeros({M, N}, x.options().dtype(at::kFloat)).to(out_type);
+    return has_bias ? z + *bias : z;
+  }
   const int64_t rows = M <= kSmallM ? M : kTaskRows;
   const int64_t cols = M <= kSmallM ? kSmallTaskCols : kTaskCols;
   const int64_t mt = (M + rows - 1) / rows, nt = (N + cols - 1) / cols;
   const int64_t ldx = x.stride(0), ldw = w.stride(0);
-  float* yp = y.data_ptr<float>();
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const void* xp = x.data_ptr();
   const void* wp = w.data_ptr();
@@ -104,23 +117,35 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa
   // Balanced K blocks (even), at most kmax long: speed only.
   const int64_t nkb = (K + kmax - 1) / kmax;
   const int64_t kb = std::min(kmax, ((K + nkb - 1) / nkb + 1) / 2 * 2);
-  const int64_t scratch_bytes = (k.gemm_scratch_bytes(kb) + 63) / 64 * 64;
+  const int64_t pack_bytes = (k.gemm_scratch_bytes(kb) + 63) / 64 * 64;
+  // bf16 out: the fp32 accumulators of a task's block live in per-thread
+  // scratch (rows x cols, row stride cols); fp32 out: in the output itself.
+  const int64_t acc_bytes = out_bf16 ? rows * cols * 4 : 0;
+  const int64_t scratch_bytes = pack_bytes + acc_bytes;
   at::Tensor scratch = at::empty({at::get_num_threads(), scratch_bytes}, x.options().dtype(at::kByte));
+  const int64_t esize = out_bf16 ? 2 : 4;
+  char* op = static_cast<char*>(out.data_ptr());
+  const char* bp = has_bias ? static_cast<const char*>(bias->data_ptr()) : nullptr;
   parallel_tasks(mt * nt, [&](int64_t t) {
-    void* scr = scratch.data_ptr<uint8_t>() + at::get_thread_num() * scratch_bytes;
+    uint8_t* scr = scratch.data_ptr<uint8_t>() + at::get_thread_num() * scratch_bytes;
     const int64_t m0 = (t / nt) * rows, n0 = (t % nt) * cols;
     const int64_t m = std::min(rows, M - m0), n = std::min(cols, N - n0);
+    void* ob = op + (m0 * N + n0) * esize;
+    float* y = out_bf16 ? reinterpret_cast<float*>(scr + pack_bytes) : static_cast<float*>(ob);
+    const int64_t ldy = out_bf16 ? cols : N;
+    void* fin = (out_bf16 || has_bias) ? ob : nullptr;
+    const void* bb = has_bias ? bp + n0 * esize : nullptr;
     if (bf16) {
       const auto* xb = static_cast<const uint16_t*>(xp) + m0 * ldx;
       const auto* wb = static_cast<const uint16_t*>(wp) + n0 * ldw;
-      k.gemm_bf16(xb, ldx, wb, ldw, yp + m0 * N + n0, N, m, n, K, kb, scr);
+      k.gemm_bf16(xb, ldx, wb, ldw, y, ldy, m, n, K, kb, scr, fin, N, out_bf16, bb);
     } else {
       const auto* xf = static_cast<const float*>(xp) + m0 * ldx;
       const auto* wf = static_cast<const float*>(wp) + n0 * ldw;
-      k.gemm_f32(xf, ldx, wf, ldw, yp + m0 * N + n0, N, m, n, K, kb, scr);
+      k.gemm_f32(xf, ldx, wf, ldw, y, ldy, m, n, K, kb, scr, fin, N, out_bf16, bb);
     }
   });
-  return y;
+  return out;
 }
 
 // Elementwise SiLU, same dtype out. Every element goes through the same vector code.
@@ -313,7 +338,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa_supported", &isa_supported, "whether this CPU runs the named instruction-set path");
-  m.def("gemm", &gemm, "fixed-order x @ w^T -> float32");
+  m.def("gemm", &gemm, "fixed-order x @ w^T (+ bias) -> float32, or bfloat16 with out_bf16",
+        pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("isa"),
+        pybind11::arg("bias") = pybind11::none(), pybind11::arg("out_bf16") = false);
   m.def("silu", &silu, "fixed-order SiLU");
   m.def("attention", &attention, "fixed-order causal GQA attention forward");
 }

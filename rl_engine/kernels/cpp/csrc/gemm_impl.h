@@ -16,6 +16,15 @@
 // Nothing depends on M, the row's position, the tile, the K/M/N blocking or
 // the thread: a decode row (M = 1) has the bits of the same row in training.
 //
+// Output (GemmOut, applied to each row tile right after its last K block,
+// while it is in L1; the same bits as the unfused torch steps
+// `y.to(out_dtype) + bias.to(out_dtype)`):
+// - fp32 out: acc, then acc + bias[n] (one fp32 add) with a bias.
+// - bf16 out: r = bf16(acc) (round to nearest even, NaN stays NaN: torch's
+//   integer steps), then with a bias bf16(float(r) + float(bias[n])).
+// The fp32 accumulator tile lives in `acc` (y itself for fp32 out) between K
+// blocks; a bf16 output only ever receives the finished values.
+//
 // Layout (speed only, never the bits): w is packed per K block into panels of
 // kPanel = 64 columns, K-major (fp32: panel[k][64]; bf16: VNNI pairs,
 // panel[k/2][64][2]), by 16 x 16 register transposes of w's rows. The
@@ -143,6 +152,56 @@ static inline void acc_store(const Vec16 (&acc)[MR][NV], float* y, int64_t ldy, 
     }
 }
 
+// Where and how the finished accumulators go (see the header).
+struct GemmOut {
+  void* out;          // nullptr: the fp32 accumulators are the result, no bias
+  int64_t ldo;        // row stride of out (elements)
+  int bf16;           // out (and bias) is bf16, else fp32
+  const void* bias;   // (N,) in out's dtype, or nullptr
+};
+
+// Finished accumulators acc[i * lda + j] (i < mr, j < nc) -> out rows / cols
+// (row0, col0) of o, column j taking bias[col0 + j].
+static void finish_rows(const float* acc, int64_t lda, const GemmOut& o, int64_t row0,
+                        int64_t col0, int64_t mr, int64_t nc) {
+  if (o.out == nullptr) return;
+  for (int64_t i = 0; i < mr; ++i) {
+    const float* a = acc + i * lda;
+    if (!o.bf16) {
+      float* out = (float*)o.out + (row0 + i) * o.ldo + col0;
+      const float* b = (const float*)o.bias + col0;
+      for (int64_t j = 0; j < nc; j += 16) {
+        const int c = (int)(nc - j < 16 ? nc - j : 16);
+        Vec16 v = c == 16 ? Vec16::load(a + j) : Vec16::load_n(a + j, c);
+        if (o.bias) v = v + (c == 16 ? Vec16::load(b + j) : Vec16::load_n(b + j, c));
+        if (c == 16)
+          v.store(out + j);
+        else
+          v.store_n(out + j, c);
+      }
+    } else {
+      uint16_t* out = (uint16_t*)o.out + (row0 + i) * o.ldo + col0;
+      const uint16_t* b = (const uint16_t*)o.bias + col0;
+      for (int64_t j = 0; j < nc; j += 16) {
+        const int c = (int)(nc - j < 16 ? nc - j : 16);
+        if (c == 16) {  // full vector: straight to out (the same steps as the tail below)
+          Vec16::load(a + j).store_bf16(out + j);
+          if (o.bias) (Vec16::load_bf16(out + j) + Vec16::load_bf16(b + j)).store_bf16(out + j);
+          continue;
+        }
+        uint16_t r[16];
+        Vec16::load_n(a + j, c).store_bf16(r);
+        if (o.bias) {
+          uint16_t bb[16] = {0};
+          for (int t = 0; t < c; ++t) bb[t] = b[j + t];
+          (Vec16::load_bf16(r) + Vec16::load_bf16(bb)).store_bf16(r);
+        }
+        for (int t = 0; t < c; ++t) out[j + t] = r[t];
+      }
+    }
+  }
+}
+
 // MR rows x 16*NV columns of one panel (columns c0 ..), kc steps of the chain.
 template <int MR, int NV>
 static void micro_f32(const float* x, int64_t ldx, const float* panel, int64_t kc, float* y,
@@ -251,7 +310,8 @@ static void panel_rows(int mr, const T* x, int64_t ldx, const T* p, int64_t kc, 
 // (they stay in L2), then each row tile (its x slice in L1) against them.
 template <typename T>
 static void gemm_block(const T* x, int64_t ldx, const T* w, int64_t ldw, float* y, int64_t ldy,
-                       int64_t M, int64_t N, int64_t K, int64_t kb, T* scratch) {
+                       int64_t M, int64_t N, int64_t K, int64_t kb, T* scratch,
+                       const GemmOut& o) {
   const int64_t panel_elems = kPanel * kb;  // bf16: kb / 2 pairs of 2
   for (int64_t n0 = 0; n0 < N; n0 += kBlockN) {
     const int64_t nb = N - n0 < kBlockN ? N - n0 : kBlockN;
@@ -269,6 +329,7 @@ static void gemm_block(const T* x, int64_t ldx, const T* w, int64_t ldw, float* 
           panel_rows<T, MR_MAX>(mr, x + m0 * ldx + k0, ldx, scratch + p * panel_elems, kc,
                                 y + m0 * ldy + n0 + p * kPanel, ldy, nr, k0 == 0);
         }
+        if (k0 + kc >= K) finish_rows(y + m0 * ldy + n0, ldy, o, m0, n0, mr, nb);
       }
     }
   }
@@ -311,16 +372,25 @@ static void gemv_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, f
 }
 #endif
 
+// y: the fp32 accumulators (M x N, row stride ldy); with out != nullptr the
+// result goes to out (row0 / col0: where this block starts in out and bias).
 void gemm_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y, int64_t ldy,
-              int64_t M, int64_t N, int64_t K, int64_t kb, void* scratch) {
+              int64_t M, int64_t N, int64_t K, int64_t kb, void* scratch, void* out,
+              int64_t ldo, int out_bf16, const void* bias) {
+  const GemmOut o{out, ldo, out_bf16, bias};
 #ifdef RL_GEMM_AVX512
-  if (M == 1) return gemv_f32<1>(x, ldx, w, ldw, y, ldy, N, K);
-  if (M == 2) return gemv_f32<2>(x, ldx, w, ldw, y, ldy, N, K);
+  if (M <= 2) {
+    if (M == 1) gemv_f32<1>(x, ldx, w, ldw, y, ldy, N, K);
+    else gemv_f32<2>(x, ldx, w, ldw, y, ldy, N, K);
+    return finish_rows(y, ldy, o, 0, 0, M, N);
+  }
 #endif
-  gemm_block<float>(x, ldx, w, ldw, y, ldy, M, N, K, kb, (float*)scratch);
+  gemm_block<float>(x, ldx, w, ldw, y, ldy, M, N, K, kb, (float*)scratch, o);
 }
 
 void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, float* y,
-               int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t kb, void* scratch) {
-  gemm_block<uint16_t>(x, ldx, w, ldw, y, ldy, M, N, K, kb, (uint16_t*)scratch);
+               int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t kb, void* scratch, void* out,
+               int64_t ldo, int out_bf16, const void* bias) {
+  gemm_block<uint16_t>(x, ldx, w, ldw, y, ldy, M, N, K, kb, (uint16_t*)scratch,
+                       GemmOut{out, ldo, out_bf16, bias});
 }
