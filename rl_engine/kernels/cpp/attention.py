@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rl_engine.kernels.common.attention import invariant_attention_function, run_attention
 from rl_engine.kernels.cpp._extension import current_isa, extension
-from rl_engine.kernels.native.attention import _validate
 from rl_engine.kernels.native.attention import attention as native_attention
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
@@ -122,26 +122,15 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
     return extension().attention(q, k, v, q_positions, rows, scale, current_isa())
 
 
-class _FixedOrderAttention(torch.autograd.Function):
-    """kv_index is always None here when gradients are needed (see attention)."""
+def _forward(q, k, v, q_positions, k_positions, scale, kv_index):
+    if q.numel() == 0:
+        return q.new_zeros(q.shape)
+    if q.shape[-1] > 256:
+        raise ValueError(f"q has head dim {q.shape[-1]}; the cpp backend supports up to 256")
+    return attention_forward(q, k, v, q_positions, k_positions, scale, kv_index).to(q.dtype)
 
-    @staticmethod
-    def forward(ctx, q, k, v, q_positions, k_positions, scale, kv_index=None):
-        ctx.save_for_backward(q, k, v, q_positions, k_positions)
-        ctx.scale = scale
-        if q.numel() == 0:
-            return q.new_zeros(q.shape)
-        return attention_forward(q, k, v, q_positions, k_positions, scale, kv_index).to(q.dtype)
 
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        q, k, v, q_positions, k_positions = ctx.saved_tensors
-        if q.numel() == 0 or k.numel() == 0:
-            dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        else:
-            dq, dk, dv = attention_backward(grad_out, q, k, v, q_positions, k_positions, ctx.scale)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+_InvariantAttention = invariant_attention_function(_forward, __name__, backward=attention_backward)
 
 
 def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None) -> torch.Tensor:
@@ -161,13 +150,4 @@ def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=No
             scale=scale,
             kv_index=kv_index,
         )
-    scale = _validate(q, k, v, q_positions, k_positions, scale, kv_index)
-    if q.shape[-1] > 256:
-        raise ValueError(f"q has head dim {q.shape[-1]}; the cpp backend supports up to 256")
-    if (
-        kv_index is not None
-        and torch.is_grad_enabled()
-        and (q.requires_grad or k.requires_grad or v.requires_grad)
-    ):  # the backward works on per-row keys
-        k, v, kv_index = k.index_select(0, kv_index), v.index_select(0, kv_index), None
-    return _FixedOrderAttention.apply(q, k, v, q_positions, k_positions, scale, kv_index)
+    return run_attention(_InvariantAttention, q, k, v, q_positions, k_positions, scale, kv_index)
