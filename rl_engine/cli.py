@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--device",
         choices=["cpu", "cuda"],
         default="cpu",
-        help="kernels: cpu = native ops vs plain torch; cuda = triton vs cuBLAS / SDPA",
+        help="kernels: cpu = the cpu default backend (cpp) vs plain torch; cuda = triton vs cuBLAS / SDPA",
     )
     bench.set_defaults(fn=cmd_bench)
     return parser
