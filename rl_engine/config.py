@@ -219,7 +219,7 @@ class RunConfig:
     device: str = "cpu"
     """'cpu' or 'cuda' (no index): each trainer rank uses the GPU of its LOCAL_RANK, each rollout
     engine the GPU Ray assigns it (actors then ask Ray for one GPU each); the device picks the
-    kernels' backend (cpu: native, cuda: triton)."""
+    kernels' backend (cpu: cpp, cuda: triton)."""
     batch_invariant: bool = True
     """THE flag: patch rollout and trainer with batch-invariant kernels (bitwise parity)."""
     parity: str | None = None

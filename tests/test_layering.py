@@ -11,7 +11,7 @@ from pathlib import Path
 import rl_engine
 
 PACKAGE = Path(rl_engine.__file__).parent
-BACKENDS = ("rl_engine.kernels.native", "rl_engine.kernels.triton")
+BACKENDS = ("rl_engine.kernels.native", "rl_engine.kernels.triton", "rl_engine.kernels.cpp")
 
 
 def _backend_references(path: Path, root: Path = PACKAGE.parent) -> list[str]:

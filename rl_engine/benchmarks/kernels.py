@@ -3,7 +3,8 @@
 Shapes follow issue #2: a training shape (4096 tokens, hidden 1024,
 intermediate 2816, vocab 49152) and a decode shape (8 tokens). Reported as
 time(invariant) / time(plain) from interleaved runs, plus the peak extra memory
-of `linear_logp` against materialising the logits.
+of `linear_logp` against materialising the logits. "Invariant" is the CPU's
+default backend (`get_op(name, "cpu")`, the cpp kernels); the header names it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tqdm import tqdm
 
 from rl_engine.benchmarks.logp_memory import materialised_logprobs
 from rl_engine.benchmarks.timing import interleaved_ratio, peak_extra_memory
-from rl_engine.kernels import get_op
+from rl_engine.kernels import get_op, kernel_facts
 
 TOKENS, HIDDEN, INTERMEDIATE, VOCAB, DECODE = 4096, 1024, 2816, 49152, 8
 
@@ -177,8 +178,9 @@ def run_memory(dtypes=("float32", "bfloat16")) -> list[tuple[str, int, int]]:
 
 
 def render(results: list[Result], memory: list[tuple[str, int, int]]) -> str:
+    facts = ", ".join(f"{k}={v}" for k, v in kernel_facts("cpu").items())
     lines = [
-        f"threads: {torch.get_num_threads()}, torch {torch.__version__}",
+        f"threads: {torch.get_num_threads()}, torch {torch.__version__}, {facts}",
         "",
         "| op | shape | dtype | batch_invariant=true ms | batch_invariant=false (plain torch) ms | ratio |",
         "|---|---|---|---:|---:|---:|",

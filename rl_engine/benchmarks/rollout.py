@@ -80,8 +80,8 @@ def time_hf(model, tokenizer, prompts, new_tokens: int) -> float:
     return time.perf_counter() - start
 
 
-def decode_rates(runs: dict, batch: int, new_tokens: int, repeats: int) -> dict[str, float]:
-    """Decode tokens/s of every run: batch * (N - 1) / (t(N) - t(1)), best times of `repeats`.
+def rates(runs: dict, batch: int, new_tokens: int, repeats: int) -> dict[str, float]:
+    """Tokens/s of every run, best times of `repeats`: "<name>" decode only, "<name>_e2e" with prefill.
 
     The runs are interleaved (a, b, c, a, b, c, ...) so that noise from other
     processes on the machine hits them alike.
@@ -94,43 +94,48 @@ def decode_rates(runs: dict, batch: int, new_tokens: int, repeats: int) -> dict[
         for name, run in runs.items():
             best_one[name] = min(best_one[name], run(1))
             best_all[name] = min(best_all[name], run(new_tokens))
-    return {
-        name: batch * (new_tokens - 1) / max(best_all[name] - best_one[name], 1e-9) for name in runs
-    }
+    out = {}
+    for name in runs:
+        out[name] = batch * (new_tokens - 1) / max(best_all[name] - best_one[name], 1e-9)
+        out[f"{name}_e2e"] = batch * new_tokens / best_all[name]
+    return out
 
 
-def bench_dtype(dtype: torch.dtype, batches, new_tokens: int, repeats: int) -> list[dict]:
+def bench_dtype(dtype: torch.dtype, threads, batches, new_tokens: int, repeats: int) -> list[dict]:
     model, tokenizer = load_model(SMOLLM2_NAME, dtype=dtype)
     patched = copy.deepcopy(model)
     apply_batch_invariant(patched)
     rows = []
-    for batch in batches:
-        prompts = encode_prompts(tokenizer, batch)
-        runs = {
-            "hf": partial(time_hf, model, tokenizer, prompts),
-            "plain": partial(time_engine, model, prompts),
-            "batch_invariant": partial(time_engine, patched, prompts),
-        }
-        rates = decode_rates(runs, batch, new_tokens, repeats)
-        rows.append({"dtype": str(dtype).removeprefix("torch."), "batch": batch, **rates})
-        print(
-            f"  {rows[-1]['dtype']} batch {batch}: batch_invariant=true {rates['batch_invariant']:.1f}  "
-            f"batch_invariant=false {rates['plain']:.1f}  "
-            f"hf {rates['hf']:.1f} tokens/s",
-            flush=True,
-        )
+    for n_threads in threads:
+        torch.set_num_threads(n_threads)
+        for batch in batches:
+            prompts = encode_prompts(tokenizer, batch)
+            runs = {
+                "hf": partial(time_hf, model, tokenizer, prompts),
+                "off": partial(time_engine, model, prompts),
+                "on": partial(time_engine, patched, prompts),
+            }
+            r = rates(runs, batch, new_tokens, repeats)
+            name = str(dtype).removeprefix("torch.")
+            rows.append({"dtype": name, "threads": n_threads, "batch": batch, **r})
+            print(
+                f"  {name} {n_threads} thr batch {batch}: on {r['on']:.1f}  off {r['off']:.1f}  "
+                f"hf {r['hf']:.1f} decode tokens/s",
+                flush=True,
+            )
     return rows
 
 
 def markdown_table(rows: list[dict]) -> str:
     lines = [
-        "| dtype | batch | (a) engine, batch_invariant=true tok/s | (b) engine, batch_invariant=false tok/s | (c) HF generate tok/s | (a)/(c) | (b)/(c) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| dtype | threads | batch | (a) invariant tok/s | (b) off tok/s | (c) HF tok/s | (a)/(c) | (b)/(c) | (a)/(c) with prefill | (b)/(c) with prefill |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['dtype']} | {r['batch']} | {r['batch_invariant']:.1f} | {r['plain']:.1f} | {r['hf']:.1f} "
-            f"| {r['batch_invariant'] / r['hf']:.2f}x | {r['plain'] / r['hf']:.2f}x |"
+            f"| {r['dtype']} | {r['threads']} | {r['batch']} | {r['on']:.1f} | {r['off']:.1f} "
+            f"| {r['hf']:.1f} | {r['on'] / r['hf']:.2f}x | {r['off'] / r['hf']:.2f}x "
+            f"| {r['on_e2e'] / r['hf_e2e']:.2f}x | {r['off_e2e'] / r['hf_e2e']:.2f}x |"
         )
     return "\n".join(lines)
 
@@ -144,21 +149,18 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
+        "--threads", type=int, nargs="+", default=[1, 2], help="torch intra-op thread counts"
     )
     args = parser.parse_args(argv)
     if args.new_tokens < 2:
         raise ValueError(f"--new-tokens must be >= 2, got {args.new_tokens}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
-    print(
-        f"SmolLM2-135M-Instruct, {args.new_tokens} new tokens, {torch.get_num_threads()} threads",
-        flush=True,
-    )
+    print(f"SmolLM2-135M-Instruct, {args.new_tokens} new tokens", flush=True)
     rows = []
     for name in args.dtype:
-        rows += bench_dtype(getattr(torch, name), args.batch, args.new_tokens, args.repeats)
+        rows += bench_dtype(
+            getattr(torch, name), args.threads, args.batch, args.new_tokens, args.repeats
+        )
     print()
     print(markdown_table(rows))
 

@@ -1,10 +1,12 @@
 """`rl-engine bench train`: DeepSpeed train-step time and memory, invariance on vs. off.
 
 SmolLM2-135M-Instruct, 8 sequences x 128 tokens (16 prompt + 112 completion),
-ZeRO 0 and 3, one rank. Each configuration runs in a fresh process (so its peak
-RSS is its own): model load, DeepSpeed init, one warm-up step, then the median
-of `steps` timed steps. The rollout logprobs are the worker's own (ratio 1), so
-the step does real work without a rollout engine in the loop.
+ZeRO 0 and 3, one rank. For each (dtype, ZeRO) the invariant and the plain
+worker live at the same time, each in its own process (so its peak RSS is its
+own): both load and initialise, take one warm-up step, then their timed steps
+alternate (on, off, off, on, ...) so that machine noise hits both alike; the
+figure is the median of each. The rollout logprobs are the worker's own
+(ratio 1), so the step does real work without a rollout engine in the loop.
 
 Also: peak memory of the logprob path alone (forward + backward), fused
 `linear_logp` vs. materialised logits + log_softmax, on the same 1024 tokens.
@@ -23,6 +25,7 @@ import torch
 
 SEQS, SEQ_LEN, PROMPT_LEN = 8, 128, 16
 MODEL = "smollm2-135m-instruct"
+REPLY = "@@bench-reply "  # marks the child's answers among DeepSpeed's own prints
 
 
 def _batch(vocab: int, seed: int = 0):
@@ -59,7 +62,11 @@ def _worker(zero_stage: int, invariant: bool, dtype: str):
     return DeepSpeedTrainingWorker(config, device="cpu")
 
 
-def run_case(zero_stage: int, invariant: bool, dtype: str, steps: int) -> dict:
+def serve_steps(zero_stage: int, invariant: bool, dtype: str) -> None:
+    """Child process: build the worker, then answer one line per command on stdin.
+
+    "step" -> {"seconds": s}; "peak" -> {"peak_extra": bytes since the first step}; EOF ends.
+    """
     from rl_engine.benchmarks.timing import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 
     worker = _worker(zero_stage, invariant, dtype)
@@ -67,13 +74,72 @@ def run_case(zero_stage: int, invariant: bool, dtype: str, steps: int) -> dict:
     batch.rollout_logprobs = worker.compute_logprobs(batch)  # ratio 1: a real, on-policy step
     reset_peak_rss()
     before = current_rss_bytes()
-    worker.train_step(batch)  # warm-up
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        worker.train_step(batch)
-        times.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(times), "peak_extra": peak_rss_bytes() - before}
+    print(REPLY + json.dumps({"ready": True}), flush=True)
+    for command in sys.stdin:
+        if command.strip() == "step":
+            start = time.perf_counter()
+            worker.train_step(batch)
+            reply = {"seconds": time.perf_counter() - start}
+        else:
+            reply = {"peak_extra": peak_rss_bytes() - before}
+        print(REPLY + json.dumps(reply), flush=True)
+
+
+class _LiveWorker:
+    """A `serve_steps` child process, driven one command at a time."""
+
+    def __init__(self, zero_stage: int, invariant: bool, dtype: str):
+        env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+        args = [
+            sys.executable,
+            "-m",
+            __name__,
+            "serve",
+            str(zero_stage),
+            str(int(invariant)),
+            dtype,
+        ]
+        self.proc = subprocess.Popen(
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+
+    def ask(self, command: str | None = None) -> dict:
+        if command is not None:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith(REPLY):
+                return json.loads(line.removeprefix(REPLY))
+        raise RuntimeError(f"benchmark worker {self.proc.args[3:]} exited ({self.proc.wait()})")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+
+
+def interleaved_case(zero_stage: int, dtype: str, steps: int) -> dict:
+    """Invariant and plain worker alive together; timed steps alternate. Medians and peaks."""
+    workers = {
+        "on": _LiveWorker(zero_stage, True, dtype),
+        "off": _LiveWorker(zero_stage, False, dtype),
+    }
+    try:
+        for w in workers.values():
+            w.ask()  # ready
+        for w in workers.values():
+            w.ask("step")  # warm-up
+        times = {"on": [], "off": []}
+        for i in range(steps):
+            order = ("on", "off") if i % 2 == 0 else ("off", "on")
+            for name in order:
+                times[name].append(workers[name].ask("step")["seconds"])
+        result = {name: statistics.median(t) for name, t in times.items()}
+        for name, w in workers.items():
+            result[f"{name}_peak"] = w.ask("peak")["peak_extra"]
+        return result
+    finally:
+        for w in workers.values():
+            w.close()
 
 
 def logp_memory_case(fused: bool, dtype: str) -> dict:
@@ -115,19 +181,19 @@ def main(*, quick: bool = False) -> str:
     from tqdm import tqdm
 
     dtypes = ["bfloat16"] if quick else ["float32", "bfloat16"]
-    steps = "2" if quick else "3"
+    steps = 2 if quick else 6
     rows = []
     cells = [(d, z) for d in dtypes for z in (0, 3)]
     for dtype, zero in tqdm(cells, desc="train-step", unit="config"):
-        on = _subprocess("step", str(zero), "1", dtype, steps)
-        off = _subprocess("step", str(zero), "0", dtype, steps)
+        r = interleaved_case(zero, dtype, steps)
         rows.append(
-            f"| {dtype} | ZeRO-{zero} | {on['seconds']:.2f} | {off['seconds']:.2f} | "
-            f"{on['seconds'] / off['seconds']:.2f}x | {on['peak_extra'] / 2**20:.0f} | {off['peak_extra'] / 2**20:.0f} |"
+            f"| {dtype} | ZeRO-{zero} | {r['on']:.2f} | {r['off']:.2f} | {r['on'] / r['off']:.2f}x "
+            f"| {r['on_peak'] / 2**20:.0f} | {r['off_peak'] / 2**20:.0f} |"
         )
     mem = [(d, _subprocess("logp", "1", d), _subprocess("logp", "0", d)) for d in dtypes]
     lines = [
-        f"SmolLM2-135M-Instruct, {SEQS} x {SEQ_LEN} tokens, 1 rank, threads {torch.get_num_threads()}",
+        f"SmolLM2-135M-Instruct, {SEQS} x {SEQ_LEN} tokens, 1 rank, threads {torch.get_num_threads()}, "
+        f"median of {steps} interleaved steps",
         "",
         "| dtype | ZeRO | step s (batch_invariant=true) | step s (batch_invariant=false) | ratio | peak extra MiB (true) | peak extra MiB (false) |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -147,8 +213,7 @@ def main(*, quick: bool = False) -> str:
 
 if __name__ == "__main__":
     kind = sys.argv[1]
-    if kind == "step":
-        result = run_case(int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4], int(sys.argv[5]))
+    if kind == "serve":
+        serve_steps(int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4])
     else:
-        result = logp_memory_case(sys.argv[2] == "1", sys.argv[3])
-    print(json.dumps(result))
+        print(json.dumps(logp_memory_case(sys.argv[2] == "1", sys.argv[3])))

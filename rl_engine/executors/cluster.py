@@ -41,8 +41,9 @@ KERNEL_CPU_FLAGS = (
     "avx2",
     "fma",
 )
-# Passed to every actor: the DeepSpeed accelerator, quiet model loading, the op cache.
-_ACTOR_ENV_KEYS = ("TORCH_EXTENSIONS_DIR",)
+# Passed to every actor: the DeepSpeed accelerator, quiet model loading, the op cache,
+# the cpp kernels' instruction-set path when the driver forces one.
+_ACTOR_ENV_KEYS = ("TORCH_EXTENSIONS_DIR", "RL_ENGINE_CPU_ISA")
 _QUIET_ENV = {
     "TRANSFORMERS_VERBOSITY": "error",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
@@ -121,12 +122,16 @@ def kernel_facts(device: str) -> dict:
     """The facts that decide which kernels run here (and so the bits of every logprob)."""
     import torch
 
+    from rl_engine import kernels
+
     facts = {
         "torch": torch.__version__,
         "device": device,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cpu_flags": " ".join(_cpu_flags()),
     }
+    # the backend's own numerics (cpp: its version and bf16 dot flavour)
+    facts.update({f"kernels.{k}": v for k, v in kernels.kernel_facts(device).items()})
     if device == "cuda" and torch.cuda.is_available():
         facts["gpu"] = torch.cuda.get_device_name()
         facts["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability()))

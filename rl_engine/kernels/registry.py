@@ -6,9 +6,12 @@ The device type alone decides the backend:
 
 - `cuda`: the Triton backend. If it cannot load, the lookup raises and says
   why; it never falls back. `backend="native"` must be asked for explicitly.
-- `cpu`: the native backend. `backend="triton"` is accepted only when the
-  Triton backend was imported with `TRITON_INTERPRET=1` (Triton's CPU
-  interpreter: tests only), and raises otherwise.
+- `cpu`: the cpp backend (fixed-order C++ kernels built by `make setup`). If
+  it cannot build or load, the lookup raises and says why; it never falls
+  back (the two CPU backends give different bits). `backend="native"` (plain
+  torch) must be asked for explicitly. `backend="triton"` is accepted only
+  when the Triton backend was imported with `TRITON_INTERPRET=1` (Triton's
+  CPU interpreter: tests only), and raises otherwise.
 
 Backend-specific layout facts (the KV-cache block and dtype the rollout engine
 must use) come from `backend_layout`, never from a backend's module.
@@ -40,13 +43,14 @@ OP_NAMES = (
 
 # backend name -> module that exposes one function per op name and a `LAYOUT`
 _BACKEND_MODULES = {
+    "cpp": "rl_engine.kernels.cpp",
     "native": "rl_engine.kernels.native",
     "triton": "rl_engine.kernels.triton",
 }
 
 # device type -> (default backend, other backends that may be asked for by name)
 _DEVICE_BACKENDS = {
-    "cpu": ("native", "triton"),
+    "cpu": ("cpp", "native", "triton"),
     "cuda": ("triton", "native"),
 }
 
@@ -136,7 +140,7 @@ def resolve_backend(device: str | torch.device, backend: str | None = None) -> s
 def get_op(name: str, device: str | torch.device, backend: str | None = None) -> Callable:
     """Return op `name` for `device`, from the device's default backend or the one named.
 
-    cuda -> triton, cpu -> native; see the module docstring for the explicit cases.
+    cuda -> triton, cpu -> cpp; see the module docstring for the explicit cases.
     """
     if name not in OP_NAMES:
         raise KeyError(f"unknown op {name!r}; available ops: {', '.join(OP_NAMES)}")

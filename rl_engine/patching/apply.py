@@ -73,7 +73,7 @@ class PatchHandle:
 def apply_batch_invariant(model: nn.Module, *, backend: str | None = None) -> PatchHandle:
     """Patch a supported HF causal LM in place, for the device its parameters are on.
 
-    backend: None = the device's default (cpu: native, cuda: triton); or a name
+    backend: None = the device's default (cpu: cpp, cuda: triton); or a name
     the registry accepts for that device. Applying twice returns the existing
     handle (asking for another backend then raises: revert first).
     """

@@ -6,6 +6,9 @@ bigger batch with garbage in every padding slot == decode of that position
 against an aligned KV cache (mixed batches, every sequence at its own position,
 garbage past each cache end) == chunked prefill == 1, 2 or 3 threads.
 Negative control: F.scaled_dot_product_attention breaks decode == prefill here.
+Every test runs on both CPU backends (cpp, the default, and native), whose
+numerics differ from each other but hold the same chain. BLOCK_K / BLOCK_Q are
+the native tile sizes: the lengths around them are the interesting ones there.
 Accuracy and gradients are checked against a plain fp64 reference (tolerance).
 """
 
@@ -15,7 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rl_engine.kernels.native.attention import BLOCK_K, BLOCK_Q, attention
+from rl_engine.kernels import get_op
+from rl_engine.kernels.native.attention import BLOCK_K, BLOCK_Q
 from tests.invariance import assert_equal_across_threads
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -23,6 +27,14 @@ HEADS = [(4, 2), (3, 1), (2, 2)]  # (Hq, Hkv)
 # around the query tile and the key block, and a few odd lengths
 LENGTHS = [1, 5, BLOCK_Q + 1, 63, 64, 65, BLOCK_K, BLOCK_K + 2, 2 * BLOCK_K + 3]
 SHORT = [1, 5, 63, 64, 65, 130]
+
+
+BACKENDS = ["cpp", "native"]
+
+
+@pytest.fixture(params=BACKENDS)
+def attention(request):
+    return get_op("attention", "cpu", backend=request.param)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -41,7 +53,7 @@ def _garbage(shape, dtype, seed, scale=1e4):
     return (torch.randn(shape, generator=g) * scale).to(dtype)
 
 
-def _alone(seq):
+def _alone(attention, seq):
     """Prefill of one sequence by itself: (Hq, L, D)."""
     q, k, v = seq
     pos = torch.arange(q.shape[1])[None]
@@ -98,7 +110,7 @@ def _reference(q, k, v, q_positions, k_positions=None, scale=None):
 )
 @pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("d", [16, 64])
-def test_matches_fp64_reference(dtype, tol, heads, d):
+def test_matches_fp64_reference(dtype, tol, heads, d, attention):
     seqs = _seqs(SHORT, *heads, d, dtype)
     q, k, v, pos = _padded_batch(seqs, 140, left=True)
     out = attention(q, k, v, q_positions=pos, k_positions=pos)
@@ -108,7 +120,7 @@ def test_matches_fp64_reference(dtype, tol, heads, d):
     assert not _padding_rows(out, pos).any()  # padding queries: exact zeros
 
 
-def test_custom_scale():
+def test_custom_scale(attention):
     q, k, v = (t[None] for t in _seqs([37], 4, 2, 16, torch.float32)[0])
     pos = torch.arange(37)[None]
     out = attention(q, k, v, q_positions=pos, scale=0.3)
@@ -123,9 +135,9 @@ def test_custom_scale():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads", HEADS)
 @pytest.mark.parametrize("d", [16, 64])
-def test_padding_and_batch_invariance(dtype, heads, d):
+def test_padding_and_batch_invariance(dtype, heads, d, attention):
     seqs = _seqs(LENGTHS, *heads, d, dtype)
-    alone = [_alone(s) for s in seqs]
+    alone = [_alone(attention, s) for s in seqs]
     maxlen = max(LENGTHS)
     extra = _seqs([7, 300, 129], *heads, d, dtype, seed=5)  # other sequences sharing the batch
     layouts = {
@@ -151,7 +163,7 @@ def test_padding_and_batch_invariance(dtype, heads, d):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads", HEADS)
-def test_decode_equals_prefill(dtype, heads):
+def test_decode_equals_prefill(dtype, heads, attention):
     """Every position of every sequence, decoded in mixed batches against aligned caches.
 
     All (sequence, position) pairs are shuffled and cut into decode batches of
@@ -160,7 +172,7 @@ def test_decode_equals_prefill(dtype, heads):
     """
     hq, hkv = heads
     seqs = _seqs(LENGTHS, hq, hkv, 64, dtype)
-    alone = [_alone(s) for s in seqs]
+    alone = [_alone(attention, s) for s in seqs]
     g = torch.Generator().manual_seed(7)
     pairs = [(i, p) for i, n in enumerate(LENGTHS) for p in range(n)]
     pairs = [pairs[j] for j in torch.randperm(len(pairs), generator=g).tolist()]
@@ -183,10 +195,44 @@ def test_decode_equals_prefill(dtype, heads):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_chunked_prefill_equals_full_prefill(dtype):
+@pytest.mark.parametrize("heads,d", [((8, 1), 72), ((2, 2), 80), ((16, 2), 16), ((6, 3), 40)])
+def test_decode_equals_prefill_other_head_dims_and_groups(dtype, heads, d, attention):
+    """Head dims not a multiple of 16, G = 1 and 8: decode == prefill row, one mixed batch.
+
+    The prefill of 300 tokens spans many query blocks (keys packed once for all
+    of them); a decode batch, a 16-token chunk and a 1-token chunk have one
+    block per (sequence, kv head) (keys packed by its task). The decode batch
+    mixes cache lengths, reads the cache through kv_index in shuffled order,
+    and every slot past a row's position holds inf / nan.
+    """
+    hq, hkv = heads
+    lengths = [1, 17, 40, 300]
+    seqs = _seqs(lengths, hq, hkv, d, dtype, seed=11)
+    alone = [_alone(attention, s) for s in seqs]
+    batch = [(3, 299), (0, 0), (2, 39), (1, 16), (3, 15), (3, 16), (2, 31)]
+    tk = 305
+    kc = torch.full((len(batch), hkv, tk, d), float("inf")).to(dtype)
+    vc = torch.full((len(batch), hkv, tk, d), float("nan")).to(dtype)
+    order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(3))
+    for b, (i, p) in enumerate(batch):
+        row = int(order[b])
+        kc[row, :, : p + 1], vc[row, :, : p + 1] = seqs[i][1][:, : p + 1], seqs[i][2][:, : p + 1]
+    q = torch.stack([seqs[i][0][:, p : p + 1] for i, p in batch])
+    pos = torch.tensor(batch)[:, 1:]
+    out = attention(q, kc, vc, q_positions=pos, kv_index=order)
+    for b, (i, p) in enumerate(batch):
+        assert torch.equal(out[b, :, 0], alone[i][:, p]), f"decode of length {lengths[i]} at {p}"
+    q, k, v = seqs[3]
+    for s, e in ((100, 116), (299, 300)):
+        out = attention(q[None, :, s:e], k[None], v[None], q_positions=torch.arange(s, e)[None])
+        assert torch.equal(out[0], alone[3][:, s:e]), f"chunk [{s}, {e})"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunked_prefill_equals_full_prefill(dtype, attention):
     n = 2 * BLOCK_K + 3
     (seq,) = _seqs([n], 4, 2, 64, dtype, seed=4)
-    full = _alone(seq)
+    full = _alone(attention, seq)
     q, k, v = seq
     for bounds in ([0, 7, 40, 41, 130, n], [0, BLOCK_Q, BLOCK_K + 5, n], [0, n - 1, n]):
         for s, e in zip(bounds[:-1], bounds[1:]):
@@ -208,7 +254,7 @@ def test_chunked_prefill_equals_full_prefill(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_through_kv_index_equals_prefill(dtype):
+def test_decode_through_kv_index_equals_prefill(dtype, attention):
     """Decode rows reading a larger fp32 slot cache through kv_index (read in place).
 
     Slots are shuffled and some unused, cache rows past each position hold
@@ -218,7 +264,7 @@ def test_decode_through_kv_index_equals_prefill(dtype):
     hq, hkv = 4, 2
     lengths = [1, BLOCK_Q + 1, BLOCK_K, BLOCK_K + 2, 2 * BLOCK_K + 3]
     seqs = _seqs(lengths, hq, hkv, 64, dtype, seed=5)
-    alone = [_alone(s) for s in seqs]
+    alone = [_alone(attention, s) for s in seqs]
     cap, slots = 3 * BLOCK_K, 7
     g = torch.Generator().manual_seed(3)
     for step in range(6):
@@ -252,10 +298,10 @@ def test_decode_through_kv_index_equals_prefill(dtype):
     )
 
 
-def test_non_finite_garbage_is_ignored():
+def test_non_finite_garbage_is_ignored(attention):
     """Beyond the contract (finite garbage): inf / nan in padding and past a cache's end."""
     seqs = _seqs([5, 70], 4, 2, 16, torch.float32)
-    alone = [_alone(s) for s in seqs]
+    alone = [_alone(attention, s) for s in seqs]
     q, k, v, pos = _padded_batch(seqs, 80, left=True)
     for t in (q, k, v):
         t.transpose(1, 2)[pos < 0] = float("nan")
@@ -270,9 +316,11 @@ def test_non_finite_garbage_is_ignored():
 
 
 @pytest.mark.multiprocess
-def test_thread_count_invariance():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_thread_count_invariance(backend):
     code = """
-    from rl_engine.kernels.native.attention import attention
+    from rl_engine.kernels import get_op
+    attention = get_op("attention", "cpu", backend="BACKEND")
     g = torch.Generator().manual_seed(0)
     result = {}
     for dtype in (torch.float32, torch.bfloat16):
@@ -287,7 +335,7 @@ def test_thread_count_invariance():
             p = torch.tensor([[n - 1], [n // 2 - 1]])
             result[f"decode{hq}{dtype}"] = attention(qd, k, v, q_positions=p)
     """
-    out = assert_equal_across_threads(code)
+    out = assert_equal_across_threads(code.replace("BACKEND", backend))
     for key in out:
         if key.startswith("decode"):
             pre = out[key.replace("decode", "prefill")]
@@ -317,7 +365,7 @@ def test_negative_control_sdpa_is_not_invariant(dtype):
 # ----------------------------------------------------------------------------- gradients
 
 
-def test_gradcheck_fp64():
+def test_gradcheck_fp64(attention):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, 2, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
@@ -331,7 +379,7 @@ def test_gradcheck_fp64():
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
 @pytest.mark.parametrize("heads", HEADS)
-def test_backward_matches_reference_and_is_deterministic(dtype, tol, heads):
+def test_backward_matches_reference_and_is_deterministic(dtype, tol, heads, attention):
     seqs = _seqs([5, 70, 130], *heads, 16, dtype)
     q, k, v, pos = _padded_batch(seqs, 133, left=True)
     grad = _garbage(q.shape, dtype, 5, scale=1.0)
@@ -358,7 +406,7 @@ def _ref_leaves(q, k, v, pos, grad):
     return leaves
 
 
-def test_gradient_flows_through_aligned_cache_layout():
+def test_gradient_flows_through_aligned_cache_layout(attention):
     (seq,) = _seqs([20], 4, 2, 16, torch.float32)
     q, k, v = (t[None].clone().requires_grad_() for t in seq)
     kc = torch.cat([k, torch.full((1, 2, 5, 16), 1e4)], 2)
@@ -417,7 +465,7 @@ def _ok(**over):
         ),
     ],
 )
-def test_bad_inputs_raise(over, needle):
+def test_bad_inputs_raise(over, needle, attention):
     args = _ok(**over)
     with pytest.raises(ValueError) as err:
         attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
@@ -425,7 +473,7 @@ def test_bad_inputs_raise(over, needle):
 
 
 @pytest.mark.parametrize("shape", [(0, 4, 3, 8), (2, 4, 0, 8)])
-def test_empty_inputs(shape):
+def test_empty_inputs(shape, attention):
     q = torch.randn(shape, requires_grad=True)
     k = torch.randn(shape[0], 2, 5, 8, requires_grad=True)
     v = torch.randn(shape[0], 2, 5, 8, requires_grad=True)
@@ -435,7 +483,7 @@ def test_empty_inputs(shape):
     assert q.grad.shape == q.shape and k.grad is not None and not k.grad.any()
 
 
-def test_all_padding_queries_give_zeros():
+def test_all_padding_queries_give_zeros(attention):
     q, k, v = torch.randn(2, 2, 4, 8), torch.randn(2, 1, 4, 8), torch.randn(2, 1, 4, 8)
     out = attention(q, k, v, q_positions=torch.full((2, 4), -1))
     assert out.shape == q.shape and not out.any()

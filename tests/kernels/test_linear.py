@@ -3,6 +3,7 @@
 Chain checked: op(probe alone) == op(probe inside a batch of any size, at any
 row, next to any rows, garbage included) == op(probe) with 1, 2 or 3 threads.
 Negative control: plain F.linear breaks the first equality on this CPU.
+The invariance tests run on both CPU backends: cpp (the default) and native.
 """
 
 import pytest
@@ -17,6 +18,8 @@ DTYPES = [torch.float32, torch.bfloat16]
 SHAPES = [(96, 1000), (576, 1536), (1536, 576), (2500, 300)]
 BATCH_SIZES = [1, 2, 3, 7, 16, 17, 64, 301, 4096]
 
+BACKENDS = ["cpp", "native"]
+
 linear = get_op("linear", "cpu")
 lm_head = get_op("lm_head", "cpu")
 
@@ -29,11 +32,12 @@ def _weights(k, n, dtype, seed=0):
     return x_pool, w, b
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("k,n", SHAPES)
 @pytest.mark.parametrize("op_name", ["linear", "lm_head"])
-def test_row_bits_independent_of_batch(op_name, k, n, dtype):
-    op = get_op(op_name, "cpu")
+def test_row_bits_independent_of_batch(op_name, k, n, dtype, backend):
+    op = get_op(op_name, "cpu", backend=backend)
     pool, w, b = _weights(k, n, dtype)
     probe = pool[7]
     alone = op(probe[None], w, b)[0]
@@ -76,18 +80,21 @@ def test_negative_control_plain_linear_is_not_invariant():
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_thread_count_invariance(dtype):
+def test_thread_count_invariance(dtype, backend):
     code = f"""
     from rl_engine.kernels import get_op
     g = torch.Generator().manual_seed(0)
     result = {{}}
+    linear = get_op("linear", "cpu", backend="{backend}")
+    lm_head = get_op("lm_head", "cpu", backend="{backend}")
     for k, n in [(96, 1000), (1536, 576), (2500, 300), (4096, 512)]:
         x = torch.randn(33, k, generator=g).to(torch.{dtype})
         w = (torch.randn(n, k, generator=g) / k**0.5).to(torch.{dtype})
-        result[f"linear{{k}}x{{n}}"] = get_op("linear", "cpu")(x, w)
-        result[f"single{{k}}x{{n}}"] = get_op("linear", "cpu")(x[:1], w)
-        result[f"lm_head{{k}}x{{n}}"] = get_op("lm_head", "cpu")(x, w)
+        result[f"linear{{k}}x{{n}}"] = linear(x, w)
+        result[f"single{{k}}x{{n}}"] = linear(x[:1], w)
+        result[f"lm_head{{k}}x{{n}}"] = lm_head(x, w)
     """
     out = assert_equal_across_threads(code)
     for key in out:

@@ -1,8 +1,8 @@
 """The registry: the device type alone picks the backend, explicit requests never fall back.
 
-cpu -> native; cuda -> triton (raises if triton cannot load, unless
-backend="native" is asked for); cpu + backend="triton" only under Triton's
-interpreter. Layout facts come from the backend through `backend_layout`.
+cpu -> cpp (raises if it cannot load, unless backend="native" is asked for);
+cuda -> triton (raises if triton cannot load, unless backend="native" is asked
+for); cpu + backend="triton" only under Triton's interpreter. Layout facts come from the backend through `backend_layout`.
 """
 
 import importlib
@@ -14,6 +14,7 @@ import torch
 from rl_engine.kernels import (
     OP_NAMES,
     backend_layout,
+    cpp,
     get_op,
     interpreter_enabled,
     list_backends,
@@ -24,7 +25,7 @@ from rl_engine.kernels import registry as registry_module
 from rl_engine.kernels.native import attention, linear_logp
 
 
-def test_every_op_resolves_on_cpu_to_native():
+def test_every_op_resolves_on_cpu_to_cpp_and_native_stays_reachable():
     assert set(list_ops()) >= {
         "embedding",
         "linear",
@@ -34,12 +35,14 @@ def test_every_op_resolves_on_cpu_to_native():
         "attention",
         "linear_logp",
     }
+    assert list_backends("cpu") == ["cpp", "native", "triton"]
     for name in OP_NAMES:
-        fn = get_op(name, "cpu")
-        assert fn.__module__.startswith("rl_engine.kernels.native"), name
-    assert get_op("linear_logp", torch.device("cpu")) is linear_logp
+        assert get_op(name, "cpu") is getattr(cpp, name), name
+        native_fn = get_op(name, "cpu", backend="native")
+        assert native_fn.__module__.startswith("rl_engine.kernels.native"), name
+    assert get_op("linear_logp", torch.device("cpu"), backend="native") is linear_logp
     assert get_op("attention", "cpu", backend="native") is attention
-    assert resolve_backend("cpu") == "native"
+    assert resolve_backend("cpu") == "cpp"
 
 
 @pytest.mark.triton
@@ -68,7 +71,7 @@ def test_cpu_serves_triton_only_under_the_interpreter(monkeypatch):
         get_op("silu", "cpu", backend="triton")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         resolve_backend("cpu", "triton")
-    assert get_op("silu", "cpu").__module__.startswith("rl_engine.kernels.native")
+    assert get_op("silu", "cpu").__module__.startswith("rl_engine.kernels.cpp")
 
 
 @pytest.fixture
@@ -100,7 +103,7 @@ def test_nothing_falls_back_when_triton_cannot_load(triton_missing):
     assert (
         get_op("linear", "cuda", backend="native").__module__ == "rl_engine.kernels.native.linear"
     )
-    assert get_op("linear", "cpu").__module__ == "rl_engine.kernels.native.linear"
+    assert get_op("linear", "cpu").__module__ == "rl_engine.kernels.cpp.linear"
 
 
 def test_unknown_op_lists_the_ops():
@@ -109,7 +112,9 @@ def test_unknown_op_lists_the_ops():
 
 
 def test_unknown_backend_lists_the_backends():
-    with pytest.raises(ValueError, match="unknown backend 'cudnn'; known backends: native, triton"):
+    with pytest.raises(
+        ValueError, match="unknown backend 'cudnn'; known backends: cpp, native, triton"
+    ):
         get_op("linear", "cuda", backend="cudnn")
 
 
@@ -120,10 +125,29 @@ def test_unsupported_device_lists_the_devices():
         get_op("linear", "not-a-device")
 
 
+@pytest.fixture
+def cpp_missing(monkeypatch):
+    """Make the cpp backend fail to import, as on a machine where it did not build."""
+    monkeypatch.setitem(sys.modules, "rl_engine.kernels.cpp", None)
+    registry_module._load_backend.cache_clear()
+    yield
+    registry_module._load_backend.cache_clear()
+
+
+def test_nothing_falls_back_when_cpp_cannot_load(cpp_missing):
+    with pytest.raises(RuntimeError, match="'cpp' is the backend of cpu but cannot load") as err:
+        get_op("linear", "cpu")
+    assert "backend='native'" in str(err.value)
+    assert get_op("linear", "cpu", backend="native").__module__ == "rl_engine.kernels.native.linear"
+
+
 def test_layout_facts_come_from_the_backend():
-    native = backend_layout("cpu")
+    native = backend_layout("cpu", "native")
     assert native.kv_block == 128 and native.kv_in_compute_dtype
     assert native.k_slice_for(torch.float32) == 1024
+    cpp_layout = backend_layout("cpu")
+    assert cpp_layout.kv_block == cpp.KEY_BLOCK and cpp_layout.kv_in_compute_dtype
+    assert cpp_layout.k_slice_for(torch.bfloat16) == 0  # one fixed-order reduction over all of K
 
 
 @pytest.mark.triton

@@ -44,10 +44,11 @@ def test_rms_norm_row_invariant_and_matches_hf(dtype, width):
     torch.testing.assert_close(rms_norm(pool, hf.weight, 1e-5), ref, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("backend", ["cpp", "native"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("width", [200, 1536, 2817])
-def test_silu_row_invariant_and_accurate(dtype, width):
-    silu = get_op("silu", "cpu")
+def test_silu_row_invariant_and_accurate(dtype, width, backend):
+    silu = get_op("silu", "cpu", backend=backend)
     pool = _rows(width, dtype)
     _assert_row_invariant(silu, pool)
     torch.testing.assert_close(silu(pool).double(), F.silu(pool.double()), atol=1e-2, rtol=1e-2)
@@ -131,6 +132,7 @@ def test_rowwise_ops_thread_count_invariance():
         "log_softmax_1row": get_op("log_softmax", "cpu")(x[:1]),
         "rms_norm_1row": get_op("rms_norm", "cpu")(h, torch.ones(40000), 1e-6),
         "silu": get_op("silu", "cpu")(x[:, :40001]),
+        "silu_native": get_op("silu", "cpu", backend="native")(x[:, :40001]),
     }
     """
     assert_equal_across_threads(code)

@@ -71,7 +71,7 @@ def test_every_op_on_the_path_is_replaced_and_parameters_are_kept(name):
     expected_norms = 2 * layers + 1 + (2 * layers if model.config.model_type == "qwen3" else 0)
     assert counts["rms_norm"] == expected_norms
     assert (model.lm_head.weight is model.get_input_embeddings().weight) == tied
-    assert model.config._attn_implementation == attention_name("native")
+    assert model.config._attn_implementation == attention_name("cpp")
 
 
 def test_apply_twice_is_harmless_and_revert_restores_the_plain_model():
@@ -93,10 +93,11 @@ def test_ops_are_resolved_for_the_parameters_device_and_checked_at_forward():
     another device type afterwards fails at its first forward instead of running the wrong ops."""
     model = _model("tiny-llama", patched=False)
     handle = apply_batch_invariant(model)
-    assert (handle.backend, handle.device_type) == ("native", "cpu")
+    assert (handle.backend, handle.device_type) == ("cpp", "cpu")
     assert set(handle.ops) == set(OP_NAMES)
     ops = [m.op for m in model.modules() if hasattr(m, "op")]
-    assert ops and all(fn.__module__.startswith("rl_engine.kernels.native") for fn in ops)
+    resolved = {get_op(name, "cpu") for name in OP_NAMES}  # cpp (and the native ops it reuses)
+    assert ops and all(fn in resolved for fn in ops)
     assert model_op(model, "linear_logp") is get_op("linear_logp", "cpu")
     model.to("meta")
     with pytest.raises(RuntimeError, match="patched for 'cpu' .* but now runs on meta"):

@@ -198,7 +198,7 @@ def test_patched_model_keeps_its_invariant_attention():
     model = patched_model("tiny-llama")
     assert is_patched(model)
     _engine().generate([[5, 6]], SamplingParams(max_new_tokens=2))
-    assert model.config._attn_implementation == attention_name("native")
+    assert model.config._attn_implementation == attention_name("cpp")
 
 
 def test_progress_bar_can_be_enabled(capsys):

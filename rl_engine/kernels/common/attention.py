@@ -170,10 +170,11 @@ def attention_backward(grad_out, q, k, v, q_positions, k_positions, scale):
 # ----------------------------------------------------------------------------- autograd
 
 
-def invariant_attention_function(attention_forward, module: str):
+def invariant_attention_function(attention_forward, module: str, backward=attention_backward):
     """`_InvariantAttention` of the backend `module`: its forward
     `attention_forward(q, k, v, q_positions, k_positions, scale, kv_index)` (output in
-    q.dtype), backward `attention_backward`."""
+    q.dtype); backward `backward(grad_out, q, k, v, q_positions, k_positions, scale)`
+    (default: the shared chunked `attention_backward`)."""
 
     class _InvariantAttention(torch.autograd.Function):
         """kv_index is always None here when gradients are needed (see run_attention)."""
@@ -191,9 +192,7 @@ def invariant_attention_function(attention_forward, module: str):
             if q.numel() == 0 or k.numel() == 0:
                 dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
             else:
-                dq, dk, dv = attention_backward(
-                    grad_out, q, k, v, q_positions, k_positions, ctx.scale
-                )
+                dq, dk, dv = backward(grad_out, q, k, v, q_positions, k_positions, ctx.scale)
             return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
     _InvariantAttention.__module__ = module

@@ -1,0 +1,26 @@
+"""`python -m rl_engine.kernels.cpp.build`: compile the C++ kernels now (run by `make setup`).
+
+Exits non-zero with the compiler's reason if the extension does not build, so
+that setup fails instead of a run failing (or worse, running other kernels) later.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> int:
+    try:
+        from rl_engine.kernels.cpp._extension import BUILD_DIR, extension, supported_isas
+
+        extension()
+        paths = supported_isas()
+    except RuntimeError as err:
+        print(f"rl_engine C++ kernels: {err}", file=sys.stderr)
+        return 1
+    print(f"rl_engine C++ kernels ready in {BUILD_DIR}; ISA paths: {', '.join(paths)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

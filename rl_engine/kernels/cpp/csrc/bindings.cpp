@@ -1,0 +1,346 @@
+// Torch-facing side of the fixed-order CPU kernels: checks, ISA dispatch and
+// threading. Threads only ever split output rows / columns (or whole query
+// rows), never a reduction, so the bits do not depend on the thread count.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <atomic>
+
+#include "kernels.h"
+
+namespace {
+
+struct Kernels {
+  decltype(&rl_avx2::gemm_scratch_bytes) gemm_scratch_bytes;
+  decltype(&rl_avx2::gemm_f32) gemm_f32;
+  decltype(&rl_avx2::gemm_bf16) gemm_bf16;
+  decltype(&rl_avx2::silu_f32) silu_f32;
+  decltype(&rl_avx2::silu_bf16) silu_bf16;
+  decltype(&rl_avx2::attention_block) attention_block;
+};
+
+#define RL_KERNELS(ns) \
+  Kernels { ns::gemm_scratch_bytes, ns::gemm_f32, ns::gemm_bf16, ns::silu_f32, ns::silu_bf16, ns::attention_block }
+
+// ISA names as the Python side spells them (RL_ENGINE_CPU_ISA).
+bool isa_supported(const std::string& isa) {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512dq");
+  if (isa == "avx2") return avx2;
+  if (isa == "avx512") return avx512;
+  if (isa == "avx512_bf16") return avx512 && __builtin_cpu_supports("avx512bf16");
+  return false;
+}
+
+const Kernels& kernels_for(const std::string& isa) {
+  static const Kernels avx2 = RL_KERNELS(rl_avx2);
+  static const Kernels avx512 = RL_KERNELS(rl_avx512);
+  static const Kernels avx512_bf16 = RL_KERNELS(rl_avx512_bf16);
+  TORCH_CHECK(isa_supported(isa), "CPU instruction set '", isa,
+              "' is not supported by this CPU (or unknown); known: avx2, avx512, avx512_bf16");
+  if (isa == "avx2") return avx2;
+  if (isa == "avx512") return avx512;
+  return avx512_bf16;
+}
+
+void check_rows(const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.dim() == 2, name, " must be 2-D, got ", t.dim(), " dims");
+  TORCH_CHECK(t.stride(1) == 1 || t.size(1) <= 1, name, " must have unit stride along K");
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
+              " must be float32 or bfloat16, got ", t.scalar_type());
+}
+
+// Output blocks handed to one task (speed only: a block never splits a dot
+// product, whose chain runs over all of K inside one task). Small M (decode):
+// one 64-column panel per task, every row, so the weight is read once. Large
+// M: kTaskRows x kTaskCols blocks, the packed weight block reused by all rows.
+constexpr int64_t kSmallM = 64;
+constexpr int64_t kTaskRows = 480;  // a multiple of the 6-row register tile
+constexpr int64_t kTaskCols = 256;
+constexpr int64_t kSmallTaskCols = 64;
+// K per packed weight block (bf16: even, so a pair never straddles two blocks).
+// Between blocks the fp32 accumulators are stored to y and reloaded: exact.
+constexpr int64_t kBlockKF32 = 256;
+constexpr int64_t kBlockKBf16 = 512;
+
+// Runs fn(t) for t in [0, n) on the intra-op threads, each thread claiming the
+// next task from a shared counter (dynamic: a descheduled thread on a busy
+// machine does not hold back a fixed share). Speed only: tasks are independent.
+template <typename F>
+void parallel_tasks(int64_t n, const F& fn) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(n, at::get_num_threads());
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) fn(t);
+  });
+}
+
+}  // namespace
+
+// x (M, K) @ w (N, K)^T -> (M, N), float32 (or bfloat16 with out_bf16), plus
+// bias (N,) when given (in the output dtype). Bits: those of the fp32 result
+// `.to(out dtype)`, then `+ bias` in the output dtype (gemm_impl.h, GemmOut).
+at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa,
+                const c10::optional<at::Tensor>& bias, bool out_bf16) {
+  check_rows("x", x);
+  check_rows("weight", w);
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "x is ", x.scalar_type(), " but weight is ",
+              w.scalar_type());
+  TORCH_CHECK(x.size(1) == w.size(1), "x has K=", x.size(1), " but weight has K=", w.size(1));
+  const Kernels& k = kernels_for(isa);
+  const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
+  const auto out_type = out_bf16 ? at::kBFloat16 : at::kFloat;
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N && bias->is_contiguous(),
+                "bias must be contiguous of shape (", N, ")");
+    TORCH_CHECK(bias->scalar_type() == out_type, "bias must be ", out_type, ", got ",
+                bias->scalar_type());
+  }
+  at::Tensor out = at::empty({M, N}, x.options().dtype(out_type));
+  if (M == 0 || N == 0) return out;
+  if (K == 0) {  // the empty chain is +0; then the output steps
+    at::Tensor z = at::zeros({M, N}, x.options().dtype(at::kFloat)).to(out_type);
+    return has_bias ? z + *bias : z;
+  }
+  const int64_t rows = M <= kSmallM ? M : kTaskRows;
+  const int64_t cols = M <= kSmallM ? kSmallTaskCols : kTaskCols;
+  const int64_t mt = (M + rows - 1) / rows, nt = (N + cols - 1) / cols;
+  const int64_t ldx = x.stride(0), ldw = w.stride(0);
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const void* xp = x.data_ptr();
+  const void* wp = w.data_ptr();
+  const int64_t kmax = bf16 ? kBlockKBf16 : kBlockKF32;
+  // Balanced K blocks (even), at most kmax long: speed only.
+  const int64_t nkb = (K + kmax - 1) / kmax;
+  const int64_t kb = std::min(kmax, ((K + nkb - 1) / nkb + 1) / 2 * 2);
+  const int64_t pack_bytes = (k.gemm_scratch_bytes(kb) + 63) / 64 * 64;
+  // bf16 out: the fp32 accumulators of a task's block live in per-thread
+  // scratch (rows x cols, row stride cols); fp32 out: in the output itself.
+  const int64_t acc_bytes = out_bf16 ? rows * cols * 4 : 0;
+  const int64_t scratch_bytes = pack_bytes + acc_bytes;
+  at::Tensor scratch = at::empty({at::get_num_threads(), scratch_bytes}, x.options().dtype(at::kByte));
+  const int64_t esize = out_bf16 ? 2 : 4;
+  char* op = static_cast<char*>(out.data_ptr());
+  const char* bp = has_bias ? static_cast<const char*>(bias->data_ptr()) : nullptr;
+  parallel_tasks(mt * nt, [&](int64_t t) {
+    uint8_t* scr = scratch.data_ptr<uint8_t>() + at::get_thread_num() * scratch_bytes;
+    const int64_t m0 = (t / nt) * rows, n0 = (t % nt) * cols;
+    const int64_t m = std::min(rows, M - m0), n = std::min(cols, N - n0);
+    void* ob = op + (m0 * N + n0) * esize;
+    float* y = out_bf16 ? reinterpret_cast<float*>(scr + pack_bytes) : static_cast<float*>(ob);
+    const int64_t ldy = out_bf16 ? cols : N;
+    void* fin = (out_bf16 || has_bias) ? ob : nullptr;
+    const void* bb = has_bias ? bp + n0 * esize : nullptr;
+    if (bf16) {
+      const auto* xb = static_cast<const uint16_t*>(xp) + m0 * ldx;
+      const auto* wb = static_cast<const uint16_t*>(wp) + n0 * ldw;
+      k.gemm_bf16(xb, ldx, wb, ldw, y, ldy, m, n, K, kb, scr, fin, N, out_bf16, bb);
+    } else {
+      const auto* xf = static_cast<const float*>(xp) + m0 * ldx;
+      const auto* wf = static_cast<const float*>(wp) + n0 * ldw;
+      k.gemm_f32(xf, ldx, wf, ldw, y, ldy, m, n, K, kb, scr, fin, N, out_bf16, bb);
+    }
+  });
+  return out;
+}
+
+// Elementwise SiLU, same dtype out. Every element goes through the same vector code.
+at::Tensor silu(const at::Tensor& x_in, const std::string& isa) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat || x_in.scalar_type() == at::kBFloat16,
+              "x must be float32 or bfloat16, got ", x_in.scalar_type());
+  const Kernels& k = kernels_for(isa);
+  at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty_like(x);
+  const int64_t n = x.numel();
+  constexpr int64_t kChunk = 1 << 14;  // multiple of 16: chunk borders never split a vector
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  const void* xp = x.data_ptr();
+  void* yp = y.data_ptr();
+  at::parallel_for(0, (n + kChunk - 1) / kChunk, 1, [&](int64_t begin, int64_t end) {
+    const int64_t lo = begin * kChunk, hi = std::min(n, end * kChunk);
+    if (bf16) {
+      k.silu_bf16(static_cast<const uint16_t*>(xp) + lo, static_cast<uint16_t*>(yp) + lo, hi - lo);
+    } else {
+      k.silu_f32(static_cast<const float*>(xp) + lo, static_cast<float*>(yp) + lo, hi - lo);
+    }
+  });
+  return y;
+}
+
+// Key packing and value widening of the attention kernels (csrc/attention_impl.h), per ISA.
+#define RL_DECLARE_ATTENTION_PACKING(ns)                                                   \
+  namespace ns {                                                                           \
+  void attention_pack_keys(const float* k, int64_t n, int64_t D, float* kt);               \
+  void attention_pack_keys_bf16(const uint16_t* k, int64_t n, int64_t D, float* kt);       \
+  void attention_widen_bf16(const uint16_t* x, int64_t n, float* y);                       \
+  }
+RL_DECLARE_ATTENTION_PACKING(rl_avx2)
+RL_DECLARE_ATTENTION_PACKING(rl_avx512)
+RL_DECLARE_ATTENTION_PACKING(rl_avx512_bf16)
+
+namespace {
+struct AttentionPacking {
+  decltype(&rl_avx2::attention_pack_keys) pack_f32;
+  decltype(&rl_avx2::attention_pack_keys_bf16) pack_bf16;
+  decltype(&rl_avx2::attention_widen_bf16) widen_bf16;
+};
+#define RL_ATTENTION_PACKING(ns) \
+  AttentionPacking { ns::attention_pack_keys, ns::attention_pack_keys_bf16, ns::attention_widen_bf16 }
+const AttentionPacking& attention_packing_for(const std::string& isa) {
+  static const AttentionPacking avx2 = RL_ATTENTION_PACKING(rl_avx2);
+  static const AttentionPacking avx512 = RL_ATTENTION_PACKING(rl_avx512);
+  static const AttentionPacking avx512_bf16 = RL_ATTENTION_PACKING(rl_avx512_bf16);
+  if (isa == "avx2") return avx2;
+  if (isa == "avx512") return avx512;
+  return avx512_bf16;
+}
+}  // namespace
+
+// Causal GQA attention. First the keys each sequence reads (positions
+// 0..max p of its kv row) are packed, per (sequence, kv head), into fp32
+// 16-key blocks [D][16] (bf16 values are widened there too; data movement
+// only). Then a task is (sequence, kv head, a pair of query blocks): blocks i
+// and nb-1-i share a task so that threads get about equal work in a causal
+// prefill. Blocks only group rows; each row's arithmetic is its own.
+// q (B, Hq, Tq, D) fp32 or bf16 (widened per block, exactly), k and v (S, Hkv,
+// Tk, D) both fp32 or both bf16; all contiguous. Output fp32. Query (b, t) at
+// position p = q_positions[b, t] reads positions 0..p of row kv_rows[b] of k,
+// v; p < 0 is padding (output 0).
+at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& q_positions, const at::Tensor& kv_rows, double scale,
+                     const std::string& isa) {
+  TORCH_CHECK(q.dim() == 4 && q.is_contiguous() &&
+                  (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
+              "q must be a contiguous 4-D float32 or bfloat16 tensor");
+  for (const at::Tensor* t : {&k, &v}) {
+    TORCH_CHECK(t->dim() == 4 && t->is_contiguous() &&
+                    (t->scalar_type() == at::kFloat || t->scalar_type() == at::kBFloat16),
+                "k, v must be contiguous 4-D float32 or bfloat16 tensors");
+  }
+  TORCH_CHECK(k.scalar_type() == v.scalar_type(), "k and v must have the same dtype");
+  TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same shape");
+  TORCH_CHECK(q_positions.scalar_type() == at::kLong && kv_rows.scalar_type() == at::kLong,
+              "q_positions and kv_rows must be int64");
+  const int64_t B = q.size(0), Hq = q.size(1), Tq = q.size(2), D = q.size(3);
+  const int64_t S = k.size(0), Hkv = k.size(1), Tk = k.size(2);
+  TORCH_CHECK(k.size(3) == D && Hkv > 0 && Hq % Hkv == 0, "k/v heads or head dim mismatch");
+  TORCH_CHECK(D >= 1 && D <= 256, "head dim must be in [1, 256], got ", D);
+  TORCH_CHECK(Hq / Hkv <= 256, "at most 256 query heads per kv head, got ", Hq / Hkv);
+  const at::Tensor pos = q_positions.contiguous(), rows = kv_rows.contiguous();
+  const int64_t* pp = pos.data_ptr<int64_t>();
+  const int64_t* rp = rows.data_ptr<int64_t>();
+  int64_t max_pos = -1;
+  std::vector<int64_t> nblk(B), kt_off(B + 1, 0);  // packed 16-key blocks of sequence b
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(rp[b] >= 0 && rp[b] < S, "kv row ", rp[b], " outside [0, ", S, ")");
+    int64_t mb = -1;
+    for (int64_t t = 0; t < Tq; ++t) mb = std::max(mb, pp[b * Tq + t]);
+    max_pos = std::max(max_pos, mb);
+    nblk[b] = (mb + 1 + 15) / 16;
+    kt_off[b + 1] = kt_off[b] + Hkv * nblk[b] * D * 16;
+  }
+  TORCH_CHECK(max_pos < Tk, "a query at position ", max_pos, " needs ", max_pos + 1,
+              " keys, but k holds ", Tk);
+  const Kernels& kern = kernels_for(isa);
+  const AttentionPacking& packing = attention_packing_for(isa);
+  const at::TensorOptions f32 = q.options().dtype(at::kFloat);
+  if (max_pos < 0) return at::zeros(q.sizes(), f32);
+  at::Tensor out = at::empty(q.sizes(), f32);  // every row is written by its task
+  const bool bf16 = k.scalar_type() == at::kBFloat16;
+  const int G = (int)(Hq / Hkv);
+  const int64_t QB = std::max<int64_t>(1, std::min<int64_t>(16, 256 / G));  // queries per block
+  const int64_t L = (max_pos + 1 + 15) / 16 * 16;
+  const int64_t nb = (Tq + QB - 1) / QB, pairs = (nb + 1) / 2;
+  // One query block per (sequence, kv head) (decode, short prefill): its one
+  // task packs the keys (and widens bf16 values) into its thread's scratch,
+  // where they stay in cache. Otherwise that is done once into buffers all
+  // tasks share.
+  const bool shared_pack = nb > 1;
+  const int64_t rows_max = std::min(QB, Tq) * G;  // rows of one block (G for a decode)
+  const bool q_bf16 = q.scalar_type() == at::kBFloat16;
+  const int64_t q_own = q_bf16 && !shared_pack ? rows_max * D : 0;  // the queries, widened
+  const int64_t per_thread =
+      rows_max * (D + L) + q_own + (shared_pack ? 0 : L * D * (bf16 ? 2 : 1));
+  at::Tensor scratch = at::empty({at::get_num_threads(), per_thread}, f32);
+  at::Tensor packed = at::empty({shared_pack ? kt_off[B] : 0}, f32);
+  at::Tensor widened = at::empty({shared_pack && bf16 ? kt_off[B] : 0}, f32);
+  at::Tensor q_wide = at::empty({shared_pack && q_bf16 ? q.numel() : 0}, f32);
+  float* qwp = q_wide.data_ptr<float>();
+  const void* qp = q.data_ptr();
+  const void* kp = k.data_ptr();
+  const void* vp = v.data_ptr();
+  float* ktp = packed.data_ptr<float>();
+  float* vwp = widened.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  // Keys 0..n-1 of (kv row offset koff) into kt; bf16 values 0..n-1 into vw.
+  auto prepare = [&](int64_t koff, int64_t n, float* kt, float* vw) {
+    if (bf16) {
+      packing.pack_bf16(static_cast<const uint16_t*>(kp) + koff, n, D, kt);
+      packing.widen_bf16(static_cast<const uint16_t*>(vp) + koff, n * D, vw);
+    } else {
+      packing.pack_f32(static_cast<const float*>(kp) + koff, n, D, kt);
+    }
+  };
+  if (shared_pack) {
+    at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / Hkv, h = task % Hkv;
+        const int64_t off = kt_off[b] + h * nblk[b] * D * 16;
+        prepare((rp[b] * Hkv + h) * Tk * D, std::min(nblk[b] * 16, Tk), ktp + off, vwp + off);
+        if (q_bf16) {  // the G heads of this kv head, all positions
+          const int64_t qh = (b * Hq + h * G) * Tq * D;
+          packing.widen_bf16(static_cast<const uint16_t*>(qp) + qh, G * Tq * D, qwp + qh);
+        }
+      }
+    });
+  }
+  at::parallel_for(0, B * Hkv * pairs, 1, [&](int64_t begin, int64_t end) {
+    float* scr = scratch.data_ptr<float>() + at::get_thread_num() * per_thread;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / (Hkv * pairs), h = (task / pairs) % Hkv, i = task % pairs;
+      const int64_t koff = (rp[b] * Hkv + h) * Tk * D;
+      const int64_t off = kt_off[b] + h * nblk[b] * D * 16;
+      const float* kt = ktp + off;
+      const float* vf = bf16 ? vwp + off : static_cast<const float*>(vp) + koff;
+      // The G heads of this kv head as fp32 rows [g][Tq][D].
+      const int64_t qh = (b * Hq + h * G) * Tq * D;
+      const float* qf = q_bf16 ? qwp + qh : static_cast<const float*>(qp) + qh;
+      if (!shared_pack) {
+        float* own_k = scr + rows_max * (D + L) + q_own;
+        float* own_v = own_k + L * D;
+        prepare(koff, std::min(nblk[b] * 16, Tk), own_k, own_v);
+        kt = own_k;
+        if (bf16) vf = own_v;
+        if (q_bf16) {  // one block: Tq <= QB, so G * Tq * D fits in q_own
+          float* own_q = scr + rows_max * (D + L);
+          packing.widen_bf16(static_cast<const uint16_t*>(qp) + qh, G * Tq * D, own_q);
+          qf = own_q;
+        }
+      }
+      const int64_t blocks[2] = {i, nb - 1 - i};
+      for (int u = 0; u < (blocks[0] == blocks[1] ? 1 : 2); ++u) {
+        const int64_t t0 = blocks[u] * QB, nq = std::min(QB, Tq - t0);
+        const int64_t qoff = ((b * Hq + h * G) * Tq + t0) * D;
+        for (int64_t t = 0; t < nq; ++t)  // padding queries: exact zeros
+          if (pp[b * Tq + t0 + t] < 0)
+            for (int g = 0; g < G; ++g) std::fill_n(op + qoff + g * Tq * D + t * D, D, 0.0f);
+        kern.attention_block(qf + t0 * D, Tq * D, G, (int)nq, pp + b * Tq + t0, kt, vf, Tk, D,
+                             (float)scale, op + qoff, scr);
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("isa_supported", &isa_supported, "whether this CPU runs the named instruction-set path");
+  m.def("gemm", &gemm, "fixed-order x @ w^T (+ bias) -> float32, or bfloat16 with out_bf16",
+        pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("isa"),
+        pybind11::arg("bias") = pybind11::none(), pybind11::arg("out_bf16") = false);
+  m.def("silu", &silu, "fixed-order SiLU");
+  m.def("attention", &attention, "fixed-order causal GQA attention forward");
+}
