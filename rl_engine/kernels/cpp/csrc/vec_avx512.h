@@ -76,25 +76,3 @@ struct PairsBf16 {
             {_mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)))}};
   }
 };
-
-// hsum of 16 accumulators at once, with exactly hsum's pairings in every lane
-// (lane i + i+8, then +4, +2, +1): out[o] == hsum(a[o]) bit for bit. Checked
-// against the AVX2 path, which calls hsum per accumulator, by the ISA tests.
-#define RL_HAVE_HSUM16 1
-static inline void hsum16(const Vec16* a, float* out) {
-  __m512 r1[8], r2[4], r3[2];
-  for (int i = 0; i < 8; ++i)  // [x.lo8 + x.hi8 | y.lo8 + y.hi8]
-    r1[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i].v, a[2 * i + 1].v, 0x44),
-                          _mm512_shuffle_f32x4(a[2 * i].v, a[2 * i + 1].v, 0xEE));
-  for (int i = 0; i < 4; ++i)  // quarters: q0 + q1, q2 + q3
-    r2[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r1[2 * i], r1[2 * i + 1], 0x88),
-                          _mm512_shuffle_f32x4(r1[2 * i], r1[2 * i + 1], 0xDD));
-  for (int i = 0; i < 2; ++i)  // in each quarter: lanes 0,1 + lanes 2,3
-    r3[i] = _mm512_add_ps(_mm512_shuffle_ps(r2[2 * i], r2[2 * i + 1], 0x44),
-                          _mm512_shuffle_ps(r2[2 * i], r2[2 * i + 1], 0xEE));
-  __m512 r4 = _mm512_add_ps(_mm512_shuffle_ps(r3[0], r3[1], 0x88),  // lane 0 + lane 1
-                            _mm512_shuffle_ps(r3[0], r3[1], 0xDD));
-  float t[16];
-  _mm512_storeu_ps(t, r4);
-  for (int o = 0; o < 16; ++o) out[o] = t[(o % 4) * 4 + o / 4];  // lane 4j + i holds a[4i + j]
-}
