@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 
 # The C++ kernels (the CPU backend) build from source here; no compiler, no setup.
 $(KERNEL_STAMP): $(STAMP) $(KERNEL_SRC)
-	$(BIN)/python -m rl_engine.kernels.cpp.build
+	$(BIN)/python scripts/build_cpu_kernels.py
 	touch $(KERNEL_STAMP)
 
 # lint and format are part of the test: CI enforces both before pytest runs.

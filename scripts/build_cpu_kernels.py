@@ -1,7 +1,10 @@
-"""`python -m rl_engine.kernels.cpp.build`: compile the C++ kernels now (run by `make setup`).
+"""Compile rl_engine's C++ CPU kernels now (`make setup`), not at the first kernel call.
 
 Exits non-zero with the compiler's reason if the extension does not build, so
 that setup fails instead of a run failing (or worse, running other kernels) later.
+A script, not a module of rl_engine.kernels.cpp: importing that package already
+builds the extension, so only an import inside the `try` below can turn a
+failed build into one line.
 """
 
 from __future__ import annotations
