@@ -271,6 +271,24 @@ def test_refusal_is_one_clear_error_for_that_dtype_only(monkeypatch, fresh_probe
     assert facts["native_bf16_platform"] == "invariant"
 
 
+@pytest.mark.parametrize(
+    "dtype,advice",
+    [
+        (torch.float32, "Use backend 'cpp' for float32"),
+        (torch.bfloat16, "Use backend 'cpp' for bfloat16"),
+        (
+            torch.float64,
+            "No backend here is row-invariant for float64",
+        ),  # cpp's fp64 is a library GEMM
+    ],
+)
+def test_refusal_advice_names_a_backend_only_where_one_holds_the_contract(dtype, advice):
+    result = probe_module.ProbeResult(dtype, "cpu", (("row position", "rows reversed: 3 of 64"),))
+    message = probe_module.refusal_message(result)
+    assert advice in message and "rows reversed: 3 of 64" in message, message
+    assert "position in the tile" in message, message
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_probe_restores_the_thread_count(fresh_probe, threads):
     def run():

@@ -50,7 +50,12 @@ ASSUMPTIONS = {
 PROBE_OUTPUTS = (1, 333)
 REMAINDER_COLUMNS = 37
 THREAD_COUNTS = (1, 2)  # each compared with the process's own count
-OTHER_BACKEND = {"cpu": "cpp", "cuda": "triton"}
+# The device's default backend, and the dtypes it serves with its own fixed-order
+# kernels (its other dtypes go through a library GEMM as well).
+OTHER_BACKEND = {
+    "cpu": ("cpp", (torch.float32, torch.bfloat16)),
+    "cuda": ("triton", (torch.float32, torch.bfloat16)),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +97,23 @@ def probe(dtype: torch.dtype, device_type: str) -> ProbeResult:
 def refusal_message(result: ProbeResult) -> str:
     name = str(result.dtype).removeprefix("torch.")
     seen = "; ".join(f"{ASSUMPTIONS[a]}: false here ({what})" for a, what in result.failures)
-    instead = OTHER_BACKEND.get(result.device_type, "cpp")
     return (
         f"backend 'native' cannot guarantee row invariance for {name} on this "
         f"{result.device_type} ({_machine(result.device_type)}, torch {torch.__version__}): "
-        f"its fixed-shape tile GEMM assumes that {seen}. "
-        f"Use backend '{instead}' for {name} (the default on {result.device_type}); "
-        f"native still serves the dtypes whose probe passes."
+        f"its fixed-shape tile GEMM assumes that {seen}. {_instead(result)} "
+        f"Native still serves the dtypes whose probe passes."
+    )
+
+
+def _instead(result: ProbeResult) -> str:
+    name = str(result.dtype).removeprefix("torch.")
+    backend, own_dtypes = OTHER_BACKEND.get(result.device_type, ("cpp", ()))
+    if result.dtype in own_dtypes:
+        return f"Use backend '{backend}' for {name} (the default on {result.device_type})."
+    served = " and ".join(str(d).removeprefix("torch.") for d in own_dtypes)
+    return (
+        f"No backend here is row-invariant for {name}: '{backend}' has fixed-order "
+        f"kernels for {served} only; compute in one of those."
     )
 
 
