@@ -5,6 +5,7 @@ Code outside this package never imports a backend: it asks `get_op` (and
 `backend_layout` for layout facts) with the device it runs on.
 """
 
+from rl_engine.kernels.errors import PlatformInvarianceError
 from rl_engine.kernels.facts import kernel_facts
 from rl_engine.kernels.registry import (
     OP_NAMES,
@@ -22,6 +23,7 @@ __all__ = [
     "OP_NAMES",
     "BackendLayout",
     "OpImpl",
+    "PlatformInvarianceError",
     "backend_layout",
     "get_op",
     "interpreter_enabled",

@@ -17,7 +17,9 @@ def kernel_facts(device: str | torch.device, backend: str | None = None) -> dict
 
     cpp: the version of its numerics and how bf16 dot products are done (the
     VDPBF16PS instruction flushes subnormals, its FMA emulation does not);
-    native on CPU: the reduction slice width of bf16 GEMMs (narrower on AMX).
+    native: the GEMM's row tile and K slice per dtype, and the outcome of its
+    platform probe per dtype on this device type ("invariant", or "refused: <the
+    assumptions that failed>"); asking for them runs the probe if it has not run.
     """
     name = backend if backend is not None else list_backends(device)[0]
     facts = {"backend": name}
@@ -26,8 +28,21 @@ def kernel_facts(device: str | torch.device, backend: str | None = None) -> dict
 
         facts["cpp_numerics"] = NUMERICS_VERSION
         facts["cpp_bf16_dot"] = bf16_dot_flavour(current_isa())
-    elif name == "native" and torch.device(device).type == "cpu":
-        from rl_engine.kernels.native._gemm import k_slice_for
+    elif name == "native":
+        facts.update(_native_facts(torch.device(device).type))
+    return facts
 
-        facts["native_bf16_k_slice"] = str(k_slice_for(torch.bfloat16))
+
+# The model dtypes a run config accepts (fp32, bf16): the ones a job compares facts for.
+_RUN_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _native_facts(device_type: str) -> dict[str, str]:
+    from rl_engine.kernels.native._gemm import TILE_ROWS, k_slice_for
+    from rl_engine.kernels.native.platform_probe import probe
+
+    facts = {"native_tile_rows": str(TILE_ROWS)}
+    for short, dtype in _RUN_DTYPES.items():
+        facts[f"native_{short}_k_slice"] = str(k_slice_for(dtype))
+        facts[f"native_{short}_platform"] = probe(dtype, device_type).outcome
     return facts

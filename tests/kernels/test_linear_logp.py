@@ -1,7 +1,9 @@
 """linear_logp == log_softmax(lm_head(hidden) / T) gathered at the targets, bit for bit.
 
 That right-hand side is exactly how the rollout engine scores a sampled token,
-so this equality is the kernel-level half of trainer == rollout parity.
+so this equality is the kernel-level half of trainer == rollout parity. The
+equality tests run on both CPU backends (cpp, the default, and native; native
+skips with the platform probe's reason where it refuses the dtype).
 """
 
 import importlib
@@ -10,13 +12,11 @@ import pytest
 import torch
 
 from rl_engine.kernels import get_op
+from tests.invariance import skip_if_refused
 
-# the package re-exports the function under the module's name; fetch the module itself
-linear_logp_module = importlib.import_module("rl_engine.kernels.native.linear_logp")
+BACKENDS = ["cpp", "native"]
 
 linear_logp = get_op("linear_logp", "cpu")
-lm_head = get_op("lm_head", "cpu")
-log_softmax = get_op("log_softmax", "cpu")
 
 
 def _problem(n, hidden, vocab, dtype, bias=False, seed=0):
@@ -28,8 +28,14 @@ def _problem(n, hidden, vocab, dtype, bias=False, seed=0):
     return h, w, b, t
 
 
-def _rollout_side(h, w, b, t, temperature):
-    logp = log_softmax(lm_head(h, w, b), temperature)
+def _chunk_module(backend):
+    # the package re-exports the function under the module's name; fetch the module itself
+    return importlib.import_module(f"rl_engine.kernels.{backend}.linear_logp")
+
+
+def _rollout_side(h, w, b, t, temperature, backend="cpp"):
+    logits = get_op("lm_head", "cpu", backend=backend)(h, w, b)
+    logp = get_op("log_softmax", "cpu", backend=backend)(logits, temperature)
     return logp.gather(-1, t[:, None]).squeeze(-1)
 
 
@@ -40,16 +46,18 @@ def _rollout_side(h, w, b, t, temperature):
     [(1, 64, 1000, False), (37, 96, 1000, True), (300, 576, 4099, False), (70, 1100, 333, False)],
 )
 @pytest.mark.parametrize("chunk_elements", [1, 5000, 8 * 1024 * 1024])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_bitwise_equal_to_materialised_logits(
-    monkeypatch, n, hidden, vocab, bias, temperature, dtype, chunk_elements
+    monkeypatch, n, hidden, vocab, bias, temperature, dtype, chunk_elements, backend
 ):
-    monkeypatch.setattr(linear_logp_module, "CHUNK_ELEMENTS", chunk_elements)
+    skip_if_refused(backend, dtype)
+    monkeypatch.setattr(_chunk_module(backend), "CHUNK_ELEMENTS", chunk_elements)
     h, w, b, t = _problem(n, hidden, vocab, dtype, bias)
-    ours = linear_logp(h, w, t, b, temperature=temperature)
+    ours = get_op("linear_logp", "cpu", backend=backend)(h, w, t, b, temperature=temperature)
     assert ours.dtype == torch.float32 and ours.shape == t.shape
-    assert torch.equal(ours, _rollout_side(h, w, b, t, temperature))
+    assert torch.equal(ours, _rollout_side(h, w, b, t, temperature, backend))
     # and each token scored alone (a decode step of batch 1) gives the same bits
-    assert torch.equal(ours[:1], _rollout_side(h[:1], w, b, t[:1], temperature))
+    assert torch.equal(ours[:1], _rollout_side(h[:1], w, b, t[:1], temperature, backend))
 
 
 def test_ignore_index_and_leading_dims():
@@ -64,12 +72,15 @@ def test_ignore_index_and_leading_dims():
     assert linear_logp(h, w, torch.full((24,), 7), ignore_index=7).abs().sum() == 0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-4), (torch.bfloat16, 5e-2)])
-def test_backward_matches_reference(monkeypatch, dtype, tol):
-    monkeypatch.setattr(linear_logp_module, "CHUNK_ELEMENTS", 3000)  # several chunks
-    h, w, b, t = _problem(40, 48, 500, dtype, bias=True)
+def test_backward_matches_reference(monkeypatch, dtype, tol, backend):
+    skip_if_refused(backend, dtype)
+    monkeypatch.setattr(_chunk_module(backend), "CHUNK_ELEMENTS", 3000)  # the smallest chunks
+    linear_logp = get_op("linear_logp", "cpu", backend=backend)
+    h, w, b, t = _problem(150, 48, 500, dtype, bias=True)  # 150 rows: several chunks on both
     t[3] = -100
-    coeff = torch.randn(40)
+    coeff = torch.randn(150)
 
     def grads(fn, cast):
         leaves = [x.detach().to(cast).requires_grad_(True) for x in (h, w, b)]

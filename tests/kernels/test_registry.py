@@ -144,7 +144,7 @@ def test_nothing_falls_back_when_cpp_cannot_load(cpp_missing):
 def test_layout_facts_come_from_the_backend():
     native = backend_layout("cpu", "native")
     assert native.kv_block == 128 and native.kv_in_compute_dtype
-    assert native.k_slice_for(torch.float32) == 1024
+    assert (native.k_slice_for(torch.float32), native.k_slice_for(torch.bfloat16)) == (512, 256)
     cpp_layout = backend_layout("cpu")
     assert cpp_layout.kv_block == cpp.KEY_BLOCK and cpp_layout.kv_in_compute_dtype
     assert cpp_layout.k_slice_for(torch.bfloat16) == 0  # one fixed-order reduction over all of K

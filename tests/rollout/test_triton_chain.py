@@ -21,6 +21,7 @@ from rl_engine.logprobs import final_hidden_states, scored_targets
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, lm_head_parameters, patch_handle
 from rl_engine.rollout import RolloutEngine, SamplingParams
+from tests.invariance import skip_if_refused
 from tests.rollout.helpers import (
     assert_parity,
     completion_slice,
@@ -80,6 +81,7 @@ def test_engine_logprobs_equal_teacher_forced_recompute(name, dtype):
 
 @pytest.mark.parametrize("name,dtype", CASES[:1])
 def test_negative_control_other_backend_or_unpatched_model_differs(name, dtype):
+    skip_if_refused("native", dtype, DEVICE)
     engine, completions, temperature = _rollout(name, dtype)
     model = engine.model
     native_logp = get_op("linear_logp", DEVICE, backend="native")

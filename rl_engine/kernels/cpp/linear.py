@@ -14,7 +14,8 @@ are fused into the kernel (each output tile is finished after its last K
 block) with the bits of the unfused steps: `y.to(out_dtype) + bias.to(out_dtype)`
 (for bf16: round to nearest even, then the bias added in fp32 and rounded again).
 
-fp64 and fp16 (gradcheck, rare) go through the native fixed-order GEMM.
+fp64 and fp16 (gradcheck, rare) go through a padded, K-sliced torch GEMM
+(`_torch_gemm.py`: native's GEMM before issue 15, kept so these bits do not change).
 Backward is the native one: plain GEMMs, accurate and deterministic; gradients
 are summed over the batch, so they need not be batch-invariant.
 """
@@ -26,7 +27,7 @@ import torch
 from rl_engine.kernels.common.checks import at_least_fp32, check_projection
 from rl_engine.kernels.common.linear import invariant_linear_function, project
 from rl_engine.kernels.cpp._extension import current_isa, extension
-from rl_engine.kernels.native._gemm import fixed_order_matmul
+from rl_engine.kernels.cpp._torch_gemm import padded_sliced_matmul
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -46,7 +47,7 @@ def _on_kernel(x2d: torch.Tensor) -> bool:
 def fixed_order_gemm(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x (M, K) @ weight (N, K)^T -> fp32 (M, N); fp64 stays fp64."""
     if not _on_kernel(x2d):
-        return fixed_order_matmul(x2d, weight, out_dtype=at_least_fp32(x2d.dtype))
+        return padded_sliced_matmul(x2d, weight, out_dtype=at_least_fp32(x2d.dtype))
     x2d, weight = _kernel_operands(x2d, weight)
     return extension().gemm(x2d, weight, current_isa())
 

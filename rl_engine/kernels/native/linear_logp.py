@@ -23,7 +23,7 @@ from rl_engine.kernels.common.linear_logp import (
     linear_logp_op,
     validate,
 )
-from rl_engine.kernels.native._gemm import MIN_ROWS
+from rl_engine.kernels.native._gemm import TILE_ROWS
 from rl_engine.kernels.native.linear import lm_head
 from rl_engine.kernels.native.log_softmax import log_softmax
 
@@ -35,7 +35,9 @@ MAX_CHUNK_ROWS = 1024
 
 
 def chunk_rows_for(vocab_size: int) -> int:
-    return max(MIN_ROWS, min(MAX_CHUNK_ROWS, CHUNK_ELEMENTS // max(vocab_size, 1)))
+    """A whole number of GEMM row tiles (a partial tile would pay for its padding)."""
+    rows = min(MAX_CHUNK_ROWS, CHUNK_ELEMENTS // max(vocab_size, 1))
+    return max(TILE_ROWS, rows // TILE_ROWS * TILE_ROWS)
 
 
 def _chunk_logprobs(h, weight, bias, temperature):
