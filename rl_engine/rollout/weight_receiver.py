@@ -123,8 +123,12 @@ class WeightReceiver:
                     channel.recv([target_view(self._entries[p.tensor][0], p)], p.sender, p.index)
                     for p in bucket
                 ]
-                for work in works:
-                    work.wait()
+                for piece, work in zip(bucket, works):
+                    wait_for(
+                        work,
+                        f"weight sync to version {header.version}: receiving "
+                        f"{self.manifest.tensors[piece.tensor].name!r} from sender {piece.sender}",
+                    )
                 if on_bucket is not None:
                     on_bucket(header.version, number)
             for first, *others in self._entries.values():
@@ -138,6 +142,15 @@ class WeightReceiver:
             time.perf_counter() - started,
         )
         return header.version
+
+
+def wait_for(work, what: str) -> None:
+    """Wait for a send or receive; its failure (a peer gone, a timeout) says what it was."""
+    try:
+        work.wait()
+    except RuntimeError as err:
+        detail = " ".join(str(err).split())
+        raise RuntimeError(f"{what}: {detail}") from None
 
 
 def _match_targets(

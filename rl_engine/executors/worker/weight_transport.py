@@ -40,7 +40,7 @@ from rl_engine.rollout.weight_plan import (
     dtype_name,
     sync_digest,
 )
-from rl_engine.rollout.weight_receiver import HEADER_TAG, SyncHeader
+from rl_engine.rollout.weight_receiver import HEADER_TAG, SyncHeader, wait_for
 
 logger = logging.getLogger(__name__)
 
@@ -200,8 +200,8 @@ class WeightSender:
                 for digest, buckets in zip(self._digests, self._buckets)
             ]
             works = [channel.send([h], first + q, HEADER_TAG) for q, h in enumerate(headers)]
-            for work in works:
-                work.wait()
+            for q, work in enumerate(works):
+                wait_for(work, f"weight sync to version {version}: the header to receiver {q}")
         with torch.no_grad():
             for number in range(max((len(b) for b in self._buckets), default=0)):
                 payload, works = [], []
@@ -217,10 +217,12 @@ class WeightSender:
                             held[piece.tensor], spec, self.sender, slices[spec.name], piece
                         )
                         payload.append(data)  # alive until its send completes
-                        works.append(channel.send([data], first + q, piece.index))
+                        works.append((q, spec.name, channel.send([data], first + q, piece.index)))
                         sent += data.numel() * data.element_size()
-                for work in works:
-                    work.wait()
+                for q, name, work in works:
+                    wait_for(
+                        work, f"weight sync to version {version}: sending {name!r} to receiver {q}"
+                    )
                 if on_bucket is not None:
                     on_bucket(version, number)
         return {"bytes": float(sent), "seconds": time.perf_counter() - started}
