@@ -22,6 +22,7 @@ generate until a complete one has arrived (`RolloutEngine.receive_weights`).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -149,8 +150,8 @@ def wait_for(work, what: str) -> None:
     try:
         work.wait()
     except RuntimeError as err:
-        detail = " ".join(str(err).split())
-        raise RuntimeError(f"{what}: {detail}") from None
+        detail = re.sub(r"^\[[^\]]*\.(cc|cpp):\d+\] ", "", " ".join(str(err).split()))
+        raise RuntimeError(f"{what}: {detail.split(' This is typically')[0]}") from None
 
 
 def _match_targets(
