@@ -47,16 +47,16 @@ def _gathered(bucket, zero3: bool, deepspeed):
 def export_state_dict(policy: nn.Module, *, zero3: bool, rank: int, deepspeed, bucket_bytes: int):
     """The full state dict under the HF names (CPU copies, tied names share one tensor) on rank 0,
     None on the others; collective under ZeRO-3, one gathered bucket at a time."""
-    out = {} if rank == 0 else None
+    copies = {}
     for bucket in gathered_buckets(
         policy, zero3=zero3, deepspeed=deepspeed, bucket_bytes=bucket_bytes
     ):
-        if out is None:
-            continue
-        for names, tensor in bucket:
-            copy = tensor.detach().to("cpu", copy=True)
-            out.update({name: copy for name in names})
-    return out
+        if rank == 0:
+            copies.update({names: tensor.detach().to("cpu", copy=True) for names, tensor in bucket})
+    if rank != 0:
+        return None
+    by_name = {name: copy for names, copy in copies.items() for name in names}
+    return {name: by_name[name] for name in policy.state_dict(keep_vars=True)}  # its order
 
 
 def save_weights_file(
