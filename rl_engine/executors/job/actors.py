@@ -102,9 +102,6 @@ class RolloutActor:
         completions = self.engine.generate(prompts, sampling, progress=False)
         return completions, time.perf_counter() - started
 
-    def load_weights(self, state_dict, version: int) -> None:
-        self.engine.load_weights(state_dict, version)
-
     def weight_plan(self, manifest):
         """Check the trainer ranks' manifest against this engine's model (ValueError naming the
         key); what this engine receives of every sync: everything."""
@@ -181,9 +178,6 @@ class TrainerActor:
         started = time.perf_counter()
         metrics = self._collective("train_step", self.worker.train_step, batch)
         return {**metrics, "time/train_compute": time.perf_counter() - started}
-
-    def export_weights(self):
-        return self._collective("export_weights", self.worker.export_weights)
 
     def weight_manifest(self):
         return self.worker.weight_manifest()
