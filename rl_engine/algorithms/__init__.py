@@ -1,25 +1,48 @@
-"""RL algorithms as pure torch functions: GRPO advantages, PPO/GRPO losses, KL, rollout correction."""
+"""RL algorithms as pure torch functions: advantage estimators, PPO/GRPO/GSPO losses, KL,
+reward shaping, rollout correction."""
 
 from rl_engine.algorithms.advantages import group_normalized_advantages
 from rl_engine.algorithms.correction import CORRECTION_MODES, RolloutCorrection, rollout_correction
+from rl_engine.algorithms.estimators import (
+    ADVANTAGE_ESTIMATORS,
+    compute_advantages,
+    gae_advantages,
+    grpo_advantages,
+    masked_whiten,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+)
 from rl_engine.algorithms.losses import (
     AGGREGATIONS,
+    RATIO_LEVELS,
     aggregate,
     aggregation_units,
     kl_k3,
     masked_mean,
     policy_loss,
 )
+from rl_engine.algorithms.shaping import overlong_penalty
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
     "CORRECTION_MODES",
+    "RATIO_LEVELS",
     "RolloutCorrection",
     "aggregate",
     "aggregation_units",
+    "compute_advantages",
+    "gae_advantages",
     "group_normalized_advantages",
+    "grpo_advantages",
     "kl_k3",
     "masked_mean",
+    "masked_whiten",
+    "overlong_penalty",
     "policy_loss",
+    "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages",
+    "rloo_advantages",
     "rollout_correction",
 ]

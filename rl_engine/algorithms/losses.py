@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+RATIO_LEVELS = ("token", "sequence")
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
@@ -41,10 +42,17 @@ def policy_loss(
     clip_eps_high: float | None = None,
     aggregation: str = "token-mean",
     is_weights: Tensor | None = None,
+    ratio_level: str = "token",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO/GRPO clipped surrogate loss `-min(r*A, clip(r, 1-eps, 1+eps_high)*A)`.
 
-    `r = exp(logprobs - old_logprobs)`; gradients flow only through `logprobs`.
+    `ratio_level="token"`: `r_t = exp(logprobs_t - old_logprobs_t)` per token (PPO, GRPO).
+    `ratio_level="sequence"` (GSPO, Zheng et al. 2025): every token of sequence i uses
+    `s_i = exp(mean_t(logprobs_t - old_logprobs_t))` over its valid tokens, the
+    length-normalised sequence ratio, clipped as a whole; its gradient is
+    `s_i * grad mean_t(logprobs_t)` (the token form `exp(logp_t - sg(logp_t) + sg(log s_i))`).
+    GSPO averages per sequence: pair it with aggregation "seq-mean-token-mean".
+    Gradients flow only through `logprobs`.
     `advantages` is `[B]` (one per sequence, broadcast over its tokens) or `[B, T]`.
     `clip_eps_high` defaults to `clip_eps` (set it higher for DAPO's clip-higher).
     `is_weights` (`[B, T]`, e.g. `rollout_correction(...).weights`) multiply the
@@ -69,11 +77,15 @@ def policy_loss(
     eps_low, eps_high = _clip_range(clip_eps, clip_eps_high)
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; valid: {list(AGGREGATIONS)}")
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"unknown ratio_level {ratio_level!r}; valid: {list(RATIO_LEVELS)}")
 
     keep = mask != 0
     # Zero the log-ratio at padding before exp so garbage there cannot overflow
     # (an inf in the forward would become a NaN gradient even where masked).
     log_ratio = torch.where(keep, logprobs.float() - old_logprobs.detach().float(), 0.0)
+    if ratio_level == "sequence":
+        log_ratio = _sequence_log_ratio(log_ratio, torch.where(keep, logprobs.float(), 0.0), keep)
     ratio = torch.exp(log_ratio)
     surr_unclipped = ratio * adv
     surr_clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
@@ -135,6 +147,13 @@ def aggregation_units(mask: Tensor, aggregation: str) -> float:
     if aggregation == "seq-mean-token-sum":
         return float(mask.shape[0])
     raise ValueError(f"unknown aggregation {aggregation!r}; valid: {list(AGGREGATIONS)}")
+
+
+def _sequence_log_ratio(log_ratio: Tensor, logprobs: Tensor, keep: Tensor) -> Tensor:
+    """Per token: log s_i (the sequence's mean log-ratio) in value, grad of mean_t logp_t."""
+    counts = keep.sum(dim=1, keepdim=True).clamp(min=1)  # (B, 1)
+    seq = log_ratio.sum(dim=1, keepdim=True) / counts  # (B, 1): log s_i
+    return torch.where(keep, logprobs - logprobs.detach() + seq.detach(), 0.0)
 
 
 @torch.no_grad()

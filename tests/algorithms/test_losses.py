@@ -292,3 +292,40 @@ def test_masked_mean_empty_rows_and_empty_mask():
         masked_mean(x, torch.zeros(2, 2))
     with pytest.raises(ValueError, match=r"x has shape \[2, 2\] but mask has shape \[2\]"):
         masked_mean(x, torch.ones(2))
+
+
+def test_sequence_level_ratio_hand_computed():
+    """GSPO: s_i = exp(mean_t(logp - old)) per sequence, clipped as a whole, per-sequence mean."""
+    from rl_engine.algorithms import policy_loss
+
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+    old = torch.zeros(2, 3)
+    # row 0: log-ratios 0.1, 0.3 -> s_0 = exp(0.2); row 1: 0.0, -0.3, 0.0 -> s_1 = exp(-0.1)
+    new = torch.tensor([[0.1, 0.3, 5.0], [0.0, -0.3, 0.0]], requires_grad=True)
+    adv = torch.tensor([1.0, -2.0])
+    loss, stats = policy_loss(
+        new, old, adv, mask, clip_eps=0.1, aggregation="seq-mean-token-mean", ratio_level="sequence"
+    )
+    s0, s1 = math.exp(0.2), math.exp(-0.1)
+    # row 0: A > 0, s_0 > 1.1 -> clipped term 1.1 * 1 is the min; row 1: A < 0, s_1 = 0.905 in
+    # the band [0.9, 1.1] -> both terms equal -2 s_1.
+    term0 = -min(s0 * 1.0, 1.1 * 1.0)
+    term1 = -min(s1 * -2.0, min(max(s1, 0.9), 1.1) * -2.0)
+    torch.testing.assert_close(loss, torch.tensor((term0 + term1) / 2))
+    loss.backward()
+    # row 0 is clipped: no gradient; row 1: d/dlogp_t of -A s_1 / 2 = -(-2) s_1 / 3 / 2 per token
+    expected = torch.tensor([[0.0, 0.0, 0.0], [s1 / 3, s1 / 3, s1 / 3]])
+    torch.testing.assert_close(new.grad, expected)
+    assert stats["clip_fraction"].item() == pytest.approx(2 / 5)
+
+
+def test_token_and_sequence_ratios_agree_on_one_token_sequences():
+    from rl_engine.algorithms import policy_loss
+
+    new, old = torch.tensor([[0.3], [-0.2]]), torch.zeros(2, 1)
+    mask, adv = torch.ones(2, 1, dtype=torch.bool), torch.tensor([1.0, -1.0])
+    token, _ = policy_loss(new, old, adv, mask, ratio_level="token")
+    seq, _ = policy_loss(new, old, adv, mask, ratio_level="sequence")
+    assert torch.equal(token, seq)
+    with pytest.raises(ValueError, match="unknown ratio_level"):
+        policy_loss(new, old, adv, mask, ratio_level="group")

@@ -6,6 +6,9 @@ its dot operands to fp32 (`UPCAST=True`); on a GPU bf16 tiles go to the tensor
 cores as they are. fp32 operands always use `input_precision="ieee"` (a GPU
 would otherwise round them to TF32). Interpreter runs therefore check the
 tiling, masking and reduction order; the GPU run checks the tensor-core path.
+Under the interpreter `tl.dot` itself is pinned to a fixed-order sum over K
+(`_pin_interpreter_dot`): the interpreter's own dot calls the host BLAS, whose
+row bits depend on the row's position on some CPUs.
 """
 
 from __future__ import annotations
@@ -23,6 +26,47 @@ try:
     INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 except AttributeError:  # older triton without knobs
     INTERPRET = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+def _pin_interpreter_dot() -> None:
+    """Under the interpreter, `tl.dot` sums over K in a fixed order instead of calling the host BLAS.
+
+    The interpreter computes `tl.dot` with `np.matmul`, i.e. the CPU's BLAS, whose result
+    for a row can depend on the row's position in the tile: OpenBLAS's Haswell sgemm (an
+    AVX2-only EPYC) gave different bits for the same row at row 0 and row 15 of a 16 x 64 @
+    64 x 128 product. That is the host library's numerics, not a GPU's, and it made the
+    interpreter tests of row invariance fail on that CPU only. Here a tile's dot is the
+    serial chain a[:, 0] b[0] + a[:, 1] b[1] + ... (each product and sum rounded in the
+    accumulator's dtype), then added to the accumulator, the same for every row and every
+    CPU, so the interpreter tests check what they are for: the kernels' tiling, masking
+    and reduction order.
+    """
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_dot, "_rl_engine_fixed_order", False):
+        return
+    plain_dot = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        out_dtype = d.data.dtype
+        if out_dtype not in (np.float32, np.float64) or a.data.ndim != 2:
+            return plain_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        x, y = a.data.astype(out_dtype), b.data.astype(out_dtype)  # (M, K), (K, N)
+        part = np.zeros((x.shape[0], y.shape[1]), dtype=out_dtype)  # (M, N)
+        for k in range(x.shape[1]):
+            part += x[:, k : k + 1] * y[k : k + 1, :]
+        # like np.matmul(a, b) + d (and an MMA's result added to its accumulator): the tile's
+        # dot first, then the running sum, so the K step stays part of the numerics
+        return interpreter.TensorHandle(part + d.data, d.dtype.scalar)
+
+    create_dot._rl_engine_fixed_order = True
+    builder.create_dot = create_dot
+
+
+if INTERPRET:
+    _pin_interpreter_dot()
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
