@@ -9,6 +9,8 @@ index of that GPU among the visible ones, and the worker uses cuda:LOCAL_RANK.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import os
 import time
@@ -53,6 +55,28 @@ def _ds_accelerator(config: RunConfig) -> str:
     return "cuda" if config.device == "cuda" else os.environ.get("DS_ACCELERATOR", "cpu")
 
 
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None
+
+
+def release_free_heap() -> None:
+    """Hand glibc's free heap pages back to the OS (`malloc_trim(0)`).
+
+    Tensors up to glibc's mmap threshold (up to 32 MiB) come from its heap, and freed
+    ones stay resident there. An actor calls this after each phase (loading, generating,
+    training, a sync): an engine's generation and the ranks' training never run at once,
+    so memory one of them holds only for its own phase should not sit idle through the
+    other's (measured: 420 MiB per ZeRO-3 rank of the 0.5B-shaped job after loading).
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def _quiet_model_loading() -> None:
     """Model-loading chatter (transformers, GGUF dequantisation bars, DeepSpeed info) off in actors."""
     from rl_engine.models import quiet_loading
@@ -90,6 +114,7 @@ class RolloutActor:
         self.engine = RolloutEngine(
             model, device=device, max_batch_size=config.rollout.max_batch_size
         )
+        release_free_heap()
         return {
             "vocab_size": model.config.vocab_size,
             "eos_token_id": model.config.eos_token_id,
@@ -100,7 +125,9 @@ class RolloutActor:
         """(completions, seconds spent generating)."""
         started = time.perf_counter()
         completions = self.engine.generate(prompts, sampling, progress=False)
-        return completions, time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        release_free_heap()
+        return completions, seconds
 
     def weight_plan(self, manifest):
         """Check the trainer ranks' manifest against this engine's model (ValueError naming the
@@ -173,11 +200,14 @@ class TrainerActor:
         )  # cuda: LOCAL_RANK
         if resume_from is not None:
             self.load_checkpoint(resume_from)
+        release_free_heap()
 
     def train_step(self, batch) -> dict:
         started = time.perf_counter()
         metrics = self._collective("train_step", self.worker.train_step, batch)
-        return {**metrics, "time/train_compute": time.perf_counter() - started}
+        seconds = time.perf_counter() - started
+        release_free_heap()
+        return {**metrics, "time/train_compute": seconds}
 
     def weight_manifest(self):
         return self.worker.weight_manifest()
@@ -197,6 +227,7 @@ class TrainerActor:
         self._collective("save_weights", self.worker.save_weights, weights_path)
         if directory is not None:
             self._collective("save_checkpoint", self.worker.save_checkpoint, directory, tag="state")
+        release_free_heap()
 
     def load_checkpoint(self, directory: str) -> None:
         self._collective("load_checkpoint", self.worker.load_checkpoint, directory)
