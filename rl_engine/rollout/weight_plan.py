@@ -134,12 +134,16 @@ class WeightManifest:
     ) -> WeightManifest:
         """Manifest of tensors every sender holds whole: sender i sends the i-th of `senders`
         near-equal flat ranges of each (so they send in parallel)."""
-        specs = []
-        for name, shape, dtype, aliases in tensors:
-            numel = _prod(shape)
-            bounds = [numel * i // senders for i in range(senders + 1)]
-            sources = tuple(zip(bounds[:-1], bounds[1:]))
-            specs.append(TensorSpec(name, tuple(shape), dtype_name(dtype), sources, tuple(aliases)))
+        specs = [
+            TensorSpec(
+                name,
+                tuple(shape),
+                dtype_name(dtype),
+                even_sources(_prod(shape), senders),
+                tuple(aliases),
+            )
+            for name, shape, dtype, aliases in tensors
+        ]
         return cls(tuple(specs), senders)
 
     def by_name(self) -> dict[str, TensorSpec]:
@@ -258,6 +262,12 @@ def sync_digest(manifest: WeightManifest, plan: WeightPlan, bucket_bytes: int) -
     both sides of a sync must agree on it."""
     text = f"{manifest.to_json()}|{plan.to_json()}|{bucket_bytes}"
     return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def even_sources(numel: int, senders: int) -> tuple[tuple[int, int], ...]:
+    """`senders` near-equal flat ranges covering [0, numel) in order."""
+    bounds = [numel * i // senders for i in range(senders + 1)]
+    return tuple(zip(bounds[:-1], bounds[1:]))
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -38,6 +38,7 @@ from rl_engine.rollout.weight_plan import (
     WeightManifest,
     WeightPlan,
     dtype_name,
+    even_sources,
     sync_digest,
 )
 from rl_engine.rollout.weight_receiver import HEADER_TAG, SyncHeader, wait_for
@@ -123,11 +124,11 @@ def policy_manifest(policy: nn.Module, *, zero3: bool, world_size: int) -> Weigh
         numel = _numel(shape)
         if zero3 and getattr(tensor, "ds_tensor", None) is not None:
             _check_zero3_group(names[0], tensor, world_size)
-            part = int(tensor.ds_tensor.ds_numel)
+            part = int(tensor.ds_tensor.ds_numel)  # rank r holds [r * part, (r + 1) * part)
             bounds = [min(numel, r * part) for r in range(world_size)] + [numel]
+            sources = tuple(zip(bounds[:-1], bounds[1:]))
         else:
-            bounds = [numel * r // world_size for r in range(world_size + 1)]
-        sources = tuple(zip(bounds[:-1], bounds[1:]))
+            sources = even_sources(numel, world_size)
         specs.append(TensorSpec(names[0], shape, dtype_name(tensor.dtype), sources, names[1:]))
     return WeightManifest(tuple(specs), world_size)
 
