@@ -11,7 +11,10 @@ off what issue 19's check reads:
 - peak extra memory: the rise of system-wide used memory (MemTotal - MemAvailable)
   over the whole run, sampled every 0.5 s, from just before the command starts;
 - each process's peak RSS (VmHWM: the driver, every trainer rank, the engine) and the
-  driver's RSS from its first step to its last (flat, or not).
+  driver's RSS from its first step to its last (flat, or not);
+- the peak of the job's own memory: the PSS summed over every process of the command's
+  session (driver, actors, Ray's own daemons), which other work on a shared machine does
+  not move (the system-wide figure does).
 
 A guard kills the run (its whole process group) when the machine's available memory
 falls below `--guard-gib`: a model that does not fit is reported as such instead of
@@ -125,6 +128,7 @@ class Sampler:
     driver_rss: list = field(default_factory=list)  # (time, bytes)
     at_peak: dict = field(default_factory=dict)  # process name -> RSS when system use peaked
     guard_tripped: bool = False
+    peak_job_pss: int = 0  # PSS summed over the command's session
     first_step_done: float | None = None  # when metrics.jsonl got its first line
 
     def __post_init__(self):
@@ -148,6 +152,7 @@ class Sampler:
                 self.first_step_done = time.time()
             if used > self.peak_used:
                 self.peak_used, self.at_peak = used, rss
+            self.peak_job_pss = max(self.peak_job_pss, _session_pss(self.driver_pid))
             if available < self.guard_bytes and not self.guard_tripped:
                 self.guard_tripped = True
                 self.kill()
@@ -166,6 +171,24 @@ class Sampler:
     def stop(self):
         self._stop.set()
         self._thread.join()
+
+
+def _session_pss(session: int) -> int:
+    """Bytes of PSS summed over the processes of `session` (PSS splits shared pages fairly)."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) != session:  # field 6 of stat: the session id
+                continue
+            with open(f"/proc/{entry}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:")) * 1024
+        except (OSError, StopIteration, IndexError, ValueError):
+            continue
+    return total
 
 
 def _non_empty(path: Path) -> bool:
@@ -253,6 +276,7 @@ def run_mode(model: Path, invariant: bool, args) -> dict:
         "steps": len(metrics),
         "guard_tripped": sampler.guard_tripped,
         "peak_extra_gib": (sampler.peak_used - sampler.baseline) / GIB,
+        "peak_job_pss_gib": sampler.peak_job_pss / GIB,
         "peak_rss_mib": {k: v / 2**20 for k, v in sorted(sampler.peak_hwm.items())},
         "rss_at_system_peak_mib": {k: v / 2**20 for k, v in sorted(sampler.at_peak.items())},
         "driver_rss_during_steps_mib": _driver_range(sampler),
@@ -305,6 +329,7 @@ def markdown(results: list[dict], env_before: dict, env_after: dict, label: str)
         ("generate compute s", "generate_compute_s", "{:.1f}"),
         ("step s", "step_s", "{:.1f}"),
         ("peak extra system memory GiB", "peak_extra_gib", "{:.2f}"),
+        ("peak of the job's own memory GiB (PSS of its processes)", "peak_job_pss_gib", "{:.2f}"),
     ]
     by_mode = {r["mode"]: r for r in results}
     modes = [m for m in ("invariant", "plain") if m in by_mode]
@@ -357,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(QWEN25))
     parser.add_argument(
+        "--model", type=Path, default=None, help="a saved HF folder instead of --shape"
+    )
+    parser.add_argument(
         "--layers", type=int, default=None, help="cut the shape to this many layers"
     )
     parser.add_argument("--steps", type=int, default=4)
@@ -378,15 +406,16 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     env_before = environment()
     print(json.dumps(env_before), flush=True)
-    model = model_dir(args.cache, args.shape, args.layers, args.seed)
+    model = args.model or model_dir(args.cache, args.shape, args.layers, args.seed)
     results = []
     for mode in args.modes.split(","):
         figures = run_mode(model, mode == "invariant", args)
         print(json.dumps(figures), flush=True)
         results.append(figures)
     env_after = environment()
+    what = f"--model {args.model}" if args.model else f"--shape {args.shape}"
     label = (
-        f"`python scripts/bench_real_size.py --shape {args.shape}"
+        f"`python scripts/bench_real_size.py {what}"
         + (f" --layers {args.layers}" if args.layers else "")
         + f" --steps {args.steps}` ({args.prompts} x {args.samples} completions of "
         f"{args.max_new_tokens} tokens a step, seed {args.seed})"
