@@ -132,7 +132,12 @@ class TrainerConfig:
     placement: str = "pack"
     """Where the ranks go: 'pack' (few nodes), 'spread' or 'strict_spread' (one per node)."""
     collective_timeout_s: float = 600.0
-    """A collective that waits longer than this fails with an error instead of hanging."""
+    """A collective that waits longer than this fails with an error instead of hanging (the
+    weight group's sends and receives too)."""
+    weight_sync_bucket_mb: float = 128.0
+    """Most MiB a weight sync moves per bucket (the trainer ranks send their weights straight
+    to the engines, a bucket at a time), and most MiB of parameters a ZeRO-3 rank gathers at
+    once to export or checkpoint them."""
 
     def __post_init__(self) -> None:
         _int("trainer.num_ranks", self.num_ranks, 1)
@@ -146,6 +151,12 @@ class TrainerConfig:
             _fail("trainer.zero_stage", "null or one of 0, 1, 2, 3", self.zero_stage)
         _choice("trainer.placement", self.placement, PLACEMENTS)
         _number("trainer.collective_timeout_s", self.collective_timeout_s, low=0.0, low_open=True)
+        _number("trainer.weight_sync_bucket_mb", self.weight_sync_bucket_mb, low=0.0, low_open=True)
+
+    @property
+    def weight_sync_bucket_bytes(self) -> int:
+        """`weight_sync_bucket_mb` in bytes (at least 1)."""
+        return max(1, int(self.weight_sync_bucket_mb * 2**20))
 
 
 @dataclass(kw_only=True, slots=True)

@@ -115,3 +115,24 @@ def test_public_executor_names_import():
     assert executors.build_deepspeed_config.__name__ == "build_deepspeed_config"
     assert DeepSpeedTrainingWorker is deepspeed_trainer.DeepSpeedTrainingWorker
     assert executors.DeepSpeedTrainingWorker is DeepSpeedTrainingWorker
+
+
+# ----------------------------------------------------------------------------- the rollout layer
+
+ROLLOUT = PACKAGE / "rollout"
+ABOVE_ROLLOUT = (
+    "rl_engine.executors",
+    "rl_engine.diagnostics",
+    "rl_engine.cli",
+    "ray",
+    "deepspeed",
+)
+
+
+def test_the_rollout_layer_imports_nothing_above_it():
+    """rollout/ (the engine, and the receiving side of a weight sync) sits below executors/:
+    the weight group is handed to it, never imported by it."""
+    files = sorted(ROLLOUT.rglob("*.py"))
+    assert any(f.name == "weight_receiver.py" for f in files)
+    offenders = [hit for path in files for hit in _imports(path, ABOVE_ROLLOUT)]
+    assert not offenders, "rollout/ imports a layer above it:\n" + "\n".join(offenders)

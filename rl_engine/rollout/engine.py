@@ -49,6 +49,8 @@ from rl_engine.patching import (
 from rl_engine.patching.attention import PLAIN_CACHED_NAME, register_plain_cached_attention
 from rl_engine.rollout.kv_cache import SlotKVCache
 from rl_engine.rollout.sampling import SamplingParams, request_generator, sample_token
+from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
+from rl_engine.rollout.weight_receiver import WeightReceiver
 from rl_engine.rollout.weights import copy_weights, plan_weight_copy
 
 logger = logging.getLogger(__name__)
@@ -165,6 +167,7 @@ class RolloutEngine:
         self.progress = progress
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
         self.last_stats = GenerateStats()
+        self._torn: str | None = None  # why the weights are incomplete (a failed sync), if they are
 
     @property
     def batch_invariant(self) -> bool:
@@ -181,6 +184,11 @@ class RolloutEngine:
         progress: bool | None = None,
     ) -> list[Completion]:
         """Sample `sampling.n` completions per prompt; returned prompt-major, then by sample index."""
+        if self._torn is not None:
+            raise RuntimeError(
+                f"the engine's weights are incomplete: {self._torn}; receive a complete "
+                "version (or load_weights) before generating"
+            )
         sampling = SamplingParams() if sampling is None else sampling
         if not isinstance(sampling, SamplingParams):
             raise ValueError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
@@ -209,8 +217,34 @@ class RolloutEngine:
         version = _check_version(version)
         plan = plan_weight_copy(self.model, state_dict)
         copy_weights(plan)
-        self.weight_version = version
+        self.weight_version, self._torn = version, None
         logger.info("loaded %d tensors, weight_version=%d", len(plan), version)
+
+    def weight_receiver(
+        self,
+        manifest: WeightManifest,
+        plan: WeightPlan | None = None,
+        *,
+        receiver: int = 0,
+        bucket_bytes: int,
+    ) -> WeightReceiver:
+        """A receiver of weight syncs into this engine's own parameters (`plan`: everything by
+        default); raises ValueError naming the key when the manifest does not fit the model."""
+        plan = WeightPlan.everything(manifest) if plan is None else plan
+        targets = self.model.state_dict(keep_vars=True)
+        return WeightReceiver(targets, manifest, plan, receiver, bucket_bytes)
+
+    def receive_weights(self, receiver: WeightReceiver, channel, *, on_bucket=None) -> int:
+        """One weight sync into the parameters in place; `weight_version` becomes its version
+        once every piece has landed. A sync that fails part way leaves the weights torn and
+        `generate` refuses to run until a complete sync (or `load_weights`)."""
+
+        def torn(version: int) -> None:
+            self._torn = f"the weight sync to version {version} did not complete"
+
+        version = receiver.receive(channel, on_bucket=on_bucket, on_header=torn)
+        self.weight_version, self._torn = _check_version(version), None
+        return version
 
     # ------------------------------------------------------------------ scheduling
 

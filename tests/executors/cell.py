@@ -9,8 +9,9 @@ stays within a few minutes on two cores. On each rank, `run_cell`:
    on-policy step (strict parity must hold);
 3. saves a checkpoint, then trains 3 more steps on the same (now off-policy)
    batch with parity 'report', recording the metrics and the weights after step 2;
-4. exports the weights into a RolloutEngine, samples NEW completions and records
-   the worker's logprobs of them next to the rollout's;
+4. writes the weights file (rank 0, gathered bucket by bucket) and compares it with
+   export_weights; exports the weights into a RolloutEngine, samples NEW completions and
+   records the worker's logprobs of them next to the rollout's;
 5. builds a fresh worker, resumes from the checkpoint and retakes step 2;
 6. (world size 2) takes a strict step on the new on-policy batch with one
    rollout logprob nudged on the last rank: every rank must raise ParityError.
@@ -31,6 +32,7 @@ import torch.distributed as dist
 from rl_engine.config import RunConfig
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker, ParityError
+from rl_engine.executors.worker.weights_file import read_weights_file
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.rollout import RolloutEngine, SamplingParams
@@ -63,6 +65,7 @@ def cell_config(
             "micro_batch_size": 4 // world,
             "lr": 5e-5,
             "deepspeed": str(REPO / "configs" / "deepspeed" / f"zero{stage}.json"),
+            "weight_sync_bucket_mb": 0.05,  # export and the weights file in many gathered buckets
         },
         "algorithm": {"kl_coef": 0.05},
     }
@@ -131,6 +134,7 @@ def run_cell(stage: int, world: int, dtype: str, completions, workdir: Path) -> 
     rank = worker.rank
     shard = to_batch(completions).shard(rank, world)
     out = {"rank": rank, "mask": shard.response_mask, "rollout_lp": shard.rollout_logprobs}
+    out["tied"] = bool(worker.module.policy.config.tie_word_embeddings)
     clock("worker")
     out["lp0"] = worker.compute_logprobs(shard)
     out["external_params"] = [
@@ -144,6 +148,15 @@ def run_cell(stage: int, world: int, dtype: str, completions, workdir: Path) -> 
     )  # same batch is off-policy now
     metrics.append(worker.train_step(shard))
     weights2 = worker.export_weights()
+    written = worker.save_weights(workdir / "weights.safetensors")  # rank 0 writes, all gather
+    if written is not None:
+        from_file = read_weights_file(written)
+        out["weights_file_diff"] = differing(weights2, from_file)
+        out["weights_file_tied"] = [
+            a
+            for a, b in (("lm_head.weight", "model.embed_tokens.weight"),)
+            if from_file.get(a) is not None and from_file[a] is from_file[b]
+        ]
     metrics += [worker.train_step(shard) for _ in range(2)]
     out["metrics"] = metrics
     clock("steps")

@@ -106,6 +106,7 @@ INVALID = [
     ({"algorithm": {"name": "ppo"}}, "algorithm.name"),
     ({"trainer": {"placement": "anywhere"}}, "trainer.placement"),
     ({"trainer": {"collective_timeout_s": 0}}, "trainer.collective_timeout_s"),
+    ({"trainer": {"weight_sync_bucket_mb": 0}}, "trainer.weight_sync_bucket_mb"),
     ({"rollout": {"placement": "pack_tight"}}, "rollout.placement"),
     ({"checkpoint": {"every": -1}}, "checkpoint.every"),
     ({"checkpoint": {"keep_last": 0}}, "checkpoint.keep_last"),
@@ -173,3 +174,18 @@ def test_parity_off_spellings_in_yaml(tmp_path, text):
     assert RunConfig.from_yaml(path).parity == "off"
     with pytest.raises(ValueError, match="parity must be one of"):
         RunConfig(parity=True)
+
+
+def test_zero3_gets_host_memory_defaults_and_the_users_values_win():
+    from rl_engine.executors.worker.ds_config import ZERO3_MEMORY_DEFAULTS, build_deepspeed_config
+
+    plain = RunConfig.from_dict({"trainer": {"zero_stage": 3}})
+    zero = build_deepspeed_config(plain, 1)["zero_optimization"]
+    assert all(zero[k] == v for k, v in ZERO3_MEMORY_DEFAULTS.items())
+    mine = {"zero_optimization": {"stage": 3, "reduce_bucket_size": 123}}
+    own = RunConfig.from_dict({"trainer": {"deepspeed": mine}})
+    assert build_deepspeed_config(own, 1)["zero_optimization"]["reduce_bucket_size"] == 123
+    stage2 = RunConfig.from_dict({"trainer": {"zero_stage": 2}})
+    assert not set(ZERO3_MEMORY_DEFAULTS) & set(
+        build_deepspeed_config(stage2, 1)["zero_optimization"]
+    )

@@ -12,6 +12,7 @@ import signal
 import pytest
 
 from rl_engine.executors.job import job_checkpoints as ckpt
+from rl_engine.executors.job.faults import KILL_IN_WEIGHT_SYNC_ENV
 from rl_engine.executors.job.run_dir import read_metrics
 from tests.executors.jobs import actor_pid, job_config, start_cli, wait_for, write_config
 
@@ -77,3 +78,37 @@ def test_signal_stops_at_end_of_step_with_checkpoint(tmp_path, signum, to_group,
     assert 0 < steps < STEPS, "the run was not stopped early"
     assert ckpt.latest(run).step == steps  # checkpoint of the last finished step
     assert f"stopped after step {steps - 1}" in out and f"rl-engine train --resume {run}" in out
+
+
+@pytest.mark.parametrize("victim", ["rollout engine 0", "trainer rank 0"])
+def test_actor_killed_during_a_weight_sync_is_named_and_the_run_resumes(
+    tmp_path, monkeypatch, victim
+):
+    """The victim SIGKILLs itself after the first bucket of the sync to version 2 (step 1),
+    while its partner is mid-transfer: the failure names the victim (not the partner that
+    saw the connection close), the checkpoint after step 1 is kept, and --resume completes
+    the run with parity 1.0 on every step."""
+    run = tmp_path / "run"
+    trainer = {"weight_sync_bucket_mb": 0.05}  # about 20 buckets of the tiny model
+    config = write_config(
+        job_config(run, steps=4, checkpoint={"every": 1}, trainer=trainer), tmp_path / "c.yaml"
+    )
+    monkeypatch.setenv(KILL_IN_WEIGHT_SYNC_ENV, f"{victim}@2")
+    proc = start_cli(["train", "--config", str(config)], tmp_path / "first.log")
+    assert _finish(proc) == 1
+    monkeypatch.delenv(KILL_IN_WEIGHT_SYNC_ENV)
+    out = (tmp_path / "first.log").read_text()
+    role, rank = victim.rsplit(" ", 1)
+    pid = actor_pid(run, role, int(rank))
+    failed = [line for line in out.splitlines() if line.startswith("rl-engine:")]
+    assert failed and re.search(
+        rf"^rl-engine: {victim} \(node \S+ \w+, pid {pid}\) died: ", failed[0]
+    )
+    assert "in the weight sync to version 2" in failed[0]
+    assert ckpt.latest(run).step == 1 and [m["step"] for m in read_metrics(run)] == [0]
+
+    assert _resume(run, tmp_path / "resume.log") == 0
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == list(range(4))
+    assert [m["weight_version"] for m in metrics] == [1, 2, 3, 4]
+    assert all(m["parity/exact_match_fraction"] == 1.0 for m in metrics)

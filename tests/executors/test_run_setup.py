@@ -22,6 +22,7 @@ from rl_engine.executors.job.run_dir import (
     resume_config,
     truncate_metrics,
 )
+from rl_engine.executors.worker.weights_file import WEIGHTS_FILE, save_state_dict
 
 BASE = {
     "model": "tiny-llama",
@@ -175,12 +176,11 @@ def test_checkpoint_is_latest_only_once_complete_and_old_ones_are_pruned(tmp_pat
     config = RunConfig()
     for step in (1, 2, 3):
         staging = ckpt.begin(tmp_path, step)
-        weights = {"w": torch.full((2,), float(step))}
+        save_state_dict(staging / WEIGHTS_FILE, {"w": torch.full((2,), float(step))})
         ckpt.write_driver_part(
             staging,
             step=step,
             weight_version=step,
-            weights=weights,
             config=config,
             weights_only=True,
         )
@@ -241,11 +241,11 @@ def test_weights_only_checkpoint_cannot_resume(tmp_path, caplog):
     config = RunConfig.from_yaml(_write_config(tmp_path))
     config.to_yaml(run / "config.yaml")
     staging = ckpt.begin(run, 2)
+    save_state_dict(staging / WEIGHTS_FILE, {"w": torch.zeros(1)})
     ckpt.write_driver_part(
         staging,
         step=2,
         weight_version=2,
-        weights={"w": torch.zeros(1)},
         config=config,
         weights_only=True,
     )

@@ -111,6 +111,9 @@ def _check_new_rollout_parity(r: dict) -> None:
 
 
 def _check_resume(r: dict) -> None:
+    if r["rank"] == 0:  # the weights file rank 0 wrote == export_weights, tied names one tensor
+        assert r["weights_file_diff"] == []
+        assert r["weights_file_tied"] == (["lm_head.weight"] if r["tied"] else [])
     assert r["resumed_step"] == 1 and r["resumed_version"] == 1
     assert r["resumed_metrics"] == r["metrics"][1], (
         "resumed step 2 differs from the uninterrupted step 2"

@@ -9,6 +9,8 @@ index of that GPU among the visible ones, and the worker uses cuda:LOCAL_RANK.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
 import os
 import time
@@ -18,7 +20,12 @@ import ray
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.job import cluster
-from rl_engine.executors.job.faults import ActorInfo, first_line, gather
+from rl_engine.executors.job.faults import (
+    ActorInfo,
+    first_line,
+    gather,
+    weight_sync_kill_switch,
+)
 from rl_engine.io import write_json_atomic
 
 log = logging.getLogger("rl_engine.job")
@@ -48,6 +55,28 @@ def _ds_accelerator(config: RunConfig) -> str:
     return "cuda" if config.device == "cuda" else os.environ.get("DS_ACCELERATOR", "cpu")
 
 
+@functools.cache
+def _malloc_trim():
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        return None
+
+
+def release_free_heap() -> None:
+    """Hand glibc's free heap pages back to the OS (`malloc_trim(0)`).
+
+    Tensors up to glibc's mmap threshold (up to 32 MiB) come from its heap, and freed
+    ones stay resident there. An actor calls this after each phase (loading, generating,
+    training, a sync): an engine's generation and the ranks' training never run at once,
+    so memory one of them holds only for its own phase should not sit idle through the
+    other's (measured: 420 MiB per ZeRO-3 rank of the 0.5B-shaped job after loading).
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 def _quiet_model_loading() -> None:
     """Model-loading chatter (transformers, GGUF dequantisation bars, DeepSpeed info) off in actors."""
     from rl_engine.models import quiet_loading
@@ -60,8 +89,9 @@ def _quiet_model_loading() -> None:
 class RolloutActor:
     """One rollout engine in its own process; `start` loads the model."""
 
-    def __init__(self, config: RunConfig):
-        self.config = config
+    def __init__(self, config: RunConfig, index: int = 0):
+        self.config, self.index = config, index
+        self.receiver = self.group = None
 
     def describe(self) -> dict:
         return {
@@ -84,6 +114,7 @@ class RolloutActor:
         self.engine = RolloutEngine(
             model, device=device, max_batch_size=config.rollout.max_batch_size
         )
+        release_free_heap()
         return {
             "vocab_size": model.config.vocab_size,
             "eos_token_id": model.config.eos_token_id,
@@ -94,10 +125,34 @@ class RolloutActor:
         """(completions, seconds spent generating)."""
         started = time.perf_counter()
         completions = self.engine.generate(prompts, sampling, progress=False)
-        return completions, time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        release_free_heap()
+        return completions, seconds
 
-    def load_weights(self, state_dict, version: int) -> None:
-        self.engine.load_weights(state_dict, version)
+    def weight_plan(self, manifest):
+        """Check the trainer ranks' manifest against this engine's model (ValueError naming the
+        key); what this engine receives of every sync: everything."""
+        self.receiver = self.engine.weight_receiver(
+            manifest,
+            receiver=self.index,
+            bucket_bytes=self.config.trainer.weight_sync_bucket_bytes,
+        )
+        return self.receiver.plan
+
+    def connect_weight_group(self, address: str, port: int, rank: int, size: int) -> None:
+        from rl_engine.executors.worker.weight_transport import WeightGroup
+
+        if self.group is not None:
+            self.group.close()
+        timeout = self.config.trainer.collective_timeout_s
+        self.group = WeightGroup.connect(
+            address, port, rank, size, self.engine.device.type, timeout
+        )
+
+    def receive_weights(self) -> int:
+        """One weight sync from the trainer ranks, in place; returns the version now served."""
+        hook = weight_sync_kill_switch(f"rollout engine {self.index}")
+        return self.engine.receive_weights(self.receiver, self.group, on_bucket=hook)
 
 
 @ray.remote
@@ -145,17 +200,34 @@ class TrainerActor:
         )  # cuda: LOCAL_RANK
         if resume_from is not None:
             self.load_checkpoint(resume_from)
+        release_free_heap()
 
     def train_step(self, batch) -> dict:
         started = time.perf_counter()
         metrics = self._collective("train_step", self.worker.train_step, batch)
-        return {**metrics, "time/train_compute": time.perf_counter() - started}
+        seconds = time.perf_counter() - started
+        release_free_heap()
+        return {**metrics, "time/train_compute": seconds}
 
-    def export_weights(self):
-        return self._collective("export_weights", self.worker.export_weights)
+    def weight_manifest(self):
+        return self.worker.weight_manifest()
 
-    def save_checkpoint(self, directory: str) -> None:
-        self._collective("save_checkpoint", self.worker.save_checkpoint, directory, tag="state")
+    def connect_weight_group(self, address: str, port: int, size: int, plans: list) -> None:
+        self._collective(
+            "connect_weight_sync", self.worker.connect_weight_sync, address, port, size, plans
+        )
+
+    def send_weights(self) -> dict:
+        hook = weight_sync_kill_switch(f"trainer rank {self.rank}")
+        return self._collective("send_weights", self.worker.send_weights, on_bucket=hook)
+
+    def save_checkpoint(self, directory: str | None, weights_path: str) -> None:
+        """The policy's weights file (written by rank 0) and, unless `directory` is None, the
+        DeepSpeed checkpoint of every rank under it; collective."""
+        self._collective("save_weights", self.worker.save_weights, weights_path)
+        if directory is not None:
+            self._collective("save_checkpoint", self.worker.save_checkpoint, directory, tag="state")
+        release_free_heap()
 
     def load_checkpoint(self, directory: str) -> None:
         self._collective("load_checkpoint", self.worker.load_checkpoint, directory)
@@ -211,7 +283,7 @@ def spawn_actors(config: RunConfig, groups: list) -> tuple[list[ActorInfo], list
             e,
             RolloutActor.options(
                 **options, scheduling_strategy=cluster.in_group(engine_group, e)
-            ).remote(config),
+            ).remote(config, e),
         )
         for e in range(n_engines)
     ]
@@ -262,12 +334,41 @@ def train_on_ranks(trainers: list[ActorInfo], batch) -> list[dict]:
     )
 
 
-def sync_weights(trainers: list[ActorInfo], engines: list[ActorInfo], version: int) -> dict:
-    """Rank 0's weights into every engine as `version` (export is collective under ZeRO-3); returns them."""
-    weights = gather([(a, a.handle.export_weights.remote()) for a in trainers])[0]
-    ref = ray.put(weights)
-    gather([(e, e.handle.load_weights.remote(ref, version)) for e in engines])
-    return weights
+def connect_weight_sync(trainers: list[ActorInfo], engines: list[ActorInfo]) -> None:
+    """The weight group: rank 0's manifest checked by every engine (a mismatch names the key),
+    then every rank and engine joins one process group (its store on rank 0's node)."""
+    lead = trainers[0]
+    manifest = gather([(lead, lead.handle.weight_manifest.remote())])[0]
+    plans = gather([(e, e.handle.weight_plan.remote(manifest)) for e in engines])
+    port = gather([(lead, lead.handle.free_port.remote())])[0]
+    size, first = len(trainers) + len(engines), len(trainers)
+    address = lead.node_ip
+    gather(
+        [(t, t.handle.connect_weight_group.remote(address, port, size, plans)) for t in trainers]
+        + [
+            (e, e.handle.connect_weight_group.remote(address, port, first + i, size))
+            for i, e in enumerate(engines)
+        ]
+    )
+    log.info(
+        "weight group: %d trainer rank(s) -> %d engine(s), %.1f MiB a sync",
+        len(trainers),
+        len(engines),
+        manifest.nbytes / 2**20,
+    )
+
+
+def sync_weights(trainers: list[ActorInfo], engines: list[ActorInfo]) -> int:
+    """The trainer ranks' current weights straight into every engine (the driver holds none);
+    returns the version the engines now serve."""
+    calls = [(t, t.handle.send_weights.remote()) for t in trainers]
+    calls += [(e, e.handle.receive_weights.remote()) for e in engines]
+    results = gather(calls)
+    version = int(results[0]["weight_version"])
+    served = results[len(trainers) :]
+    if any(v != version for v in served):
+        raise RuntimeError(f"engines serve versions {served} after a sync of version {version}")
+    return version
 
 
 def describe_actors(actors: list[ActorInfo], run_dir: Path) -> None:

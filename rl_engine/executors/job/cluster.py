@@ -42,8 +42,12 @@ KERNEL_CPU_FLAGS = (
     "fma",
 )
 # Passed to every actor: the DeepSpeed accelerator, quiet model loading, the op cache,
-# the cpp kernels' instruction-set path when the driver forces one.
-_ACTOR_ENV_KEYS = ("TORCH_EXTENSIONS_DIR", "RL_ENGINE_CPU_ISA")
+# the cpp kernels' instruction-set path when the driver forces one, the fault tests' switch.
+_ACTOR_ENV_KEYS = (
+    "TORCH_EXTENSIONS_DIR",
+    "RL_ENGINE_CPU_ISA",
+    "RL_ENGINE_TEST_KILL_IN_WEIGHT_SYNC",
+)
 _QUIET_ENV = {
     "TRANSFORMERS_VERBOSITY": "error",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",

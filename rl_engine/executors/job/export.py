@@ -2,9 +2,9 @@
 
 The folder holds config.json, model.safetensors and, when the model has one, the
 tokenizer: `AutoModelForCausalLM.from_pretrained(DIR)` loads it (and so does
-`load_model(DIR)`). The weights are the checkpoint's `weights.pt`, the exact tensors the
-rollout engines served from that step on, so the exported model, patched, reproduces the
-trainer's logprobs at that step bit for bit.
+`load_model(DIR)`). The weights are the checkpoint's weights file (written by trainer rank
+0), the exact tensors the rollout engines served from that step on, so the exported model,
+patched, reproduces the trainer's logprobs at that step bit for bit.
 """
 
 from __future__ import annotations

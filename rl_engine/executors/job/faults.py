@@ -2,7 +2,10 @@
 
 - `gather(calls)` waits for a set of actor calls and raises `ActorFailure` as soon as ANY
   of them fails, naming that actor (role, rank, node, pid) and the cause in one line. It
-  never blocks on a live rank that waits in a collective for a dead one.
+  never blocks on a live rank that waits in a collective for a dead one. When a call
+  raises, the others get `DEATH_GRACE_S` to show whether an actor died: a peer's death
+  makes its partners raise at once (gloo's "Connection closed by peer" in a weight sync),
+  and the message must name the dead actor, not the ones that saw it go.
 - `StopOnSignal` turns SIGINT / SIGTERM into a request honoured at the end of the current
   step (checkpoint, then exit 130 / 143); a second signal stops at once.
 """
@@ -10,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 from dataclasses import dataclass, field
@@ -18,6 +22,10 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 log = logging.getLogger("rl_engine.job")
+
+DEATH_GRACE_S = 5.0
+"""After a call raises, how long gather waits for the others to show an actor death."""
+KILL_IN_WEIGHT_SYNC_ENV = "RL_ENGINE_TEST_KILL_IN_WEIGHT_SYNC"
 
 
 @dataclass
@@ -63,7 +71,8 @@ class JobStopped(RuntimeError):
 
 
 def gather(calls: list[tuple[ActorInfo, ray.ObjectRef]]) -> list:
-    """Results of `calls` in order; the first failure (in completion order) raises ActorFailure."""
+    """Results of `calls` in order; the first failure raises ActorFailure (an actor's death
+    before any other failure: see the module docstring)."""
     index = {ref: i for i, (_, ref) in enumerate(calls)}
     results = [None] * len(calls)
     pending = list(index)
@@ -76,11 +85,31 @@ def gather(calls: list[tuple[ActorInfo, ray.ObjectRef]]) -> list:
             except RayActorError as err:
                 raise ActorFailure(f"{actor.describe()} died: {death_cause(err)}") from None
             except RayTaskError as err:
-                cause = err.cause if isinstance(err.cause, BaseException) else err
-                raise ActorFailure(
-                    f"{actor.describe()} raised {type(cause).__name__}: {first_line(str(cause))}"
-                ) from None
+                raised = f"{actor.describe()} raised {_task_error(err)}"
+                raise ActorFailure(_death_among(calls, index, pending, raised)) from None
     return results
+
+
+def _task_error(err: RayTaskError) -> str:
+    cause = err.cause if isinstance(err.cause, BaseException) else err
+    return f"{type(cause).__name__}: {first_line(str(cause))}"
+
+
+def _death_among(calls, index: dict, pending: list, raised: str) -> str:
+    """The failure to report once a call raised: an actor among the pending calls that died
+    within DEATH_GRACE_S (then `raised` follows as what it caused), else `raised`."""
+    if not pending:
+        return raised
+    ready, _ = ray.wait(pending, num_returns=len(pending), timeout=DEATH_GRACE_S)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except RayActorError as err:
+            dead = calls[index[ref]][0]
+            return f"{dead.describe()} died: {death_cause(err)} (then {raised})"
+        except RayTaskError:
+            continue
+    return raised
 
 
 def death_cause(err: RayActorError) -> str:
@@ -107,6 +136,24 @@ def stop_actors(actors: list[ActorInfo]) -> None:
             ray.kill(actor.handle, no_restart=True)
         except Exception as err:  # already dead: nothing to stop
             log.debug("kill %s: %s", actor.name, err)
+
+
+def weight_sync_kill_switch(actor_name: str):
+    """Testing only: with RL_ENGINE_TEST_KILL_IN_WEIGHT_SYNC="<actor name>@<version>" (e.g.
+    "rollout engine 0@2") that actor SIGKILLs its own process once the first bucket of the
+    sync to that version is through: a real death at the one moment of a sync that a test
+    cannot hit from outside. Returns the sync's `on_bucket` hook, or None."""
+    spec = os.environ.get(KILL_IN_WEIGHT_SYNC_ENV, "")
+    name, _, version = spec.rpartition("@")
+    if name != actor_name or not version.isdigit():
+        return None
+
+    def on_bucket(sync_version: int, bucket: int) -> None:
+        if sync_version == int(version) and bucket == 0:
+            log.warning("%s: %s: killing this process", KILL_IN_WEIGHT_SYNC_ENV, spec)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return on_bucket
 
 
 class StopOnSignal:

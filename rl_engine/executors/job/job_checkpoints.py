@@ -5,14 +5,17 @@ Layout under RUN_DIR/checkpoints/:
     latest                 name of the newest complete checkpoint ("step000004"), written last
     step000004/            after 4 completed steps (the run continues at step index 4)
         deepspeed/         the DeepSpeed engine checkpoint of every rank (absent if weights_only)
-        weights.pt         the policy state dict under Hugging Face names: what the engines serve
+        weights.safetensors  the policy under Hugging Face names (tied names stored once): what
+                           the engines serve; written by trainer rank 0, a gathered bucket at a
+                           time (older runs have weights.pt, a torch.save of the state dict)
         state.json         step, weight version, weights_only, the driver's state
         config.yaml        the config snapshot of the run that wrote it
 
 A checkpoint is assembled in `.step000004.tmp/`, renamed into place when every part is
 written, and only then named in `latest` (itself an atomic write). A crash at any point
-leaves the previous checkpoint and `latest` as they were. The driver's sampling seeds and
-the task's prompts are functions of (seed, step), so the step is the driver's whole state.
+leaves the previous checkpoint and `latest` as they were. The driver holds no weights: the
+trainer ranks write them. The driver's sampling seeds and the task's prompts are functions
+of (seed, step), so the step is the driver's whole state.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from pathlib import Path
 
 import torch
 
-from rl_engine.io import FILE_MODE, write_json_atomic, write_text_atomic
+from rl_engine.executors.worker.weights_file import WEIGHTS_FILE, read_weights_file
+from rl_engine.io import write_json_atomic, write_text_atomic
+
+LEGACY_WEIGHTS_FILE = "weights.pt"
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -48,14 +54,19 @@ class Checkpoint:
 
     @property
     def weights_path(self) -> Path:
-        return self.path / "weights.pt"
+        """weights.safetensors, or weights.pt in a checkpoint of an older run."""
+        legacy = self.path / LEGACY_WEIGHTS_FILE
+        return legacy if legacy.is_file() else self.path / WEIGHTS_FILE
 
     @property
     def config_path(self) -> Path:
         return self.path / "config.yaml"
 
     def load_weights(self) -> dict[str, torch.Tensor]:
-        return torch.load(self.weights_path, map_location="cpu", weights_only=True)
+        """The state dict the engines served from this checkpoint on (tied names: one tensor)."""
+        if self.weights_path.name == LEGACY_WEIGHTS_FILE:
+            return torch.load(self.weights_path, map_location="cpu", weights_only=True)
+        return read_weights_file(self.weights_path)
 
 
 def tag_for(step: int) -> str:
@@ -74,11 +85,9 @@ def begin(run_dir: Path, step: int) -> Path:
 
 
 def write_driver_part(
-    staging: Path, *, step: int, weight_version: int, weights, config, weights_only: bool
+    staging: Path, *, step: int, weight_version: int, config, weights_only: bool
 ) -> None:
-    """The driver's share of a checkpoint: served weights, state and config snapshot."""
-    torch.save(weights, staging / "weights.pt")
-    os.chmod(staging / "weights.pt", FILE_MODE)
+    """The driver's share of a checkpoint: its state and the config snapshot (no weights)."""
     config.to_yaml(staging / "config.yaml")
     write_json_atomic(
         staging / "state.json",
@@ -97,22 +106,18 @@ def due(config, done: int, stop_requested: bool) -> bool:
     return done == config.steps or bool(every and done % every == 0) or stop_requested
 
 
-def save(run_dir: Path, config, trainers, *, step: int, weight_version: int, weights) -> Checkpoint:
-    """The checkpoint after `step` steps: every rank's DeepSpeed state, then the driver's part."""
+def save(run_dir: Path, config, trainers, *, step: int, weight_version: int) -> Checkpoint:
+    """The checkpoint after `step` steps: the ranks write the weights file (rank 0) and their
+    DeepSpeed state, then the driver its part."""
     from rl_engine.executors.job.faults import gather  # here: reading checkpoints needs no Ray
 
     staging = begin(run_dir, step)
     weights_only = config.checkpoint.weights_only
-    if not weights_only:
-        target = str(staging / "deepspeed")
-        gather([(a, a.handle.save_checkpoint.remote(target)) for a in trainers])
+    target = None if weights_only else str(staging / "deepspeed")
+    weights = str(staging / WEIGHTS_FILE)
+    gather([(a, a.handle.save_checkpoint.remote(target, weights)) for a in trainers])
     write_driver_part(
-        staging,
-        step=step,
-        weight_version=weight_version,
-        weights=weights,
-        config=config,
-        weights_only=weights_only,
+        staging, step=step, weight_version=weight_version, config=config, weights_only=weights_only
     )
     return commit(run_dir, staging, config.checkpoint.keep_last)
 

@@ -2,8 +2,9 @@
 
 One step (`_Job.step`, top to bottom): prompts -> engines generate, recording logprobs
 (or the next groups of `rollout.source`) -> rewards -> TrainBatch -> every rank trains on
-its shard, checking its logprobs against the rollout's bit for bit -> rank 0's new weights
-into every engine (as the worker's weight_version) -> the metrics row -> a checkpoint.
+its shard, checking its logprobs against the rollout's bit for bit -> the ranks' new weights
+straight into every engine over the weight group (as the worker's weight_version; the
+driver never holds them) -> the metrics row -> a checkpoint (weights written by rank 0).
 
 Each concern has its own module: `actors` (start, generation, training, weight sync),
 `rollout_source` (completions, rewards, sampling, batch), `step_metrics` (the row and its
@@ -26,6 +27,7 @@ from rl_engine.executors.job.actors import (
     RolloutActor,
     TrainerActor,
     actor_resources,
+    connect_weight_sync,
     describe_actors,
     generate_on_engines,
     spawn_actors,
@@ -100,8 +102,7 @@ class _Job:
         self.engines: list[ActorInfo] = []
         self.trainers: list[ActorInfo] = []
         self.groups = []
-        self.weights = None  # the state dict the engines serve (saved with checkpoints)
-        self.version = 0
+        self.version = 0  # the weight version the engines serve
         self.last_checkpoint: ckpt.Checkpoint | None = None
 
     def start(self, resume_from: ckpt.Checkpoint | None) -> None:
@@ -112,6 +113,7 @@ class _Job:
         resume_dir = str(resume_from.deepspeed_dir) if resume_from else None
         self.info = start_actors(self.trainers, self.engines, resume_dir)
         self.rollouts = StepRollouts.for_model(self.config, self.info)
+        connect_weight_sync(self.trainers, self.engines)
         if resume_from is not None:
             self.sync_weights(resume_from.weight_version)
             self.last_checkpoint = resume_from
@@ -157,7 +159,7 @@ class _Job:
         with clock.phase("train"):
             results = train_on_ranks(self.trainers, batch)
         clock.add("train_compute", max(m.pop("time/train_compute") for m in results))
-        with clock.phase("weight_sync"):
+        with clock.phase("weight_sync"):  # the whole sync, senders and receivers
             # the worker's version: a skipped (non-finite) update keeps the old weights and version
             self.sync_weights(results[0]["weight_version"])
         record = step_record(step, results[0], rewards, clock.totals())
@@ -175,9 +177,17 @@ class _Job:
         return completions
 
     def sync_weights(self, version: int) -> None:
-        """Rank 0's weights into every engine as `version` (export is collective under ZeRO-3)."""
-        self.weights = sync_weights(self.trainers, self.engines, version)
-        self.version = version
+        """The ranks' weights (of `version`) into every engine; nothing to do when the engines
+        serve it already (a skipped update leaves the weights bitwise as they were; at the
+        start, engines and ranks load the same version-0 weights)."""
+        if version == self.version:
+            return
+        try:
+            self.version = sync_weights(self.trainers, self.engines)
+        except ActorFailure as err:
+            raise ActorFailure(f"{err} (in the weight sync to version {version})") from None
+        if self.version != version:
+            raise RuntimeError(f"the ranks sent weight version {self.version}, not {version}")
 
     def save_checkpoint(self, step: int) -> None:
         started = time.perf_counter()
@@ -187,7 +197,6 @@ class _Job:
             self.trainers,
             step=step,
             weight_version=self.version,
-            weights=self.weights,
         )
         log.info(
             "checkpoint %s written in %.1f s",

@@ -7,7 +7,8 @@ run's on every other key):
   `time/generate_compute`: the slowest engine's own generation time;
 - `time/batch`: building the TrainBatch;
 - `time/train`: the driver's wait for the ranks; `time/train_compute`: the slowest rank's own;
-- `time/weight_sync`: new weights into every engine;
+- `time/weight_sync`: the whole weight sync, from the driver's call until every rank has
+  sent and every engine has received in place (0 when the engines serve the version already);
 - `time/step`: all of the above; `time/driver_overhead` (and `_fraction`): what is neither
   generation nor training compute.
 """

@@ -1,4 +1,8 @@
-"""Weights out of the worker (HF state dict) and DeepSpeed checkpoints in and out, atomically."""
+"""Weights out of the worker (HF state dict, or a weights file) and DeepSpeed checkpoints in and out.
+
+Under ZeRO-3 both weight paths gather one bucket of parameters at a time
+(`trainer.weight_sync_bucket_mb`), never the whole model on every rank.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +10,84 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from rl_engine.executors.worker.distributed import Collectives
+from rl_engine.executors.worker.weight_transport import full_shape, policy_tensors
+from rl_engine.executors.worker.weights_file import WeightsFileWriter
 from rl_engine.io import write_text_atomic
 
 
-def export_state_dict(policy: nn.Module, *, zero3: bool, rank: int, deepspeed=None):
-    """The full state dict under the HF names; collective under ZeRO-3 (rank 0 gets it, others None)."""
-    if zero3:
-        with deepspeed.zero.GatheredParameters(list(policy.parameters()), modifier_rank=None):
-            return _cpu_state_dict(policy) if rank == 0 else None
-    return _cpu_state_dict(policy)
+def gathered_buckets(policy: nn.Module, *, zero3: bool, deepspeed, bucket_bytes: int):
+    """The policy's tensors, [(names, full tensor)] a bucket of at most `bucket_bytes` at a time
+    (one tensor larger than that alone). Under ZeRO-3 each bucket is gathered on every rank for
+    the body of the loop (collective: every rank iterates) and released after it, so no rank
+    ever holds more than one bucket beyond its own partitions."""
+    bucket, used = [], 0
+    for names, tensor in policy_tensors(policy):
+        size = _numel(full_shape(tensor)) * tensor.dtype.itemsize
+        if bucket and used + size > bucket_bytes:
+            yield from _gathered(bucket, zero3, deepspeed)
+            bucket, used = [], 0
+        bucket.append((names, tensor))
+        used += size
+    if bucket:
+        yield from _gathered(bucket, zero3, deepspeed)
 
 
-def _cpu_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
-    """CPU copies; tied names share one tensor."""
-    out, copies = {}, {}
-    for name, tensor in policy.state_dict(keep_vars=True).items():
-        if id(tensor) not in copies:
-            copies[id(tensor)] = tensor.detach().to("cpu", copy=True)
-        out[name] = copies[id(tensor)]
+def _gathered(bucket, zero3: bool, deepspeed):
+    if not zero3:
+        yield bucket
+        return
+    params = [t for _, t in bucket if hasattr(t, "ds_id")]
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        yield bucket
+
+
+def export_state_dict(policy: nn.Module, *, zero3: bool, rank: int, deepspeed, bucket_bytes: int):
+    """The full state dict under the HF names (CPU copies, tied names share one tensor) on rank 0,
+    None on the others; collective under ZeRO-3, one gathered bucket at a time."""
+    copies = {}
+    for bucket in gathered_buckets(
+        policy, zero3=zero3, deepspeed=deepspeed, bucket_bytes=bucket_bytes
+    ):
+        if rank == 0:
+            copies.update({names: tensor.detach().to("cpu", copy=True) for names, tensor in bucket})
+    if rank != 0:
+        return None
+    by_name = {name: copy for names, copy in copies.items() for name in names}
+    return {name: by_name[name] for name in policy.state_dict(keep_vars=True)}  # its order
+
+
+def save_weights_file(
+    policy: nn.Module, path: Path, *, zero3: bool, rank: int, deepspeed, bucket_bytes: int
+) -> Path | None:
+    """The policy as a safetensors file written by rank 0 as the buckets arrive (collective
+    under ZeRO-3); returns the path on rank 0, None elsewhere."""
+    writer = None
+    if rank == 0:
+        entries = [
+            (names, full_shape(tensor), tensor.dtype) for names, tensor in policy_tensors(policy)
+        ]
+        writer = WeightsFileWriter(path, entries)
+    try:
+        for bucket in gathered_buckets(
+            policy, zero3=zero3, deepspeed=deepspeed, bucket_bytes=bucket_bytes
+        ):
+            if writer is not None:
+                for _, tensor in bucket:
+                    writer.write(tensor)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    return None if writer is None else writer.close()
+
+
+def _numel(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
     return out
 
 

@@ -6,7 +6,8 @@ before any forward (`batch_checks`), each micro-batch is scored at the batch's
 logprobs before the update (parity), its loss (`step_loss`) backpropagated, and
 DeepSpeed steps with every rank applying the update or none (`policy.StepGuard`).
 Rollout correction's bookkeeping: `step_corrections`. Setup: `distributed`, `ds_config`,
-`policy.prepare_policy`; weights and checkpoints: `checkpoints`.
+`policy.prepare_policy`; weights and checkpoints: `checkpoints`; weights straight into the
+rollout engines over a process group of their own: `weight_transport`.
 """
 
 from __future__ import annotations
@@ -42,8 +43,15 @@ from rl_engine.executors.worker.step_loss import (
     step_metrics,
     summary,
 )
+from rl_engine.executors.worker.weight_transport import (
+    WeightGroup,
+    WeightSender,
+    held_ranges,
+    policy_manifest,
+)
 from rl_engine.logprobs import IGNORE_INDEX
 from rl_engine.parity import NUM_SUMS, MismatchMetrics, merge_sums, parity_sums, reduce_sums
+from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
 
 __all__ = ["BatchError", "DeepSpeedTrainingWorker", "ParityError", "build_deepspeed_config"]
 
@@ -90,6 +98,7 @@ class DeepSpeedTrainingWorker:
             model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
         )
         self.weight_version, self._unusable = 0, None
+        self._weight_sync = None  # (manifest, sender, group) once connect_weight_sync ran
         self._log(
             f"DeepSpeed worker ready: {self.world_size} rank(s), ZeRO-{self.zero_stage}, "
             f"{config.dtype}, batch_invariant={config.batch_invariant}, parity={config.parity}, "
@@ -262,14 +271,88 @@ class DeepSpeedTrainingWorker:
         """The policy's full state dict under the HF model's own names (what RolloutEngine.load_weights takes).
 
         Collective under ZeRO-3 (every rank must call it); rank 0 gets the dict, others None.
-        Tensors are CPU copies in the trained dtype; tied names share one tensor.
+        Tensors are CPU copies in the trained dtype; tied names share one tensor. ZeRO-3 ranks
+        gather one bucket (`trainer.weight_sync_bucket_mb`) at a time.
         """
         return checkpoints.export_state_dict(
             self.module.policy,
             zero3=self.zero_stage == 3,
             rank=self.rank,
             deepspeed=self._deepspeed,
+            bucket_bytes=self.config.trainer.weight_sync_bucket_bytes,
         )
+
+    def save_weights(self, path: str | Path) -> Path | None:
+        """The policy as a safetensors file at `path`, written by rank 0 (collective under ZeRO-3,
+        one gathered bucket at a time); `weights_file.read_weights_file` reads it back."""
+        return checkpoints.save_weights_file(
+            self.module.policy,
+            Path(path),
+            zero3=self.zero_stage == 3,
+            rank=self.rank,
+            deepspeed=self._deepspeed,
+            bucket_bytes=self.config.trainer.weight_sync_bucket_bytes,
+        )
+
+    # -------------------------------------------------------------- weights straight to the engines
+
+    def weight_manifest(self) -> WeightManifest:
+        """What the ranks send in a weight sync (the same on every rank): each tensor's HF name,
+        aliases, shape, dtype and the flat range each rank sends (its ZeRO-3 partition)."""
+        return policy_manifest(
+            self.module.policy, zero3=self.zero_stage == 3, world_size=self.world_size
+        )
+
+    def connect_weight_sync(
+        self, address: str, port: int, group_size: int, plans: list[WeightPlan]
+    ) -> None:
+        """Join the weight group (ranks 0 .. W-1 the trainer ranks, then one per receiver, whose
+        `plans` are listed in group-rank order) with its store at address:port (hosted by rank 0).
+
+        Blocks until every member has joined; the receivers join with `WeightGroup.connect`.
+        """
+        manifest = self.weight_manifest()
+        if len(plans) != group_size - self.world_size:
+            raise ValueError(
+                f"{len(plans)} receiver plans for a weight group of {group_size} with "
+                f"{self.world_size} trainer ranks"
+            )
+        theirs = self.comm.all_gather(manifest.to_json())
+        if any(other != theirs[0] for other in theirs):
+            raise RuntimeError("trainer ranks computed different weight manifests")
+        self.close_weight_sync()
+        bucket = self.config.trainer.weight_sync_bucket_bytes
+        sender = WeightSender(manifest, list(plans), self.rank, bucket)
+        group = WeightGroup.connect(
+            address,
+            port,
+            self.rank,
+            group_size,
+            self.device.type,
+            self.config.trainer.collective_timeout_s,
+        )
+        self._weight_sync = (manifest, sender, group)
+
+    def send_weights(self, on_bucket=None) -> dict[str, float]:
+        """This rank's share of the current weights to every receiver of the weight group, as
+        `weight_version`; every rank calls it while the receivers receive. Sends from the
+        parameters' own storage (under ZeRO-3 each rank its partition): nothing is gathered.
+
+        Returns {"weight_version", "bytes" (sent by this rank), "seconds"}.
+        """
+        if self._weight_sync is None:
+            raise RuntimeError("send_weights before connect_weight_sync")
+        self._require_usable()
+        manifest, sender, group = self._weight_sync
+        zero3 = self.zero_stage == 3
+        held = held_ranges(self.module.policy, manifest, self.rank, zero3)
+        stats = sender.send(group, held, self.weight_version, on_bucket=on_bucket)
+        return {"weight_version": self.weight_version, **stats}
+
+    def close_weight_sync(self) -> None:
+        if getattr(self, "_weight_sync", None) is not None:
+            self._weight_sync[2].close()
+        self._weight_sync = None
 
     def save_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
         """DeepSpeed checkpoint (model, optimizer, step, weight_version) under `directory`; collective.

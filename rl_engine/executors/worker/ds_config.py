@@ -8,6 +8,23 @@ from pathlib import Path
 
 from rl_engine.config import RunConfig
 
+# ZeRO-3 settings the worker fills in when the user's DeepSpeed config leaves them out.
+# DeepSpeed's own defaults are sized for GPUs with memory to spare; on a host they cost
+# more than the model states themselves (measured on the Qwen2.5-0.5B-shaped job,
+# docs/benchmarks.md). None of them changes a forward's bits.
+ZERO3_MEMORY_DEFAULTS = {
+    # gradient bucket (IPG) elements: DeepSpeed's 5e8 allocates a 1 GB bf16 buffer per rank,
+    # which one backward of a model up to 0.5B parameters fills entirely
+    "reduce_bucket_size": 50_000_000,
+    # optimizer step per sub-group of at most this many elements: the step makes a flat fp32
+    # copy of each sub-group's gradients (DeepSpeed's 1e9: the rank's whole partition at once)
+    "sub_group_size": 50_000_000,
+    # gathered parameters kept between uses: with DeepSpeed's 1e9 every parameter is reused
+    # "soon" (in the backward), so a forward ends with the whole model gathered on every rank
+    "stage3_max_live_parameters": 100_000_000,
+    "stage3_max_reuse_distance": 100_000_000,
+}
+
 
 def load_deepspeed_config(spec: dict | str) -> dict:
     """A deep copy of the user's DeepSpeed config (a dict, or a path to a JSON file)."""
@@ -59,6 +76,9 @@ def build_deepspeed_config(config: RunConfig, world_size: int) -> dict:
     if config.trainer.zero_stage is not None:
         zero["stage"] = config.trainer.zero_stage
     zero.setdefault("stage", 0)
+    if zero["stage"] == 3:
+        for key, value in ZERO3_MEMORY_DEFAULTS.items():
+            zero.setdefault(key, value)
     return ds
 
 
