@@ -12,7 +12,9 @@ Layout under RUN_DIR/checkpoints/:
 A checkpoint is assembled in `.step000004.tmp/`, renamed into place when every part is
 written, and only then named in `latest` (itself an atomic write). A crash at any point
 leaves the previous checkpoint and `latest` as they were. The driver's sampling seeds and
-the task's prompts are functions of (seed, step), so the step is the driver's whole state.
+the task's prompts are functions of (seed, step); a dataset's prompts are a function of
+(seed, stream position), and the position is saved in state.json ("driver":
+{"prompt_position": ...}).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,6 +43,8 @@ class Checkpoint:
     weight_version: int
     """Weight version the engines serve from this checkpoint on."""
     weights_only: bool
+    driver: dict = field(default_factory=dict)
+    """The driver's state (state.json "driver"): seed, next_step, prompt_position, ..."""
 
     @property
     def deepspeed_dir(self) -> Path:
@@ -74,7 +78,14 @@ def begin(run_dir: Path, step: int) -> Path:
 
 
 def write_driver_part(
-    staging: Path, *, step: int, weight_version: int, weights, config, weights_only: bool
+    staging: Path,
+    *,
+    step: int,
+    weight_version: int,
+    weights,
+    config,
+    weights_only: bool,
+    driver_state: dict | None = None,
 ) -> None:
     """The driver's share of a checkpoint: served weights, state and config snapshot."""
     torch.save(weights, staging / "weights.pt")
@@ -86,7 +97,12 @@ def write_driver_part(
             "step": step,
             "weight_version": weight_version,
             "weights_only": weights_only,
-            "driver": {"seed": config.seed, "next_step": step, "rng": "derived from (seed, step)"},
+            "driver": {
+                "seed": config.seed,
+                "next_step": step,
+                "rng": "derived from (seed, step)",
+                **(driver_state or {}),
+            },
         },
     )
 
@@ -97,7 +113,16 @@ def due(config, done: int, stop_requested: bool) -> bool:
     return done == config.steps or bool(every and done % every == 0) or stop_requested
 
 
-def save(run_dir: Path, config, trainers, *, step: int, weight_version: int, weights) -> Checkpoint:
+def save(
+    run_dir: Path,
+    config,
+    trainers,
+    *,
+    step: int,
+    weight_version: int,
+    weights,
+    driver_state: dict | None = None,
+) -> Checkpoint:
     """The checkpoint after `step` steps: every rank's DeepSpeed state, then the driver's part."""
     from rl_engine.executors.job.faults import gather  # here: reading checkpoints needs no Ray
 
@@ -113,6 +138,7 @@ def save(run_dir: Path, config, trainers, *, step: int, weight_version: int, wei
         weights=weights,
         config=config,
         weights_only=weights_only,
+        driver_state=driver_state,
     )
     return commit(run_dir, staging, config.checkpoint.keep_last)
 
@@ -141,7 +167,9 @@ def complete_tags(run_dir: Path) -> list[str]:
 
 def read(path: Path) -> Checkpoint:
     state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-    return Checkpoint(path, state["step"], state["weight_version"], state["weights_only"])
+    return Checkpoint(
+        path, state["step"], state["weight_version"], state["weights_only"], state.get("driver", {})
+    )
 
 
 def latest(run_dir: Path) -> Checkpoint | None:
