@@ -2,9 +2,10 @@
 
     python scripts/make_arithmetic_data.py [--out configs/data]
 
-Train: 512 questions "What is a plus b?" (a, b in 1..20) from seed 1. Validation: 64
-distinct questions from seed 2 whose (a, b) pairs never occur in the training set: the held-out
-set of configs/smollm2_arithmetic.yaml. The same command writes the same files.
+Validation: 64 distinct questions "What is a plus b?" (a, b in 1..10) from seed 2, the
+held-out set of configs/smollm2_arithmetic.yaml. Train: 512 questions from seed 1 over
+the other pairs (no validation pair occurs in training). The same command writes the
+same files.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import random
 from pathlib import Path
 
 TRAIN_SEED, VAL_SEED = 1, 2
+HIGH = 10  # operands 1..HIGH
 SOURCE = "arithmetic/add"
 
 
@@ -27,16 +29,15 @@ def row(a: int, b: int, split: str, index: int) -> dict:
     }
 
 
-def pairs(seed: int, count: int, exclude: set | None = None) -> list[tuple[int, int]]:
-    """`count` (a, b) pairs from `seed`; with `exclude`, distinct pairs outside it."""
+def pairs(seed: int, count: int, exclude: set, distinct: bool) -> list[tuple[int, int]]:
+    """`count` (a, b) pairs from `seed` outside `exclude` (`distinct`: no repeats)."""
     rng, out = random.Random(seed), []
     while len(out) < count:
-        pair = (rng.randint(1, 20), rng.randint(1, 20))
-        if exclude is None:
+        pair = (rng.randint(1, HIGH), rng.randint(1, HIGH))
+        if pair not in exclude:
             out.append(pair)
-        elif pair not in exclude:
-            out.append(pair)
-            exclude.add(pair)
+            if distinct:
+                exclude.add(pair)
     return out
 
 
@@ -48,8 +49,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    train = pairs(TRAIN_SEED, 512)
-    val = pairs(VAL_SEED, 64, exclude=set(train))
+    val = pairs(VAL_SEED, 64, set(), distinct=True)
+    train = pairs(TRAIN_SEED, 512, set(val), distinct=False)
     for name, items in (("train", train), ("val", val)):
         rows = [row(a, b, name, i) for i, (a, b) in enumerate(items)]
         path = out / f"arithmetic_{name}.parquet"
