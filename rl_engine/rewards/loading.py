@@ -62,6 +62,16 @@ def load_reward_function(spec: str | None, kwargs: dict | None = None) -> Callab
     return fn
 
 
+def absolute_spec(spec: str | None) -> str | None:
+    """`spec` with a file path made absolute (worker processes may start in another folder)."""
+    if spec is None or spec in BUILTINS:
+        return spec
+    target, _, name = spec.rpartition(":") if ":" in spec else (spec, "", DEFAULT_NAME)
+    if not _is_file_spec(target):
+        return spec
+    return f"{Path(target).expanduser().resolve()}:{name or DEFAULT_NAME}"
+
+
 def _is_file_spec(target: str) -> bool:
     return target.endswith(".py") or "/" in target or "\\" in target
 

@@ -88,14 +88,21 @@ def installed_backends() -> list[str]:
     return ["jsonl", "tensorboard", *optional]
 
 
-@pytest.mark.slow  # 4 jobs of 3 steps: 2-4 min
-@pytest.mark.multiprocess
-def test_dataset_job_evaluates_logs_everywhere_and_resumes(files, tmp_path, local_ray, monkeypatch):
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    backends = installed_backends()
-    whole = tmp_path / "whole"
-    history = run_job(data_config(files, whole, backends=backends, num_workers=1))
+@pytest.fixture(scope="module")
+def whole(files, tmp_path_factory, local_ray):
+    """3 steps with validation, every installed tracker and one Ray reward worker."""
+    run_dir = tmp_path_factory.mktemp("whole") / "run"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_MODE", "offline")
+        history = run_job(data_config(files, run_dir, backends=installed_backends(), num_workers=1))
+    return run_dir, history
 
+
+@pytest.mark.slow  # one 3-step job (the fixture)
+@pytest.mark.multiprocess
+@pytest.mark.timeout(1200)  # a loaded shared machine: jobs of a few seconds' compute take minutes
+def test_dataset_job_evaluates_into_the_step_rows_and_logs_to_every_tracker(whole):
+    run_dir, history = whole
     # validation rows: initial eval in row 0, after step 1 (every 2), final in the last row
     assert [m["step"] for m in history] == [0, 1, 2]
     for m in history:
@@ -107,30 +114,43 @@ def test_dataset_job_evaluates_logs_everywhere_and_resumes(files, tmp_path, loca
         assert "eval/toy/add/reward_mean" in m and "eval/toy/more/pass@k" in m
         assert m["reward/errors"] == 0 and m["reward/timeouts"] == 0 and m["data/epoch"] == 0
         assert m["reward/extra/length"] > 0 and m["time/eval"] > 0
-    summary = json.loads((whole / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"][0]["eval/reward_mean"] == history[0]["eval/reward_mean"]
-    _check_tensorboard(whole, history)
-    if "wandb" in backends:
-        _check_wandb(whole, runs=1)
-    if "mlflow" in backends:
-        _check_mlflow(whole, history)
+    _check_tensorboard(run_dir, history)
+    if "wandb" in installed_backends():
+        _check_wandb(run_dir, runs=1)
+    if "mlflow" in installed_backends():
+        _check_mlflow(run_dir, history)
 
-    # eval off: every training metric equal (eval samples with seeds of its own)
+
+@pytest.mark.slow  # one more 3-step job
+@pytest.mark.multiprocess
+@pytest.mark.timeout(1200)
+def test_eval_on_equals_eval_off_on_every_training_metric(files, whole, tmp_path):
+    """Eval samples with seeds of its own and moves no prompt cursor: the training rows match."""
     plain = tmp_path / "plain"
     run_job(data_config(files, plain, evaluate=False))
     training = [
-        {k: v for k, v in m.items() if not k.startswith("eval/")} for m in without_timings(whole)
+        {k: v for k, v in m.items() if not k.startswith("eval/")} for m in without_timings(whole[0])
     ]
     assert without_timings(plain) == training
+    assert all(not any(k.startswith("eval/") for k in m) for m in without_timings(plain))
 
-    # stopped after 2 steps, resumed to 3: the same rows, eval included; trackers continue
+
+@pytest.mark.slow  # a 2-step job and its resume
+@pytest.mark.multiprocess
+@pytest.mark.timeout(1200)
+def test_stopped_and_resumed_dataset_run_equals_the_whole_one(files, whole, tmp_path, monkeypatch):
+    """The same rows, eval included; the prompt cursor is in the checkpoint; trackers continue."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    backends = installed_backends()
     part = tmp_path / "part"
     run_job(data_config(files, part, steps=2, backends=backends))
     state = json.loads((part / "checkpoints" / "step000002" / "state.json").read_text())
     assert state["driver"]["prompt_position"] == 4
     run_job(resume_config(part, None, ["steps=3"]), resume=True)
-    assert without_timings(part) == without_timings(whole)
-    _check_tensorboard(part, history)
+    assert without_timings(part) == without_timings(whole[0])
+    _check_tensorboard(part, whole[1])
     if "wandb" in backends:
         _check_wandb(part, runs=2)
 

@@ -84,9 +84,10 @@ def _reward_runner(config: RunConfig):
     if r.num_workers == 0:
         return DriverRewards(load_reward_function(r.function, r.kwargs), r.kwargs, r.timeout_s)
     from rl_engine.executors.job.reward_workers import RewardPool
+    from rl_engine.rewards.loading import absolute_spec
 
     log.info("starting %d reward worker(s)", r.num_workers)
-    return RewardPool(r.function, r.kwargs, r.timeout_s, r.num_workers)
+    return RewardPool(absolute_spec(r.function), r.kwargs, r.timeout_s, r.num_workers)
 
 
 def _log_dataset(what: str, dataset, config: RunConfig) -> None:
