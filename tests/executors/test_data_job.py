@@ -238,4 +238,5 @@ def test_config_errors_exit_2_before_ray_starts(files, tmp_path, caplog, monkeyp
     config = data_config(files, tmp_path / "run", backends=("jsonl", "wandb"))
     assert _cli(config, tmp_path / "w.yaml") == 2
     assert "pip install 'rl-engine[wandb]'" in caplog.text
-    assert not ray.is_initialized()
+    # run_job checks before it prepares the run directory, and only then starts Ray
+    assert not (tmp_path / "run").exists()
