@@ -80,7 +80,8 @@ class RolloutConfig:
     """Top-k sampling (0 = off)."""
     task: str = "count"
     """'count', 'arithmetic', 'module:function' (your reward over the built-in prompts) or
-    'jsonl:PATH' (a prompt file, one {"prompt": str, "answer": str} per line)."""
+    'jsonl:PATH' (a prompt file, one {"prompt": str, "answer": str} per line). Leave it at
+    'count' with data.train_files or reward.function: those then give the prompts / rewards."""
     placement: str = "pack"
     """Where the engines go: 'pack' (few nodes), 'spread' or 'strict_spread' (one per node)."""
     source: str | None = None

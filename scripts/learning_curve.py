@@ -33,10 +33,14 @@ def main(argv: list[str]) -> None:
         )
     evals = [m["eval/reward_mean"] for m in rows if "eval/reward_mean" in m]
     if len(evals) >= 2:
-        print(f"\nvalidation reward {evals[0]:.3f} -> {evals[-1]:.3f} ({evals[-1] - evals[0]:+.3f})")
+        print(
+            f"\nvalidation reward {evals[0]:.3f} -> {evals[-1]:.3f} ({evals[-1] - evals[0]:+.3f})"
+        )
     steps = [m["time/step"] for m in rows]
     parity = min(m.get("parity/exact_match_fraction", float("nan")) for m in rows)
-    print(f"median step {statistics.median(steps):.1f} s, total {sum(steps):.0f} s; min parity {parity}")
+    print(
+        f"median step {statistics.median(steps):.1f} s, total {sum(steps):.0f} s; min parity {parity}"
+    )
 
 
 if __name__ == "__main__":
