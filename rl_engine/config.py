@@ -80,7 +80,8 @@ class RolloutConfig:
     """Top-k sampling (0 = off)."""
     task: str = "count"
     """'count', 'arithmetic', 'module:function' (your reward over the built-in prompts) or
-    'jsonl:PATH' (a prompt file, one {"prompt": str, "answer": str} per line)."""
+    'jsonl:PATH' (a prompt file, one {"prompt": str, "answer": str} per line). Leave it at
+    'count' with data.train_files or reward.function: those then give the prompts / rewards."""
     placement: str = "pack"
     """Where the engines go: 'pack' (few nodes), 'spread' or 'strict_spread' (one per node)."""
     source: str | None = None
@@ -209,11 +210,151 @@ class CheckpointConfig:
         _choice("checkpoint.weights_only", self.weights_only, (True, False))
 
 
+TRUNCATIONS = ("filter", "left", "right", "error")
+REWARD_ERRORS = ("zero", "fail")
+BACKENDS = ("jsonl", "tensorboard", "wandb", "mlflow")
+
+
+def _files(name: str, value: Any) -> list[str] | None:
+    """None, one path or a list of paths -> None or a non-empty list of non-empty strings."""
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(v, str) and v for v in items):
+        _fail(name, "a path or a non-empty list of paths (parquet or JSON lines)", value)
+    return list(items)
+
+
+@dataclass(kw_only=True, slots=True)
+class DataConfig:
+    """Prompt datasets in verl's layout (docs/usage.md): parquet or JSON-lines files."""
+
+    train_files: str | list[str] | None = None
+    """Training prompts: one or more .parquet / .jsonl / .json files (null: rollout.task's prompts)."""
+    val_files: str | list[str] | None = None
+    """Held-out prompts the `eval` section scores (null: no evaluation)."""
+    prompt_key: str = "prompt"
+    """Column of the prompt: a list of chat messages ({role, content}) or plain text."""
+    answer_key: str = "reward_model.ground_truth"
+    """Column of the ground truth handed to the reward (dotted: a field inside a struct column)."""
+    system_prompt: str | None = None
+    """A system message put before every prompt that has none."""
+    max_prompt_length: int = 1024
+    """Most prompt tokens after the chat template; longer prompts are handled by `truncation`."""
+    truncation: str = "filter"
+    """Prompts over max_prompt_length: 'filter' (dropped), 'left' / 'right' (tokens cut on that
+    side), 'error' (a config error naming the row)."""
+    shuffle: bool = True
+    """Each epoch visits the rows in a shuffled order from (seed, epoch); false: file order."""
+
+    def __post_init__(self) -> None:
+        self.train_files = _files("data.train_files", self.train_files)
+        self.val_files = _files("data.val_files", self.val_files)
+        _text("data.prompt_key", self.prompt_key)
+        _text("data.answer_key", self.answer_key)
+        if self.system_prompt is not None:
+            _text("data.system_prompt", self.system_prompt)
+        _int("data.max_prompt_length", self.max_prompt_length, 1)
+        _choice("data.truncation", self.truncation, TRUNCATIONS)
+        _choice("data.shuffle", self.shuffle, (True, False))
+
+
+@dataclass(kw_only=True, slots=True)
+class RewardConfig:
+    """How completions are scored when prompts come from `data` (or `reward.function` is set)."""
+
+    function: str | None = None
+    """'math' (math-verify), 'gsm8k' ('#### answer'), 'path/to/file.py:compute_score' or
+    'module:function' with verl's signature compute_score(data_source, solution_str,
+    ground_truth, extra_info=None) -> float | {'score': float, ...}. null: by data_source
+    (gsm8k sources: 'gsm8k', anything else: 'math')."""
+    kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments for every call of the function (verl's reward_kwargs)."""
+    num_workers: int = 0
+    """Ray worker processes that score in parallel (0 = in the driver)."""
+    timeout_s: float = 10.0
+    """Most seconds one sample's score may take; then it counts as timed out."""
+    on_error: str = "zero"
+    """A score that raises, times out or is not a number: 'zero' (scored 0, counted in
+    reward/errors and reward/timeouts) or 'fail' (the step fails, naming the sample)."""
+
+    def __post_init__(self) -> None:
+        if self.function is not None:
+            _text("reward.function", self.function)
+        if not isinstance(self.kwargs, dict) or not all(isinstance(k, str) for k in self.kwargs):
+            _fail("reward.kwargs", "a mapping of argument names to values", self.kwargs)
+        _int("reward.num_workers", self.num_workers, 0)
+        _number("reward.timeout_s", self.timeout_s, low=0.0, low_open=True)
+        _choice("reward.on_error", self.on_error, REWARD_ERRORS)
+
+
+@dataclass(kw_only=True, slots=True)
+class EvalConfig:
+    """Validation on data.val_files with the rollout engines: at step 0, every N steps, at the end."""
+
+    every: int = 0
+    """Evaluate after every this many steps (0: only at step 0 and after the last step)."""
+    samples_per_prompt: int = 1
+    """k: completions per validation prompt (pass@k and mean@k are over these k)."""
+    temperature: float = 0.0
+    """Sampling temperature of validation (0 = greedy)."""
+    max_new_tokens: int | None = None
+    """Most tokens per validation completion (null: rollout.max_new_tokens)."""
+    before_train: bool = True
+    """Evaluate the initial policy too (its figures go into step 0's row)."""
+
+    def __post_init__(self) -> None:
+        _int("eval.every", self.every, 0)
+        _int("eval.samples_per_prompt", self.samples_per_prompt, 1)
+        _number("eval.temperature", self.temperature, low=0.0)
+        if self.max_new_tokens is not None:
+            _int("eval.max_new_tokens", self.max_new_tokens, 1)
+        _choice("eval.before_train", self.before_train, (True, False))
+
+
+@dataclass(kw_only=True, slots=True)
+class LoggingConfig:
+    """Where each step's scalars go besides metrics.jsonl: the same names in every backend."""
+
+    backends: list[str] = field(default_factory=lambda: ["jsonl"])
+    """Any of 'jsonl' (RUN_DIR/metrics.jsonl, always on: resume reads it), 'tensorboard'
+    (RUN_DIR/tensorboard), 'wandb' (mode from WANDB_MODE; files under RUN_DIR/wandb),
+    'mlflow' (MLFLOW_TRACKING_URI, else a file store in RUN_DIR/mlruns)."""
+    project: str = "rl_engine"
+    """W&B project / MLflow experiment name."""
+    experiment_name: str | None = None
+    """W&B / MLflow run name (null: the run directory's name)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.backends, str):
+            self.backends = [self.backends]
+        if not isinstance(self.backends, list) or not self.backends:
+            _fail("logging.backends", f"a non-empty list of {list(BACKENDS)}", self.backends)
+        for backend in self.backends:
+            _choice("logging.backends", backend, BACKENDS)
+        if len(set(self.backends)) != len(self.backends):
+            _fail("logging.backends", "a list without repeats", self.backends)
+        if "jsonl" not in self.backends:
+            _fail(
+                "logging.backends",
+                "a list that includes 'jsonl' (metrics.jsonl is the run's record: resume and "
+                "the summary read it)",
+                self.backends,
+            )
+        _text("logging.project", self.project)
+        if self.experiment_name is not None:
+            _text("logging.experiment_name", self.experiment_name)
+
+
 _SECTIONS = {
     "rollout": RolloutConfig,
     "trainer": TrainerConfig,
     "algorithm": AlgorithmConfig,
     "checkpoint": CheckpointConfig,
+    "data": DataConfig,
+    "reward": RewardConfig,
+    "eval": EvalConfig,
+    "logging": LoggingConfig,
 }
 
 
@@ -249,6 +390,14 @@ class RunConfig:
     """Algorithm section."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoint section."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompt datasets (verl layout)."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reward function and its workers."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Validation during training."""
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    """Experiment trackers."""
 
     def __post_init__(self) -> None:
         _text("model", self.model)
@@ -270,6 +419,28 @@ class RunConfig:
             raise ValueError(
                 "parity 'strict' needs batch_invariant: true (use parity 'report' or 'off')"
             )
+        self._check_prompt_source()
+
+    def _check_prompt_source(self) -> None:
+        """data.train_files / reward.function replace rollout.task: setting both is ambiguous."""
+        default_task = RolloutConfig().task
+        if self.rollout.task != default_task:
+            for key, value in (
+                ("data.train_files", self.data.train_files),
+                ("reward.function", self.reward.function),
+            ):
+                if value is not None:
+                    raise ValueError(
+                        f"{key} and rollout.task {self.rollout.task!r} both say where prompts or "
+                        f"rewards come from; with {key} set, leave rollout.task at its default "
+                        f"({default_task!r})"
+                    )
+        if self.rollout.source is not None and self.data.train_files is not None:
+            raise ValueError(
+                "rollout.source and data.train_files both give the training prompts; set one"
+            )
+        if self.eval.every and self.data.val_files is None:
+            raise ValueError("eval.every needs data.val_files (the prompts to evaluate on)")
 
     @property
     def torch_dtype(self) -> torch.dtype:

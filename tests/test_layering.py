@@ -8,6 +8,8 @@ Code elsewhere asks `rl_engine.kernels.get_op(name, device)` (and
 import ast
 from pathlib import Path
 
+import pytest
+
 import rl_engine
 
 PACKAGE = Path(rl_engine.__file__).parent
@@ -136,3 +138,16 @@ def test_the_rollout_layer_imports_nothing_above_it():
     assert any(f.name == "weight_receiver.py" for f in files)
     offenders = [hit for path in files for hit in _imports(path, ABOVE_ROLLOUT)]
     assert not offenders, "rollout/ imports a layer above it:\n" + "\n".join(offenders)
+# ----------------------------------------------------------------------------- data and rewards stand alone
+
+FORBIDDEN_IN_DATA = ("ray", "torch", "deepspeed", "rl_engine.executors", "rl_engine.kernels")
+
+
+@pytest.mark.parametrize("package", ["data", "rewards"])
+def test_data_and_rewards_import_no_job_ray_or_torch(package):
+    """rl_engine/data and rl_engine/rewards are plain Python (a verl reward runs anywhere): the
+    Ray reward workers and the job's wiring live in executors/job/."""
+    files = sorted((PACKAGE / package).rglob("*.py"))
+    assert files, f"no modules under {PACKAGE / package}"
+    offenders = [hit for path in files for hit in _imports(path, FORBIDDEN_IN_DATA)]
+    assert not offenders, f"rl_engine/{package} imports:\n" + "\n".join(offenders)

@@ -84,7 +84,7 @@ def test_steps_serve_groups_in_order_with_file_or_task_rewards_and_are_saved(tmp
     config = _config(tmp_path, _source(tmp_path, GROUPS), save=True)
     task = CountTask(vocab_size=VOCAB)
     rollouts = StepRollouts(config, task, VOCAB)
-    step0, rewards0 = rollouts(0, generate=None)
+    step0, rewards0, _ = rollouts(0, generate=None)
     assert [(c.prompt_ids, c.prompt_index, c.sample_index) for c in step0] == [
         ([5, 6], 0, 0),
         ([5, 6], 0, 1),
@@ -94,7 +94,7 @@ def test_steps_serve_groups_in_order_with_file_or_task_rewards_and_are_saved(tmp
     task_rewards = task.rewards([1, 1], [[1, 999], [2]], 0)
     assert rewards0 == [1.0, 0.0, *task_rewards] and task_rewards == [0.5, 1.0]
     assert all(c.weight_version is None for c in step0), "the file's versions are not the worker's"
-    step1, rewards1 = rollouts(1, generate=None)  # groups 2 and 0: the source starts over
+    step1, rewards1, _ = rollouts(1, generate=None)  # groups 2 and 0: the source starts over
     assert [c.prompt_ids for c in step1] == [[11], [11], [5, 6], [5, 6]] and rewards1 == [
         0.5,
         0.25,

@@ -15,7 +15,8 @@ A checkpoint is assembled in `.step000004.tmp/`, renamed into place when every p
 written, and only then named in `latest` (itself an atomic write). A crash at any point
 leaves the previous checkpoint and `latest` as they were. The driver holds no weights: the
 trainer ranks write them. The driver's sampling seeds and the task's prompts are functions
-of (seed, step), so the step is the driver's whole state.
+of (seed, step); a dataset's prompts are a function of (seed, stream position), and the
+position is saved in state.json ("driver": {"prompt_position": ...}).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -47,6 +48,8 @@ class Checkpoint:
     weight_version: int
     """Weight version the engines serve from this checkpoint on."""
     weights_only: bool
+    driver: dict = field(default_factory=dict)
+    """The driver's state (state.json "driver"): seed, next_step, prompt_position, ..."""
 
     @property
     def deepspeed_dir(self) -> Path:
@@ -85,7 +88,13 @@ def begin(run_dir: Path, step: int) -> Path:
 
 
 def write_driver_part(
-    staging: Path, *, step: int, weight_version: int, config, weights_only: bool
+    staging: Path,
+    *,
+    step: int,
+    weight_version: int,
+    config,
+    weights_only: bool,
+    driver_state: dict | None = None,
 ) -> None:
     """The driver's share of a checkpoint: its state and the config snapshot (no weights)."""
     config.to_yaml(staging / "config.yaml")
@@ -95,7 +104,12 @@ def write_driver_part(
             "step": step,
             "weight_version": weight_version,
             "weights_only": weights_only,
-            "driver": {"seed": config.seed, "next_step": step, "rng": "derived from (seed, step)"},
+            "driver": {
+                "seed": config.seed,
+                "next_step": step,
+                "rng": "derived from (seed, step)",
+                **(driver_state or {}),
+            },
         },
     )
 
@@ -106,7 +120,15 @@ def due(config, done: int, stop_requested: bool) -> bool:
     return done == config.steps or bool(every and done % every == 0) or stop_requested
 
 
-def save(run_dir: Path, config, trainers, *, step: int, weight_version: int) -> Checkpoint:
+def save(
+    run_dir: Path,
+    config,
+    trainers,
+    *,
+    step: int,
+    weight_version: int,
+    driver_state: dict | None = None,
+) -> Checkpoint:
     """The checkpoint after `step` steps: the ranks write the weights file (rank 0) and their
     DeepSpeed state, then the driver its part."""
     from rl_engine.executors.job.faults import gather  # here: reading checkpoints needs no Ray
@@ -117,7 +139,12 @@ def save(run_dir: Path, config, trainers, *, step: int, weight_version: int) -> 
     weights = str(staging / WEIGHTS_FILE)
     gather([(a, a.handle.save_checkpoint.remote(target, weights)) for a in trainers])
     write_driver_part(
-        staging, step=step, weight_version=weight_version, config=config, weights_only=weights_only
+        staging,
+        step=step,
+        weight_version=weight_version,
+        config=config,
+        weights_only=weights_only,
+        driver_state=driver_state,
     )
     return commit(run_dir, staging, config.checkpoint.keep_last)
 
@@ -146,7 +173,9 @@ def complete_tags(run_dir: Path) -> list[str]:
 
 def read(path: Path) -> Checkpoint:
     state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-    return Checkpoint(path, state["step"], state["weight_version"], state["weights_only"])
+    return Checkpoint(
+        path, state["step"], state["weight_version"], state["weights_only"], state.get("driver", {})
+    )
 
 
 def latest(run_dir: Path) -> Checkpoint | None:

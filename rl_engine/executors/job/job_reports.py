@@ -42,7 +42,8 @@ def write_summary(
 
 
 def _plot(history: list[dict], path: Path) -> None:
-    """Reward and parity per step (a picture of the run); skipped without matplotlib."""
+    """Reward (training and validation) and parity per step (a picture of the run); skipped
+    without matplotlib."""
     try:
         import matplotlib
 
@@ -53,7 +54,16 @@ def _plot(history: list[dict], path: Path) -> None:
         return
     steps = [m["step"] for m in history]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    ax1.plot(steps, [m["reward_mean"] for m in history], marker="o")
+    ax1.plot(steps, [m["reward_mean"] for m in history], marker="o", label="training")
+    evals = [m for m in history if "eval/reward_mean" in m]
+    if evals:  # validation rows: the initial eval in step 0's row, the others after their step
+        ax1.plot(
+            [m["step"] for m in evals],
+            [m["eval/reward_mean"] for m in evals],
+            marker="s",
+            label="validation",
+        )
+        ax1.legend(loc="best")
     ax1.set(title="mean reward", xlabel="step")
     if all("parity/exact_match_fraction" in m for m in history):
         ax2.plot(

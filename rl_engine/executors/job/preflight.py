@@ -11,7 +11,8 @@ from rl_engine.config import RunConfig
 
 def validate_before_start(config: RunConfig) -> None:
     """Model spec resolvable, DeepSpeed config readable with a valid stage, batch divisible,
-    task known and its reward function importable / prompt file valid. Raises ValueError."""
+    task known and its reward function importable / prompt file valid, datasets readable
+    with their columns, reward.function loadable, trackers installed. Raises ValueError."""
     from rl_engine.executors.worker.ds_config import build_deepspeed_config
     from rl_engine.models import check_model_spec, has_tokenizer
     from rl_engine.tasks import check_task_spec
@@ -35,3 +36,42 @@ def validate_before_start(config: RunConfig) -> None:
             f"rollout.task {task!r} needs a model with a tokenizer; model {config.model!r} has none "
             "(e.g. use smollm2-135m-instruct)"
         )
+    check_data(config, has_tokenizer(config.model))
+    check_reward(config)
+    from rl_engine.executors.job.trackers import check_backends
+
+    check_backends(config.logging.backends)
+
+
+def check_data(config: RunConfig, tokenizer: bool) -> None:
+    """data.train_files / val_files readable, with the configured columns and at least one row."""
+    from rl_engine.data import check_dataset
+
+    for key in ("train_files", "val_files"):
+        files = getattr(config.data, key)
+        if files is None:
+            continue
+        if not tokenizer:
+            raise ValueError(
+                f"data.{key} needs a model with a tokenizer (its prompts are text); model "
+                f"{config.model!r} has none (e.g. use smollm2-135m-instruct or a HF folder)"
+            )
+        check_dataset(files, config.data, key=f"data.{key}")
+
+
+def check_reward(config: RunConfig) -> None:
+    """The reward function loads and takes verl's arguments (the built-ins: their package is there)."""
+    import importlib.util
+
+    from rl_engine.executors.job.inputs import trains_on_reward_function
+    from rl_engine.rewards import load_reward_function
+
+    if not (trains_on_reward_function(config) or config.data.val_files is not None):
+        return
+    spec = config.reward.function
+    if spec in (None, "math") and importlib.util.find_spec("math_verify") is None:
+        raise ValueError(
+            f"reward.function {spec or 'null (by data_source)'!r} scores with math-verify, which is "
+            "not installed: pip install 'rl-engine[data]' (or math-verify)"
+        )
+    load_reward_function(spec, config.reward.kwargs)

@@ -16,8 +16,9 @@ def summary_line(m: dict) -> str:
         else ""
     )
     skipped = f" | update SKIPPED ({m['skip_reason']})" if m.get("skipped_update") else ""
+    evaluation = f"eval {m['eval/reward_mean']:.3f} | " if "eval/reward_mean" in m else ""
     return (
-        f"step {m['step']:>3} | reward {m['reward_mean']:.3f} | {parity}loss {m['loss']:+.4f} "
+        f"step {m['step']:>3} | reward {m['reward_mean']:.3f} | {evaluation}{parity}loss {m['loss']:+.4f} "
         f"| kl {m['kl']:.2e} | {m['time/step']:.1f}s{skipped}"
     )
 
@@ -40,6 +41,8 @@ class StepProgress:
             log.info(summary_line(metrics))
             return
         postfix = {"reward": f"{metrics['reward_mean']:.3f}"}
+        if "eval/reward_mean" in metrics:
+            postfix["eval"] = f"{metrics['eval/reward_mean']:.3f}"
         if "parity/exact_match_fraction" in metrics:
             postfix["parity"] = f"{metrics['parity/exact_match_fraction']:.4f}"
         self._bar.set_postfix(postfix, refresh=False)

@@ -1,15 +1,17 @@
 """The RL job: Ray starts N DeepSpeed ranks and M rollout engines and runs GRPO steps.
 
-One step (`_Job.step`, top to bottom): prompts -> engines generate, recording logprobs
-(or the next groups of `rollout.source`) -> rewards -> TrainBatch -> every rank trains on
-its shard, checking its logprobs against the rollout's bit for bit -> the ranks' new weights
-straight into every engine over the weight group (as the worker's weight_version; the
-driver never holds them) -> the metrics row -> a checkpoint (weights written by rank 0).
+One step (`_Job.step`, top to bottom): (step 0: validation of the initial policy) ->
+prompts -> engines generate, recording logprobs (or the next groups of `rollout.source`)
+-> rewards -> TrainBatch -> every rank trains on its shard, checking its logprobs against
+the rollout's bit for bit -> the ranks' new weights straight into every engine over the
+weight group (as the worker's weight_version; the driver never holds them) -> validation
+when due -> the metrics row to every tracker -> a checkpoint (weights written by rank 0).
 
 Each concern has its own module: `actors` (start, generation, training, weight sync),
-`rollout_source` (completions, rewards, sampling, batch), `step_metrics` (the row and its
-timings), `preflight`, `run_dir`, `cluster`, `job_checkpoints`, `faults`, `job_reports`,
-`progress`.
+`inputs` (prompts, rewards and the validation set of the run), `step_prompts` (a step's
+prompts and scorer), `rollout_source` (completions, rewards, sampling, batch),
+`reward_workers`, `evaluation`, `step_metrics` (the row and its timings), `trackers`,
+`preflight`, `run_dir`, `cluster`, `job_checkpoints`, `faults`, `job_reports`, `progress`.
 """
 
 from __future__ import annotations
@@ -42,17 +44,15 @@ from rl_engine.executors.job.faults import (
     StopOnSignal,
     stop_actors,
 )
+from rl_engine.executors.job.inputs import JobInputs, build_inputs
 from rl_engine.executors.job.job_reports import after_stop_note, resume_command, write_summary
 from rl_engine.executors.job.preflight import validate_before_start
 from rl_engine.executors.job.progress import StepProgress
-from rl_engine.executors.job.rollout_source import StepRollouts, step_sampling, train_batch
-from rl_engine.executors.job.run_dir import (
-    CONFIG_SNAPSHOT,
-    MetricsLog,
-    prepare_run_dir,
-    truncate_metrics,
-)
+from rl_engine.executors.job.rollout_source import step_sampling, train_batch
+from rl_engine.executors.job.run_dir import CONFIG_SNAPSHOT, prepare_run_dir, truncate_metrics
 from rl_engine.executors.job.step_metrics import StepClock, step_record
+from rl_engine.executors.job.trackers import Trackers
+from rl_engine.rewards import RewardFailure
 
 __all__ = ["RolloutActor", "TrainerActor", "actor_resources", "resume_command", "run_job"]
 
@@ -84,7 +84,7 @@ def run_job(config: RunConfig, *, resume: bool = False, overwrite: bool = False)
             job.start(start)
             job.train(stop)
         return job.history
-    except ActorFailure as err:
+    except (ActorFailure, RewardFailure) as err:
         job.stop_actors()
         job.write_reports(status=f"failed: {err}")
         raise JobStopped(f"{err}\n{job.after_stop_note()}", 1) from None
@@ -104,6 +104,7 @@ class _Job:
         self.groups = []
         self.version = 0  # the weight version the engines serve
         self.last_checkpoint: ckpt.Checkpoint | None = None
+        self.inputs: JobInputs | None = None
 
     def start(self, resume_from: ckpt.Checkpoint | None) -> None:
         """Place and spawn the actors, compare their kernel facts, then load models (and state)."""
@@ -112,10 +113,12 @@ class _Job:
         started = time.perf_counter()
         resume_dir = str(resume_from.deepspeed_dir) if resume_from else None
         self.info = start_actors(self.trainers, self.engines, resume_dir)
-        self.rollouts = StepRollouts.for_model(self.config, self.info)
+        self.inputs = build_inputs(self.config, self.info)
+        self.rollouts, self.evaluator = self.inputs.rollouts, self.inputs.evaluator
         connect_weight_sync(self.trainers, self.engines)
         if resume_from is not None:
             self.sync_weights(resume_from.weight_version)
+            self.rollouts.prompts.restore(resume_from.driver, resume_from.step)
             self.last_checkpoint = resume_from
         log.info("actors ready in %.1f s", time.perf_counter() - started)
 
@@ -133,7 +136,7 @@ class _Job:
             config.steps - 1,
         )
         self.progress = StepProgress(config.steps, first)
-        self.metrics_log = MetricsLog(self.run_dir)
+        self.trackers = Trackers(config, self.run_dir, first)
         try:
             for step in range(first, config.steps):
                 self.step(step, stop)
@@ -144,15 +147,16 @@ class _Job:
                     )
         finally:
             self.progress.close()
-            self.metrics_log.close()
+            self.trackers.close()
         self.write_reports(status="complete")
 
     def step(self, step: int, stop: StopOnSignal) -> dict:
-        """One RL step: rollout -> rewards -> batch -> train -> weight sync -> metrics -> checkpoint."""
+        """One RL step: rollout -> rewards -> batch -> train -> weight sync -> eval -> metrics -> checkpoint."""
         clock = StepClock()
+        evaluation = self.evaluate(step, clock, before=True)  # the initial policy, into row 0
         with clock.phase("rollout"):  # engines + rewards, or the next groups of rollout.source
-            completions, rewards = self.rollouts(
-                step, lambda prompts: self.generate(prompts, step, clock)
+            completions, rewards, rollout_metrics = self.rollouts(
+                step, lambda prompts: self.generate(prompts, step, clock), clock
             )
         with clock.phase("batch"):
             batch = train_batch(self.config, completions, rewards, self.info["eos_token_id"])
@@ -162,13 +166,28 @@ class _Job:
         with clock.phase("weight_sync"):  # the whole sync, senders and receivers
             # the worker's version: a skipped (non-finite) update keeps the old weights and version
             self.sync_weights(results[0]["weight_version"])
-        record = step_record(step, results[0], rewards, clock.totals())
-        self.metrics_log.append(record)
+        evaluation.update(self.evaluate(step, clock, before=False))
+        record = step_record(
+            step, results[0], rewards, {**rollout_metrics, **evaluation}, clock.totals()
+        )
+        self.trackers.log(record)
         self.history.append(record)
         self.progress.update(record)
         if ckpt.due(self.config, step + 1, stop.requested):
             self.save_checkpoint(step + 1)
         return record
+
+    def evaluate(self, step: int, clock: StepClock, *, before: bool) -> dict:
+        """Validation figures due before (step 0) or after this step; {} when none is due."""
+        if self.evaluator is None:
+            return {}
+        if not (self.evaluator.due_before(step) if before else self.evaluator.due_after(step)):
+            return {}
+        with clock.phase("eval"):
+            return self.evaluator.run(
+                lambda prompts, sampling: generate_on_engines(self.engines, prompts, sampling)[0],
+                updates=self.version,
+            )
 
     def generate(self, prompts: list[list[int]], step: int, clock: StepClock):
         sampling = step_sampling(self.config, step, self.info["eos_token_id"])
@@ -197,6 +216,7 @@ class _Job:
             self.trainers,
             step=step,
             weight_version=self.version,
+            driver_state=self.rollouts.prompts.state(),
         )
         log.info(
             "checkpoint %s written in %.1f s",
@@ -217,5 +237,7 @@ class _Job:
         stop_actors(self.trainers + self.engines)
 
     def release(self) -> None:
+        if self.inputs is not None:
+            self.inputs.close()
         self.stop_actors()
         cluster.release(self.groups)

@@ -14,6 +14,7 @@ rewards go to `output_dir/rollouts/step_N.jsonl`.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -28,36 +29,41 @@ Generate = Callable[[list[list[int]]], list[Completion]]  # prompts -> completio
 
 
 class StepRollouts:
-    """`rollouts(step, generate)` -> (completions, rewards) of one step, saved when configured."""
+    """`rollouts(step, generate)` -> (completions, rewards, metrics) of one step, saved when configured.
 
-    def __init__(self, config: RunConfig, task, vocab_size: int):
-        self.config, self.task = config, task
+    `prompts` (step_prompts.TaskPrompts / DatasetPrompts; default: the built-in `task`'s)
+    gives the step's prompts and `scorer` (TaskScorer / FunctionScorer; default: the task's
+    reward) their rewards; `metrics` are the scorer's
+    (`reward/*`) and the dataset's (`data/*`), empty for a built-in task.
+    """
+
+    def __init__(self, config: RunConfig, task, vocab_size: int, *, prompts=None, scorer=None):
+        from rl_engine.executors.job.step_prompts import TaskPrompts, TaskScorer
+
+        self.config = config
+        self.prompts = TaskPrompts(task) if prompts is None else prompts
+        self.scorer = TaskScorer(task) if scorer is None else scorer
         source = config.rollout.source
         self.groups = None if source is None else load_groups(config, vocab_size)
         self.save_dir = Path(config.output_dir) / "rollouts" if config.rollout.save else None
 
-    @classmethod
-    def for_model(cls, config: RunConfig, info: dict) -> StepRollouts:
-        """The job's rollouts: the config's task for the engines' model (vocab_size, tokenizer)."""
-        from rl_engine.tasks import make_task
-
-        vocab = info["vocab_size"]
-        task = make_task(
-            config.rollout.task, vocab_size=vocab, tokenizer=info["tokenizer"], seed=config.seed
-        )
-        return cls(config, task, vocab)
-
-    def __call__(self, step: int, generate: Generate) -> tuple[list[Completion], list[float]]:
+    def __call__(self, step: int, generate: Generate, clock=None):
+        metrics: dict[str, float] = {}
         if self.groups is None:
-            prompts = self.task.prompts(self.config.rollout.prompts_per_step, step)
-            completions = generate(prompts)
+            records = self.prompts.take(step, self.config.rollout.prompts_per_step)
+            metrics.update(self.prompts.metrics(records))
+            completions = generate([r.prompt_ids for r in records])
         else:
-            completions = self._from_source(step)
-        rewards = self._rewards(completions, step)
+            completions, records = self._from_source(step), None
+        started = time.perf_counter()
+        rewards, reward_metrics = self._rewards(records, completions, step)
+        if clock is not None:
+            clock.add("reward", time.perf_counter() - started)
+        metrics.update(reward_metrics)
         if self.save_dir is not None:
             saved = [replace(c, reward=r) for c, r in zip(completions, rewards)]
             write_rollouts(self.save_dir / f"step_{step}.jsonl", saved)
-        return completions, rewards
+        return completions, rewards, metrics
 
     def _from_source(self, step: int) -> list[Completion]:
         """Groups [step * P, (step + 1) * P) of the source (modulo its size), renumbered 0..P-1."""
@@ -68,18 +74,20 @@ class StepRollouts:
         picked = [self.groups[(first + i) % len(self.groups)] for i in range(per_step)]
         return [replace(c, prompt_index=i) for i, group in enumerate(picked) for c in group]
 
-    def _rewards(self, completions: list[Completion], step: int) -> list[float]:
+    def _rewards(self, records, completions: list[Completion], step: int):
+        """The rollout file's rewards where it has them, the scorer's for the rest."""
         missing = [i for i, c in enumerate(completions) if c.reward is None]
         rewards = [c.reward for c in completions]
+        metrics: dict[str, float] = {}
         if missing:
-            scored = self.task.rewards(
-                [completions[i].prompt_index for i in missing],
-                [completions[i].token_ids for i in missing],
-                step,
-            )
+            if records is None:
+                from rl_engine.executors.job.step_prompts import records_of_source
+
+                records = records_of_source(completions)
+            scored, metrics = self.scorer.score(records, [completions[i] for i in missing], step)
             for i, reward in zip(missing, scored):
                 rewards[i] = reward
-        return rewards
+        return rewards, metrics
 
 
 def step_sampling(config: RunConfig, step: int, eos_token_id):

@@ -4,13 +4,14 @@ Wall-clock figures live under `time/` (a resumed run's metrics equal an uninterr
 run's on every other key):
 
 - `time/rollout`: generation (or reading `rollout.source`) and rewards;
-  `time/generate_compute`: the slowest engine's own generation time;
+  `time/generate_compute`: the slowest engine's own generation time; `time/reward`: scoring;
 - `time/batch`: building the TrainBatch;
 - `time/train`: the driver's wait for the ranks; `time/train_compute`: the slowest rank's own;
 - `time/weight_sync`: the whole weight sync, from the driver's call until every rank has
   sent and every engine has received in place (0 when the engines serve the version already);
+- `time/eval`: validation (when one ran in the step);
 - `time/step`: all of the above; `time/driver_overhead` (and `_fraction`): what is neither
-  generation nor training compute.
+  generation, training compute nor validation.
 """
 
 from __future__ import annotations
@@ -42,12 +43,16 @@ class StepClock:
         """Every phase, plus time/step (so far) and the driver's overhead."""
         t = {"time/generate_compute": 0.0, **self.times}
         t["time/step"] = time.perf_counter() - self.started
-        overhead = t["time/step"] - t["time/generate_compute"] - t["time/train_compute"]
+        busy = t["time/generate_compute"] + t["time/train_compute"] + t.get("time/eval", 0.0)
+        overhead = t["time/step"] - busy
         t["time/driver_overhead"] = overhead
         t["time/driver_overhead_fraction"] = overhead / t["time/step"]
         return t
 
 
-def step_record(step: int, trainer: dict, rewards: list[float], times: dict[str, float]) -> dict:
-    """One line of metrics.jsonl: rank 0's (all-reduced) metrics, the step, the reward, the times."""
-    return {**trainer, "step": step, "reward_mean": sum(rewards) / len(rewards), **times}
+def step_record(
+    step: int, trainer: dict, rewards: list[float], extra: dict, times: dict[str, float]
+) -> dict:
+    """One line of metrics.jsonl: rank 0's (all-reduced) metrics, the step, the reward, the
+    dataset / reward / eval figures (`extra`), the times."""
+    return {**trainer, "step": step, "reward_mean": sum(rewards) / len(rewards), **extra, **times}

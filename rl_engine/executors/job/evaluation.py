@@ -1,0 +1,126 @@
+"""Validation during training: `data.val_files` sampled by the rollout engines and scored.
+
+When (`due_before` / `due_after`): the initial policy before step 0 (`eval.before_train`),
+after every `eval.every` steps, and after the last step. The figures go into the row
+of the step they follow: the initial eval into step 0's row, the eval after step s into
+step s's row, no extra rows. The eval after step 0 would share step 0's row with the
+initial eval, so it is not run when the initial one is.
+
+What it leaves untouched: the engines hold no state between `generate` calls but their
+weights, the prompt stream's cursor is not moved, and eval samples with seeds of their
+own (`eval_seed`, a hash of (seed, updates), never a training step's seed): a run with
+eval on equals the run with eval off on every training metric.
+
+Metrics (k = eval.samples_per_prompt), over the validation prompts:
+- `eval/reward_mean`: mean score of all k x prompts completions;
+- `eval/mean@k`: mean over prompts of the mean of its k scores;
+- `eval/pass@k`: mean over prompts of the best of its k scores (0/1 rewards: the fraction
+  solved by at least one sample); both also under the run's k (`eval/pass@4`), as verl
+  names them;
+- `eval/response_length`: mean completion tokens; `eval/num_prompts`;
+- `eval/reward_errors`, `eval/reward_timeouts`;
+- with several data_sources, the first four again per source: `eval/<source>/...`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import defaultdict
+
+from rl_engine.config import RunConfig
+from rl_engine.data import PromptDataset
+
+log = logging.getLogger("rl_engine.job")
+
+
+def eval_seed(seed: int, updates: int) -> int:
+    """The sampling seed of the eval of the policy after `updates` steps (63 bits, never a
+    training step's small seed*100003 + step)."""
+    digest = hashlib.blake2b(f"eval/{seed}/{updates}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def eval_metrics(records, completions, scores, k: int, prefix: str = "eval/") -> dict[str, float]:
+    """The eval figures of completions (prompt-major, k per prompt) and their Scores."""
+    by_prompt: dict[int, list[float]] = defaultdict(list)
+    lengths = []
+    for c, s in zip(completions, scores):
+        by_prompt[c.prompt_index].append(s.value)
+        lengths.append(len(c.token_ids))
+    groups = list(by_prompt.values())
+    metrics = {
+        f"{prefix}reward_mean": sum(s.value for s in scores) / len(scores),
+        f"{prefix}mean@k": sum(sum(g) / len(g) for g in groups) / len(groups),
+        f"{prefix}pass@k": sum(max(g) for g in groups) / len(groups),
+        f"{prefix}response_length": sum(lengths) / len(lengths),
+    }
+    metrics[f"{prefix}mean@{k}"] = metrics[f"{prefix}mean@k"]
+    metrics[f"{prefix}pass@{k}"] = metrics[f"{prefix}pass@k"]
+    return metrics
+
+
+class Evaluator:
+    """Runs the validation set through `generate(prompts, sampling)` and scores it."""
+
+    def __init__(self, config: RunConfig, dataset: PromptDataset, scorer, eos_token_id):
+        self.config, self.dataset, self.scorer = config, dataset, scorer
+        self.eos_token_id = eos_token_id if isinstance(eos_token_id, int) else None
+
+    def due_before(self, step: int) -> bool:
+        return step == 0 and self.config.eval.before_train
+
+    def due_after(self, step: int) -> bool:
+        done, every = step + 1, self.config.eval.every
+        if done == 1 and self.config.eval.before_train:
+            return False  # step 0's row already holds the initial eval
+        return done == self.config.steps or bool(every and done % every == 0)
+
+    def sampling(self, updates: int):
+        from rl_engine.rollout import SamplingParams
+
+        e = self.config.eval
+        return SamplingParams(
+            max_new_tokens=e.max_new_tokens or self.config.rollout.max_new_tokens,
+            temperature=e.temperature,
+            n=e.samples_per_prompt,
+            seed=eval_seed(self.config.seed, updates),
+            eos_token_id=self.eos_token_id,
+        )
+
+    def run(self, generate, updates: int) -> dict[str, float]:
+        """Every validation prompt, k completions each; the figures of the policy after `updates` steps."""
+        records = self.dataset.records
+        k = self.config.eval.samples_per_prompt
+        completions = generate([r.prompt_ids for r in records], self.sampling(updates))
+        scores, _ = self.scorer.score_all(records, completions)
+        metrics = eval_metrics(records, completions, scores, k)
+        metrics["eval/num_prompts"] = float(len(records))
+        metrics["eval/reward_errors"] = float(sum(1 for s in scores if s.error and not s.timed_out))
+        metrics["eval/reward_timeouts"] = float(sum(1 for s in scores if s.timed_out))
+        sources = self.dataset.data_sources
+        if len(sources) > 1:
+            for source in sources:
+                picked = [
+                    (c, s)
+                    for c, s in zip(completions, scores)
+                    if records[c.prompt_index].data_source == source
+                ]
+                metrics.update(
+                    eval_metrics(
+                        records,
+                        [c for c, _ in picked],
+                        [s for _, s in picked],
+                        k,
+                        f"eval/{source}/",
+                    )
+                )
+        log.info(
+            "eval after %d update(s): reward %.3f, pass@%d %.3f on %d prompts",
+            updates,
+            metrics["eval/reward_mean"],
+            k,
+            metrics["eval/pass@k"],
+            len(records),
+        )
+        return metrics

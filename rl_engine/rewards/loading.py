@@ -1,0 +1,126 @@
+"""`reward.function` -> a verl-style `compute_score` callable.
+
+Forms:
+- `math`, `gsm8k`: the built-ins (rl_engine.rewards.math_answer, .gsm8k);
+- `path/to/file.py:name` (or `path/to/file.py`, name `compute_score`): a verl reward file,
+  loaded from its path as it is (its own folder is put on sys.path for its imports);
+- `package.module:name`: an importable function;
+- null: by each sample's data_source, as verl's default_compute_score does (`gsm8k` in
+  the name: gsm8k; anything else: math).
+
+The function is called as fn(data_source=, solution_str=, ground_truth=, extra_info=,
+**reward.kwargs) and returns a float (bool, int) or a dict with a numeric 'score'.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+BUILTINS = ("math", "gsm8k")
+DEFAULT_NAME = "compute_score"
+
+
+class RewardSpecError(ValueError):
+    """reward.function names nothing callable with verl's signature (exit code 2)."""
+
+
+def by_data_source(data_source: str, solution_str: str, ground_truth, extra_info=None, **kwargs):
+    """verl's default dispatch: gsm8k sources -> gsm8k, everything else -> math."""
+    from rl_engine.rewards import gsm8k, math_answer
+
+    module = gsm8k if "gsm8k" in str(data_source).lower() else math_answer
+    return module.compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+
+def load_reward_function(spec: str | None, kwargs: dict | None = None) -> Callable:
+    """The callable `reward.function` names; RewardSpecError says which part is wrong."""
+    if spec is None:
+        return by_data_source
+    if spec in BUILTINS:
+        module = importlib.import_module(
+            f"rl_engine.rewards.{'gsm8k' if spec == 'gsm8k' else 'math_answer'}"
+        )
+        fn = module.compute_score
+    else:
+        target, _, name = spec.rpartition(":") if ":" in spec else (spec, "", DEFAULT_NAME)
+        if not target or not name:
+            raise RewardSpecError(
+                f"reward.function {spec!r}: expected math, gsm8k, path/to/file.py:function or "
+                "module:function"
+            )
+        module = _load_file(target, spec) if _is_file_spec(target) else _import(target, spec)
+        fn = getattr(module, name, None)
+        if not callable(fn):
+            raise RewardSpecError(f"reward.function {spec!r}: {target} has no function {name!r}")
+    _check_signature(fn, spec, kwargs or {})
+    return fn
+
+
+def absolute_spec(spec: str | None) -> str | None:
+    """`spec` with a file path made absolute (worker processes may start in another folder)."""
+    if spec is None or spec in BUILTINS:
+        return spec
+    target, _, name = spec.rpartition(":") if ":" in spec else (spec, "", DEFAULT_NAME)
+    if not _is_file_spec(target):
+        return spec
+    return f"{Path(target).expanduser().resolve()}:{name or DEFAULT_NAME}"
+
+
+def _is_file_spec(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def _load_file(target: str, spec: str):
+    path = Path(target).expanduser().resolve()
+    if not path.is_file():
+        raise RewardSpecError(f"reward.function {spec!r}: file {str(path)!r} does not exist")
+    # One module per file path, named after it: two reward files called reward.py never clash.
+    name = f"rl_engine_reward_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.append(folder)  # the file's own helper modules import as they do under verl
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[name]
+        raise RewardSpecError(
+            f"reward.function {spec!r}: importing {path} raised {type(err).__name__}: {err}"
+        ) from None
+    return module
+
+
+def _import(target: str, spec: str):
+    try:
+        return importlib.import_module(target)
+    except ImportError as err:
+        raise RewardSpecError(
+            f"reward.function {spec!r}: cannot import module {target!r} ({err}); is it on "
+            "PYTHONPATH, or did you mean a file path ending in .py?"
+        ) from None
+
+
+def _check_signature(fn: Callable, spec: str, kwargs: dict) -> None:
+    """verl calls compute_score with keywords: they (and reward.kwargs) must bind."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C function: nothing to check ahead
+    try:
+        signature.bind(data_source="", solution_str="", ground_truth="", extra_info=None, **kwargs)
+    except TypeError as err:
+        raise RewardSpecError(
+            f"reward.function {spec!r}: {getattr(fn, '__name__', fn)}{signature} cannot be called "
+            f"as compute_score(data_source, solution_str, ground_truth, extra_info"
+            f"{', **reward.kwargs' if kwargs else ''}) ({err})"
+        ) from None
