@@ -3,7 +3,8 @@
 Contract (docs/operators.md#moe_experts), for hidden (N, H), gate_up (E, 2I, H),
 down (E, H, I) and a routing (indices, weights) of shape (N, k):
 1. the N*k (token, slot) pairs are grouped by expert, ascending, and inside an
-   expert by token (a stable sort of the flat expert ids);
+   expert by slot, then token: the rows HF's eager loop hands each expert, in
+   its order (`torch.where` over the (slot, token) mask);
 2. each expert e with at least one routed row runs on exactly those rows: its
    `gate_up[e]` and `down[e]` projections through the backend's row-invariant
    `linear`, the activation `silu(gate) * up` through the backend's invariant
@@ -39,7 +40,7 @@ class Grouping:
     """The (token, slot) pairs of one call, grouped by expert."""
 
     order: torch.Tensor
-    """(S,) flat pair index t * k + j, sorted by expert (ascending), then by pair."""
+    """(S,) slot-major pair index j * N + t, sorted by expert (ascending), then by that index."""
     tokens: torch.Tensor
     """(S,) the token of each grouped row."""
     spans: tuple[tuple[int, int, int], ...]
@@ -82,7 +83,7 @@ def check_experts(hidden, gate_up, down, indices, weights) -> None:
 def group_by_expert(indices: torch.Tensor, num_experts: int) -> Grouping:
     """Group the (token, slot) pairs of indices (N, k) by expert (see `Grouping`)."""
     tokens, top_k = indices.shape
-    flat = indices.reshape(-1)  # (S,)
+    flat = indices.t().reshape(-1)  # (S,) slot-major: pair j * N + t
     _, order = torch.sort(flat, stable=True)  # (S,): grouped row -> pair
     counts = torch.bincount(flat, minlength=num_experts).tolist()
     spans, start = [], 0
@@ -93,8 +94,8 @@ def group_by_expert(indices: torch.Tensor, num_experts: int) -> Grouping:
     position = torch.empty_like(order)
     position[order] = torch.arange(order.numel(), device=order.device)  # pair -> grouped row
     # a token's grouped rows ascend with its expert ids (grouping is by expert first)
-    combine_rows = position.view(tokens, top_k).sort(dim=1).values  # (N, k)
-    return Grouping(order, order // top_k, tuple(spans), combine_rows)
+    combine_rows = position.view(top_k, tokens).t().sort(dim=1).values  # (N, k)
+    return Grouping(order, order % max(tokens, 1), tuple(spans), combine_rows)
 
 
 def combine(rows: torch.Tensor, combine_rows: torch.Tensor) -> torch.Tensor:
@@ -120,7 +121,7 @@ def expert_mlp(linear, silu, x, gate_up_e, down_e) -> tuple[torch.Tensor, torch.
 def experts_forward(linear, silu, hidden, gate_up, down, indices, weights, *, keep: bool):
     """(out (N, H), saved for the backward or None) through the backend's `linear` and `silu`."""
     grouping = group_by_expert(indices, gate_up.shape[0])
-    pair_weights = weights.reshape(-1)[grouping.order]  # (S,)
+    pair_weights = weights.t().reshape(-1)[grouping.order]  # (S,)
     scaled = hidden.new_empty((grouping.order.numel(), hidden.shape[1]))  # (S, H)
     saved_gate_up = hidden.new_empty((grouping.order.numel(), gate_up.shape[1])) if keep else None
     saved_down = torch.empty_like(scaled) if keep else None
@@ -146,7 +147,7 @@ def experts_backward(grad_out, hidden, gate_up, down, weights, saved, silu, need
     """(grad hidden, grad gate_up, grad down, grad weights); `needs` = ctx.needs_input_grad."""
     grouping, saved_gate_up, saved_down = saved
     dtype = hidden.dtype
-    pair_weights = weights.reshape(-1)[grouping.order]  # (S,)
+    pair_weights = weights.t().reshape(-1)[grouping.order]  # (S,)
     grad_rows = torch.zeros_like(saved_down)  # (S, H): d loss / d each grouped row's input
     grad_pairs = torch.zeros(grouping.order.shape, dtype=weights.dtype, device=weights.device)
     grad_gate_up = torch.zeros_like(gate_up) if needs[1] else None
@@ -173,8 +174,8 @@ def experts_backward(grad_out, hidden, gate_up, down, weights, saved, silu, need
         grad_rows[start:stop] = grad_gate_up_out @ gate_up[expert]
     grad_hidden = combine(grad_rows, grouping.combine_rows) if needs[0] else None
     grad_weights = torch.empty_like(grad_pairs)
-    grad_weights[grouping.order] = grad_pairs
-    return grad_hidden, grad_gate_up, grad_down, grad_weights.view(weights.shape)
+    grad_weights[grouping.order] = grad_pairs  # slot-major (k * N,)
+    return grad_hidden, grad_gate_up, grad_down, grad_weights.view(weights.shape[::-1]).t()
 
 
 def invariant_experts_function(linear, silu, module: str) -> type[torch.autograd.Function]:
