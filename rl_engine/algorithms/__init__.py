@@ -1,4 +1,5 @@
-"""RL algorithms as pure torch functions: GRPO advantages, PPO/GRPO losses, KL, rollout correction."""
+"""RL algorithms as pure torch functions: GRPO advantages, PPO/GRPO losses, KL, rollout correction,
+and the router terms of mixture-of-experts policies."""
 
 from rl_engine.algorithms.advantages import group_normalized_advantages
 from rl_engine.algorithms.correction import CORRECTION_MODES, RolloutCorrection, rollout_correction
@@ -10,6 +11,7 @@ from rl_engine.algorithms.losses import (
     masked_mean,
     policy_loss,
 )
+from rl_engine.algorithms.router import expert_counts, load_balancing_loss, load_statistics
 
 __all__ = [
     "AGGREGATIONS",
@@ -17,8 +19,11 @@ __all__ = [
     "RolloutCorrection",
     "aggregate",
     "aggregation_units",
+    "expert_counts",
     "group_normalized_advantages",
     "kl_k3",
+    "load_balancing_loss",
+    "load_statistics",
     "masked_mean",
     "policy_loss",
     "rollout_correction",

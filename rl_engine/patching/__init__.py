@@ -18,7 +18,14 @@ from rl_engine.patching.apply import (
 from rl_engine.patching.attention import KV_CACHE_KWARG, attention_name
 from rl_engine.patching.families import FAMILIES, family_for
 from rl_engine.patching.modules import InvariantLMHead
-from rl_engine.patching.moe import RouterCall, RoutingRecorder, moe_layers, router_settings
+from rl_engine.patching.moe import (
+    RouterCall,
+    RoutingRecorder,
+    is_experts,
+    is_router,
+    moe_layers,
+    router_settings,
+)
 
 __all__ = [
     "FAMILIES",
@@ -35,6 +42,8 @@ __all__ = [
     "patch_handle",
     "RouterCall",
     "RoutingRecorder",
+    "is_experts",
+    "is_router",
     "moe_layers",
     "router_settings",
 ]

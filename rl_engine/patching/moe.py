@@ -192,11 +192,13 @@ def shared_expert_blocks(
 # ----------------------------------------------------------------------------- routing records
 
 
-def _is_router(module: nn.Module) -> bool:
+def is_router(module: nn.Module) -> bool:
+    """An MoE router, HF's or the invariant one (its rows are the call's flattened tokens)."""
     return isinstance(module, InvariantMoeRouter) or type(module).__name__.endswith("TopKRouter")
 
 
-def _is_experts(module: nn.Module) -> bool:
+def is_experts(module: nn.Module) -> bool:
+    """An MoE experts module, HF's or the invariant one (flattened tokens in and out)."""
     return isinstance(module, InvariantMoeExperts) or (
         type(module).__name__.endswith("Experts") and hasattr(module, "gate_up_proj")
     )
@@ -204,12 +206,12 @@ def _is_experts(module: nn.Module) -> bool:
 
 def moe_layers(model: nn.Module) -> list[str]:
     """Names of the model's router modules (one per sparse block), in model order; [] if dense."""
-    return [name for name, module in model.named_modules() if _is_router(module)]
+    return [name for name, module in model.named_modules() if is_router(module)]
 
 
 def router_settings(model: nn.Module) -> tuple[int, int]:
     """(num_experts, top_k) of the model's routers (they share them); ValueError if dense."""
-    routers = [m for m in model.modules() if _is_router(m)]
+    routers = [m for m in model.modules() if is_router(m)]
     if not routers:
         raise ValueError(f"{type(model).__name__} has no mixture-of-experts router")
     return int(routers[0].num_experts), int(routers[0].top_k)
@@ -249,14 +251,14 @@ class RoutingRecorder:
     def __enter__(self) -> RoutingRecorder:
         blocks = {}
         for name, module in self.model.named_modules():
-            if _is_router(module):
+            if is_router(module):
                 self.calls[name] = []
                 self._handles.append(module.register_forward_hook(self._router_hook(name)))
                 blocks[name.rsplit(".", 1)[0]] = name
         if self.experts:
             for name, module in self.model.named_modules():
                 router = blocks.get(name.rsplit(".", 1)[0])
-                if router is not None and _is_experts(module):
+                if router is not None and is_experts(module):
                     self._handles.append(module.register_forward_hook(self._experts_hook(router)))
         if not self.calls:
             self.close()
