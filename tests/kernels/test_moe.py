@@ -231,6 +231,26 @@ def test_experts_equal_hf_eager_loop_with_the_same_linear_and_silu(backend, dtyp
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_cpp_fused_experts_equal_the_composition_of_cpp_linear_and_silu(dtype):
+    """The one-call C++ experts (csrc/moe_impl.h) == the per-expert composition, at shapes with
+    K blocks (hidden 600, width 300) and experts receiving more rows than a decode task."""
+    from rl_engine.kernels.common.moe_experts import composed_forward
+
+    cpp = get_op("moe_experts", "cpu", backend="cpp")
+    composed = composed_forward(get_op("linear", "cpu"), get_op("silu", "cpu"))
+    g = torch.Generator().manual_seed(24)
+    hidden = torch.randn(200, 600, generator=g).to(dtype)
+    gate_up = (torch.randn(3, 600, 600, generator=g) / 25).to(dtype)
+    down = (torch.randn(3, 600, 300, generator=g) / 17).to(dtype)
+    indices = torch.stack([torch.randperm(3, generator=g)[:2] for _ in range(200)])
+    weights = torch.rand(200, 2, generator=g).to(dtype)
+    assert torch.equal(
+        cpp(hidden, gate_up, down, indices, weights),
+        composed(hidden, gate_up, down, indices, weights, False)[0],
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 def test_experts_accuracy_against_hf_and_odd_bf16_widths(dtype):
     experts = get_op("moe_experts", "cpu")
     for width in (44, 36, 7):  # grouped_mm raises on CPU for 16-bit widths not a multiple of 8

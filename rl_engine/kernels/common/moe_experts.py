@@ -118,21 +118,27 @@ def expert_mlp(linear, silu, x, gate_up_e, down_e) -> tuple[torch.Tensor, torch.
     return gate_up_out, linear(silu(gate) * up, down_e)
 
 
-def experts_forward(linear, silu, hidden, gate_up, down, indices, weights, *, keep: bool):
-    """(out (N, H), saved for the backward or None) through the backend's `linear` and `silu`."""
-    grouping = group_by_expert(indices, gate_up.shape[0])
-    pair_weights = weights.t().reshape(-1)[grouping.order]  # (S,)
-    scaled = hidden.new_empty((grouping.order.numel(), hidden.shape[1]))  # (S, H)
-    saved_gate_up = hidden.new_empty((grouping.order.numel(), gate_up.shape[1])) if keep else None
-    saved_down = torch.empty_like(scaled) if keep else None
-    for expert, start, stop in grouping.spans:
-        x = hidden.index_select(0, grouping.tokens[start:stop])  # (n, H)
-        gate_up_out, y = expert_mlp(linear, silu, x, gate_up[expert], down[expert])
-        scaled[start:stop] = scale_rows(y, pair_weights[start:stop], hidden.dtype)
-        if keep:
-            saved_gate_up[start:stop], saved_down[start:stop] = gate_up_out, y
-    out = combine(scaled, grouping.combine_rows)
-    return out, ((grouping, saved_gate_up, saved_down) if keep else None)
+def composed_forward(linear, silu):
+    """The forward of steps 1-4 on a backend's `linear` and `silu` ops, one expert at a time:
+    forward(hidden, gate_up, down, indices, weights, keep) -> (out (N, H), saved or None)."""
+
+    def forward(hidden, gate_up, down, indices, weights, keep: bool):
+        grouping = group_by_expert(indices, gate_up.shape[0])
+        pair_weights = weights.t().reshape(-1)[grouping.order]  # (S,)
+        rows = grouping.order.numel()
+        scaled = hidden.new_empty((rows, hidden.shape[1]))  # (S, H)
+        saved_gate_up = hidden.new_empty((rows, gate_up.shape[1])) if keep else None
+        saved_down = torch.empty_like(scaled) if keep else None
+        for expert, start, stop in grouping.spans:
+            x = hidden.index_select(0, grouping.tokens[start:stop])  # (n, H)
+            gate_up_out, y = expert_mlp(linear, silu, x, gate_up[expert], down[expert])
+            scaled[start:stop] = scale_rows(y, pair_weights[start:stop], hidden.dtype)
+            if keep:
+                saved_gate_up[start:stop], saved_down[start:stop] = gate_up_out, y
+        out = combine(scaled, grouping.combine_rows)
+        return out, ((grouping, saved_gate_up, saved_down) if keep else None)
+
+    return forward
 
 
 def silu_grad(gate: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -146,48 +152,45 @@ def silu_grad(gate: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 def experts_backward(grad_out, hidden, gate_up, down, weights, saved, silu, needs):
     """(grad hidden, grad gate_up, grad down, grad weights); `needs` = ctx.needs_input_grad."""
     grouping, saved_gate_up, saved_down = saved
-    dtype = hidden.dtype
+    dtype, width = hidden.dtype, gate_up.shape[1] // 2
     pair_weights = weights.t().reshape(-1)[grouping.order]  # (S,)
-    grad_rows = torch.zeros_like(saved_down)  # (S, H): d loss / d each grouped row's input
-    grad_pairs = torch.zeros(grouping.order.shape, dtype=weights.dtype, device=weights.device)
-    grad_gate_up = torch.zeros_like(gate_up) if needs[1] else None
+    grad_rows = torch.empty_like(saved_down)  # (S, H): d loss / d each grouped row's input
+    grad_pairs = torch.empty(grouping.order.shape, dtype=weights.dtype, device=weights.device)
+    grad_gate_up = torch.zeros_like(gate_up) if needs[1] else None  # experts without rows: 0
     grad_down = torch.zeros_like(down) if needs[2] else None
     promoted = torch.promote_types(dtype, weights.dtype)
     for expert, start, stop in grouping.spans:
         tokens = grouping.tokens[start:stop]
         grad_scaled = grad_out.index_select(0, tokens).to(promoted)  # (n, H)
         w = pair_weights[start:stop].to(promoted)
-        y = saved_down[start:stop]
-        grad_pairs[start:stop] = (grad_scaled * y.to(promoted)).sum(-1).to(weights.dtype)
+        grad_pairs[start:stop] = (grad_scaled * saved_down[start:stop].to(promoted)).sum(-1)
         grad_y = (grad_scaled * w[:, None]).to(dtype)  # (n, H)
         gate, up = saved_gate_up[start:stop].chunk(2, dim=-1)
-        act = silu(gate)
-        hidden_act = act * up  # (n, I)
+        act = silu(gate)  # the forward's activation, recomputed by the same op
         if grad_down is not None:
-            grad_down[expert] = grad_y.t() @ hidden_act
+            torch.mm(grad_y.t(), act * up, out=grad_down[expert])  # (H, I)
         grad_hidden_act = grad_y @ down[expert]  # (n, I)
-        grad_gate = silu_grad(gate, grad_hidden_act * up)
-        grad_gate_up_out = torch.cat([grad_gate, grad_hidden_act * act], dim=-1)  # (n, 2I)
+        grad_gate_up_out = torch.empty_like(saved_gate_up[start:stop])  # (n, 2I)
+        grad_gate_up_out[:, :width] = silu_grad(gate, grad_hidden_act * up)
+        torch.mul(grad_hidden_act, act, out=grad_gate_up_out[:, width:])
         if grad_gate_up is not None:
             x = hidden.index_select(0, tokens)
-            grad_gate_up[expert] = grad_gate_up_out.t() @ x
-        grad_rows[start:stop] = grad_gate_up_out @ gate_up[expert]
+            torch.mm(grad_gate_up_out.t(), x, out=grad_gate_up[expert])  # (2I, H)
+        torch.mm(grad_gate_up_out, gate_up[expert], out=grad_rows[start:stop])
     grad_hidden = combine(grad_rows, grouping.combine_rows) if needs[0] else None
     grad_weights = torch.empty_like(grad_pairs)
     grad_weights[grouping.order] = grad_pairs  # slot-major (k * N,)
     return grad_hidden, grad_gate_up, grad_down, grad_weights.view(weights.shape[::-1]).t()
 
 
-def invariant_experts_function(linear, silu, module: str) -> type[torch.autograd.Function]:
-    """`_InvariantExperts` of the backend `module`: the forward above on its `linear` and `silu`,
-    the plain backward."""
+def invariant_experts_function(experts_forward, silu, module: str) -> type[torch.autograd.Function]:
+    """`_InvariantExperts` of the backend `module`: its `experts_forward` (see `composed_forward`),
+    the plain backward (which recomputes the activation with the backend's `silu`)."""
 
     class _InvariantExperts(torch.autograd.Function):
         @staticmethod
         def forward(ctx, hidden, gate_up, down, indices, weights):
-            out, saved = experts_forward(
-                linear, silu, hidden, gate_up, down, indices, weights, keep=True
-            )
+            out, saved = experts_forward(hidden, gate_up, down, indices, weights, True)
             ctx.save_for_backward(hidden, gate_up, down, weights, saved[1], saved[2])
             ctx.grouping = saved[0]
             return out
@@ -206,11 +209,11 @@ def invariant_experts_function(linear, silu, module: str) -> type[torch.autograd
     return _InvariantExperts
 
 
-def run_experts(function, linear, silu, hidden, gate_up, down, indices, weights) -> torch.Tensor:
+def run_experts(function, experts_forward, hidden, gate_up, down, indices, weights) -> torch.Tensor:
     """The op around a backend's `_InvariantExperts`: validate, then apply (or, without
     autograd, run the same forward directly). hidden (N, H) -> (N, H) in hidden's dtype."""
     check_experts(hidden, gate_up, down, indices, weights)
     tracked = hidden.requires_grad or gate_up.requires_grad or down.requires_grad
     if torch.is_grad_enabled() and (tracked or weights.requires_grad):
         return function.apply(hidden, gate_up, down, indices, weights)
-    return experts_forward(linear, silu, hidden, gate_up, down, indices, weights, keep=False)[0]
+    return experts_forward(hidden, gate_up, down, indices, weights, False)[0]

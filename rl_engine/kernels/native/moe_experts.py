@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.kernels.common.moe_experts import (
+    composed_forward,
     experts_backward,  # noqa: F401  (the op's backward)
     invariant_experts_function,
     run_experts,
@@ -22,7 +23,8 @@ from rl_engine.kernels.common.moe_experts import (
 from rl_engine.kernels.native.linear import linear
 from rl_engine.kernels.native.silu import silu
 
-_InvariantExperts = invariant_experts_function(linear, silu, __name__)
+experts_forward = composed_forward(linear, silu)
+_InvariantExperts = invariant_experts_function(experts_forward, silu, __name__)
 
 
 def moe_experts(
@@ -33,4 +35,4 @@ def moe_experts(
     weights: torch.Tensor,
 ) -> torch.Tensor:
     """(N, H): each token's experts in ascending index, scaled by its weights and summed."""
-    return run_experts(_InvariantExperts, linear, silu, hidden, gate_up, down, indices, weights)
+    return run_experts(_InvariantExperts, experts_forward, hidden, gate_up, down, indices, weights)
