@@ -13,12 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rl_engine.patching import RoutingRecorder, apply_batch_invariant
 from rl_engine.rollout import RolloutEngine, SamplingParams
 from tests.rollout.helpers import (
     DENSE_FAMILIES,
     DTYPES,
     MOE_FAMILIES,
     assert_parity,
+    fresh_model,
     patched_model,
     random_prompts,
     recompute_alone,
@@ -105,3 +107,21 @@ def test_stop_and_length_both_occur_in_the_parity_run():
     assert reasons == {"stop", "length"}
     for c in completions:
         assert (c.finish_reason == "length") == (len(c.token_ids) == MAX_NEW)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_engine_parity_when_every_token_meets_an_exact_router_tie(dtype):
+    """Experts 1 and 5 of every router share one weight row (which wins often): every token's
+    logits tie exactly, decode and recompute must break every tie the same way (lowest index)."""
+    from tests.patching.test_moe_patching import _twin_experts
+
+    model = _twin_experts(fresh_model("tiny-qwen3-moe", dtype, patched=False))
+    apply_batch_invariant(model)
+    _, completions = _generate(model, 1.0)
+    with RoutingRecorder(model) as routing:
+        alone = [recompute_alone(model, c, 1.0) for c in completions]
+    assert_parity(completions, alone, "alone")
+    assert_parity(completions, recompute_padded(model, completions, 1.0, "left"), "left")
+    chosen = torch.cat([c.indices for calls in routing.calls.values() for c in calls])
+    assert bool((chosen == 1).any()), "no token chose the twins: the tie never mattered"
+    assert not bool(((chosen == 5).any(-1) & ~(chosen == 1).any(-1)).any())
