@@ -130,6 +130,10 @@ def cmd_bench(args) -> int:
         from rl_engine.benchmarks.train_step import main
 
         main(quick=args.quick)
+    elif args.what == "moe":
+        from rl_engine.benchmarks.moe import main
+
+        main(quick=args.quick)
     return 0
 
 
@@ -186,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diag.set_defaults(fn=cmd_diagnose)
     bench = sub.add_parser("bench", help="benchmarks: invariant path vs. plain torch, same run")
-    bench.add_argument("what", choices=["kernels", "rollout", "train"])
+    bench.add_argument("what", choices=["kernels", "rollout", "train", "moe"])
     bench.add_argument("--quick", action="store_true", help="fewer shapes / repetitions")
     bench.add_argument(
         "--device",

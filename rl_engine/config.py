@@ -180,6 +180,9 @@ class AlgorithmConfig:
     """'none', 'token_truncate', 'token_mask', 'sequence_truncate' or 'sequence_mask' (docs/rollouts.md)."""
     correction_threshold: float = 2.0
     """C of the rollout correction: truncate caps the ratio at C; mask drops ratios outside [1/C, C]."""
+    router_aux_loss_coef: float = 0.0
+    """Weight of the load-balancing loss of a mixture-of-experts policy (HF's formula, from the
+    invariant router logits; 0 = none). A dense model with a coefficient > 0 is refused."""
 
     def __post_init__(self) -> None:
         _choice("algorithm.name", self.name, ALGORITHMS)
@@ -191,6 +194,7 @@ class AlgorithmConfig:
         _choice("algorithm.normalize_std", self.normalize_std, (True, False))
         _choice("algorithm.rollout_correction", self.rollout_correction, CORRECTION_MODES)
         _number("algorithm.correction_threshold", self.correction_threshold, low=1.0, low_open=True)
+        _number("algorithm.router_aux_loss_coef", self.router_aux_loss_coef, low=0.0)
 
 
 @dataclass(kw_only=True, slots=True)

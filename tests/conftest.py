@@ -1,9 +1,15 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
+# DeepSpeed's JIT op cache inside this virtualenv, where `make setup` built it (as `rl-engine`
+# does: rl_engine.cli.use_venv_op_cache). Its default (~/.cache, keyed by op name only) is shared
+# by every checkout: in-process worker tests would rebuild the op when another one had.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 # Triton's CPU interpreter, for the `triton` tests on machines without a GPU. It
 # must be set before rl_engine.kernels.triton is first imported (the kernels are

@@ -138,6 +138,8 @@ def test_the_rollout_layer_imports_nothing_above_it():
     assert any(f.name == "weight_receiver.py" for f in files)
     offenders = [hit for path in files for hit in _imports(path, ABOVE_ROLLOUT)]
     assert not offenders, "rollout/ imports a layer above it:\n" + "\n".join(offenders)
+
+
 # ----------------------------------------------------------------------------- data and rewards stand alone
 
 FORBIDDEN_IN_DATA = ("ray", "torch", "deepspeed", "rl_engine.executors", "rl_engine.kernels")

@@ -1,5 +1,5 @@
 """RL algorithms as pure torch functions: advantage estimators, PPO/GRPO/GSPO losses, KL,
-reward shaping, rollout correction."""
+reward shaping, rollout correction, and the router terms of mixture-of-experts policies."""
 
 from rl_engine.algorithms.advantages import group_normalized_advantages
 from rl_engine.algorithms.correction import CORRECTION_MODES, RolloutCorrection, rollout_correction
@@ -22,6 +22,7 @@ from rl_engine.algorithms.losses import (
     masked_mean,
     policy_loss,
 )
+from rl_engine.algorithms.router import expert_counts, load_balancing_loss, load_statistics
 from rl_engine.algorithms.shaping import overlong_penalty
 
 __all__ = [
@@ -34,9 +35,12 @@ __all__ = [
     "aggregation_units",
     "compute_advantages",
     "gae_advantages",
+    "expert_counts",
     "group_normalized_advantages",
     "grpo_advantages",
     "kl_k3",
+    "load_balancing_loss",
+    "load_statistics",
     "masked_mean",
     "masked_whiten",
     "overlong_penalty",

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from rl_engine.patching import is_experts, is_router
+
 
 @dataclass(frozen=True)
 class ModuleDivergence:
@@ -27,7 +29,12 @@ class ModuleDivergence:
 
 
 class OutputRecorder:
-    """Records each hooked module's output tensors, call after call, in first-call order."""
+    """Records each hooked module's output tensors, call after call, in first-call order.
+
+    Mixture-of-experts routers and experts are not hooked: they see the call's
+    tokens flattened (no batch layout to compare); their block's output is, and
+    their routing is compared by rl_engine/diagnostics/routing.py.
+    """
 
     def __init__(self, root: nn.Module):
         self.outputs: dict[str, list[torch.Tensor]] = {}
@@ -35,7 +42,10 @@ class OutputRecorder:
         self._handles = [
             module.register_forward_hook(self._hook(name))
             for name, module in root.named_modules()
-            if name and not isinstance(module, nn.ModuleList) and not name.endswith("rotary_emb")
+            if name
+            and not isinstance(module, nn.ModuleList)
+            and not name.endswith("rotary_emb")
+            and not (is_router(module) or is_experts(module))
         ]
 
     def _hook(self, name):

@@ -4,13 +4,17 @@ For each mode (batch-invariant kernels on, plain torch off) the same prompts are
 sampled by the rollout engine, then scored teacher-forced in the trainer's
 layout (right-padded micro-batches of `trainer.micro_batch_size`). Reported: the
 exact-match fraction and the usual mismatch metrics over every completion token,
-and the first module where decode and prefill disagree. Written atomically to
+and the first module where decode and prefill disagree; for a mixture-of-experts
+model also the routing agreement per sparse layer between the engine's forwards
+and the trainer's, and what diverged first in the first divergent layer
+(rl_engine/diagnostics/routing.py). Written atomically to
 <output_dir>/diagnosis/: report.json, report.md, mismatch.png.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -25,6 +29,12 @@ from rl_engine.diagnostics.divergence import (
     first_divergence,
     prefill_trace,
 )
+from rl_engine.diagnostics.routing import (
+    EngineRoutingTrace,
+    RoutingReport,
+    compare_routing,
+    trainer_routing,
+)
 from rl_engine.io import write_json_atomic, write_text_atomic
 from rl_engine.logprobs import token_logprobs
 from rl_engine.parity import MismatchMetrics, mismatch_metrics
@@ -38,6 +48,8 @@ class ModeResult:
     metrics: MismatchMetrics
     abs_diffs: list[float] = field(repr=False)
     modules: list[ModuleDivergence] = field(repr=False)
+    routing: RoutingReport | None = None
+    """Mixture-of-experts models: routing agreement per sparse layer (None for dense models)."""
 
     @property
     def first_divergence(self) -> ModuleDivergence | None:
@@ -69,6 +81,8 @@ class DiagnosisReport:
                 f"| {str(r.batch_invariant).lower()} | {m.num_tokens} | {m.exact_match_fraction:.4f} | {m.max_abs_diff:.3e} | "
                 f"{m.mean_abs_diff:.3e} | {m.k3_kl:.3e} | {m.mean_abs_prob_diff:.3e} | {where} |"
             )
+        if any(r.routing is not None for r in self.results):
+            lines += ["", *routing_markdown(self.results)]
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
@@ -82,10 +96,48 @@ class DiagnosisReport:
                     if r.first_divergence is None
                     else asdict(r.first_divergence),
                     "modules": [asdict(m) for m in r.modules],
+                    "routing": None if r.routing is None else asdict(r.routing),
                 }
                 for r in self.results
             },
         }
+
+
+def routing_markdown(results: list[ModeResult]) -> list[str]:
+    """The routing-agreement table (one row per sparse layer, one column per mode) and, per mode,
+    what diverged first in the first divergent layer."""
+    modes = [r for r in results if r.routing is not None]
+    head = " | ".join(f"batch_invariant={str(r.batch_invariant).lower()}" for r in modes)
+    lines = [
+        "## Routing agreement: tokens whose top-k expert list is identical, rollout vs trainer",
+        "",
+        f"| sparse layer | tokens | {head} |",
+        "|---|---:|" + "---:|" * len(modes),
+    ]
+    for i, layer in enumerate(modes[0].routing.layers):
+        cells = " | ".join(f"{r.routing.layers[i].routing_agreement:.4f}" for r in modes)
+        lines.append(f"| `{layer.layer}` | {layer.tokens} | {cells} |")
+    lines.append("")
+    for r in modes:
+        rep, mode = r.routing, f"batch_invariant={str(r.batch_invariant).lower()}"
+        if rep.first_divergent_layer is None:
+            lines.append(f"- {mode}: no sparse layer diverged (logits and experts output equal)")
+            continue
+        what = (
+            f"the router diverged first ({rep.tokens_router_differs} tokens' logits differ"
+            if rep.diverged_first == "router"
+            else f"the experts diverged first (same logits, {rep.tokens_experts_differ} tokens' "
+            "output differs"
+        )
+        born = (
+            "its input was equal: born in the block"
+            if rep.input_equal
+            else ("its input already differed: born upstream")
+        )
+        lines.append(
+            f"- {mode}: first divergent layer `{rep.first_divergent_layer}`: {what}; {born})"
+        )
+    return lines
 
 
 def _load(config: RunConfig, invariant: bool):
@@ -149,6 +201,7 @@ def _module_divergence(model, engine, completions, prompts, config) -> list[Modu
 
 
 def diagnose_mode(config: RunConfig, invariant: bool) -> ModeResult:
+    from rl_engine.patching import RoutingRecorder, moe_layers
     from rl_engine.rollout import RolloutEngine
     from rl_engine.tasks import make_task
 
@@ -161,21 +214,29 @@ def diagnose_mode(config: RunConfig, invariant: bool) -> ModeResult:
     )
     prompts = task.prompts(config.rollout.prompts_per_step, 0)
     engine = RolloutEngine(model, device="cpu", max_batch_size=config.rollout.max_batch_size)
-    completions = engine.generate(prompts, _sampling(config, config.rollout.samples_per_prompt))
-    recomputed = trainer_logprobs(
-        model, completions, config.trainer.micro_batch_size, completions[0].logprob_temperature
-    )
+    moe = bool(moe_layers(model))
+    with EngineRoutingTrace(model) if moe else nullcontext() as trace:
+        completions = engine.generate(prompts, _sampling(config, config.rollout.samples_per_prompt))
+    mbs = config.trainer.micro_batch_size
+    with RoutingRecorder(model, inputs=True, experts=True) if moe else nullcontext() as recorder:
+        recomputed = trainer_logprobs(model, completions, mbs, completions[0].logprob_temperature)
+    routing = None
+    if moe:
+        trainer_side = trainer_routing(recorder, completions, mbs)
+        routing = compare_routing(model, trace.sequences(completions), trainer_side)
     rollout_lp = torch.cat([c.logprobs for c in completions])
     trainer_lp = torch.cat(recomputed)
     modules = _module_divergence(model, engine, completions, prompts, config)
     metrics = mismatch_metrics(trainer_lp, rollout_lp)
     log.info(
-        "batch_invariant=%s: %d tokens, exact match %.4f",
+        "batch_invariant=%s: %d tokens, exact match %.4f%s",
         invariant,
         metrics.num_tokens,
         metrics.exact_match_fraction,
+        "" if routing is None else f", routing agreement >= {routing.min_agreement:.4f}",
     )
-    return ModeResult(invariant, metrics, (trainer_lp - rollout_lp).abs().tolist(), modules)
+    abs_diffs = (trainer_lp - rollout_lp).abs().tolist()
+    return ModeResult(invariant, metrics, abs_diffs, modules, routing)
 
 
 def run_diagnosis(config: RunConfig, output_dir: str | None = None) -> DiagnosisReport:

@@ -36,9 +36,12 @@ OP_NAMES = (
     "lm_head",
     "rms_norm",
     "silu",
+    "sigmoid",
     "log_softmax",
     "attention",
     "linear_logp",
+    "moe_router",
+    "moe_experts",
 )
 
 # backend name -> module that exposes one function per op name and a `LAYOUT`

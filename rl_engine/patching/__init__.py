@@ -3,6 +3,7 @@
 `apply_batch_invariant(model, *, backend=None)` swaps a supported causal LM's
 ops for the invariant kernels of its device's backend and returns a handle
 with `revert()`; `model_op(model, name)` is the op that model computes with.
+`RoutingRecorder(model)` records a mixture-of-experts model's routing.
 """
 
 from rl_engine.patching.apply import (
@@ -17,6 +18,14 @@ from rl_engine.patching.apply import (
 from rl_engine.patching.attention import KV_CACHE_KWARG, attention_name
 from rl_engine.patching.families import FAMILIES, family_for
 from rl_engine.patching.modules import InvariantLMHead
+from rl_engine.patching.moe import (
+    RouterCall,
+    RoutingRecorder,
+    is_experts,
+    is_router,
+    moe_layers,
+    router_settings,
+)
 
 __all__ = [
     "FAMILIES",
@@ -31,4 +40,10 @@ __all__ = [
     "model_op",
     "parameter_device",
     "patch_handle",
+    "RouterCall",
+    "RoutingRecorder",
+    "is_experts",
+    "is_router",
+    "moe_layers",
+    "router_settings",
 ]

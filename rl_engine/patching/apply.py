@@ -2,7 +2,9 @@
 
 Replaced, in place: the input embedding, every `nn.Linear` (q/k/v/o, gate/up/down),
 the vocabulary projection (fp32 logits), every RMSNorm (incl. Qwen3 q/k norms),
-the MLP activation, and attention (through transformers' attention registry).
+the MLP activation, attention (through transformers' attention registry), and in
+mixture-of-experts families every router, every experts module and, with a
+shared expert, its sparse block (rl_engine/patching/moe.py).
 Every op is resolved once, here, through `get_op(name, device, backend)` for the
 device of the model's parameters: move the model first, then patch. The new
 modules hold the resolved functions and the *same* Parameter objects, so an
@@ -27,6 +29,11 @@ from rl_engine.patching.modules import (
     InvariantLMHead,
     InvariantRMSNorm,
     InvariantSiLU,
+)
+from rl_engine.patching.moe import (
+    InvariantSharedExpertMoeBlock,
+    moe_replacement,
+    shared_expert_blocks,
 )
 
 _HANDLE_ATTR = "_rl_engine_patch"
@@ -141,26 +148,58 @@ def is_patched(model: nn.Module) -> bool:
 
 
 def _swap_modules(model: nn.Module, family: Family, handle: PatchHandle) -> None:
+    # Blocks with a shared expert first: the new block holds the same children, which
+    # the walk below then patches where they now live (revert undoes both in reverse).
+    tags = (handle.backend, handle.device_type)
+    for parent, child_name, block in shared_expert_blocks(model, family):
+        new_block = InvariantSharedExpertMoeBlock(block, handle.ops["sigmoid"], *tags)
+        _swap(
+            handle,
+            parent,
+            child_name,
+            block,
+            new_block,
+            "moe_block",
+            _path(model, parent, child_name),
+        )
     input_embeddings = model.get_input_embeddings()
     output_embeddings = model.get_output_embeddings()
     # Collect first, then swap: never mutate the tree while walking it.
-    targets = []
+    targets, replaced = [], set()
     for parent_name, parent in model.named_modules():
+        if id(parent) in replaced:  # inside a module replaced as a whole (router, experts)
+            replaced.update(id(m) for m in parent.children())
+            continue
         for child_name, child in parent.named_children():
             replacement = _replacement_for(
-                child, child_name, family, input_embeddings, output_embeddings, handle
+                child, child_name, family, input_embeddings, output_embeddings, handle, model.config
             )
             if replacement is not None:
                 path = f"{parent_name}.{child_name}" if parent_name else child_name
                 targets.append((parent, child_name, child, replacement, path))
+                replaced.add(id(child))
     for parent, child_name, child, (kind, new_module), path in targets:
-        setattr(parent, child_name, new_module)
-        handle._originals.append((parent, child_name, child))
-        handle.replaced.append(f"{kind}: {path}")
+        _swap(handle, parent, child_name, child, new_module, kind, path)
 
 
-def _replacement_for(child, child_name, family, input_embeddings, output_embeddings, handle):
+def _swap(handle, parent, child_name, child, new_module, kind, path) -> None:
+    setattr(parent, child_name, new_module)
+    handle._originals.append((parent, child_name, child))
+    handle.replaced.append(f"{kind}: {path}")
+
+
+def _path(model: nn.Module, parent: nn.Module, child_name: str) -> str:
+    parent_name = next(name for name, m in model.named_modules() if m is parent)
+    return f"{parent_name}.{child_name}" if parent_name else child_name
+
+
+def _replacement_for(
+    child, child_name, family, input_embeddings, output_embeddings, handle, config
+):
     ops, tags = handle.ops, (handle.backend, handle.device_type)
+    moe = moe_replacement(child, family, config, ops, tags)
+    if moe is not None:
+        return moe
     if child is output_embeddings:
         return "lm_head", InvariantLMHead(child, ops["lm_head"], *tags)
     if child is input_embeddings:

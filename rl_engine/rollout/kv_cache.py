@@ -79,6 +79,13 @@ class SlotKVCache:
     def unbind(self) -> None:
         self._bound = False
 
+    def bound(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slots (B,), q_positions (B, Tq)) of the forward being run: which sequence and position
+        each row of its batch is (the diagnostics' routing trace reads it)."""
+        if not self._bound:
+            raise RuntimeError("SlotKVCache.bound() called outside a bound forward")
+        return self._slots, self._q_positions
+
     def update(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor):
         """Store key/value (B, Hkv, Tq, D); return (keys, values) (B, Hkv, L, D) and q_positions (B, Tq)."""
         k_buf, v_buf = self._store(layer_idx, key, value)

@@ -53,3 +53,69 @@ def test_report_invariant_exact_plain_not(tmp_path):
     assert data["modes"]["batch_invariant=true"]["metrics"]["exact_match_fraction"] == 1.0
     assert "| true |" in (out / "report.md").read_text()
     assert (out / "mismatch.png").stat().st_size > 0
+
+
+def test_moe_report_routing_agreement_is_one_with_invariance(tmp_path):
+    """Routing of every token in every sparse layer: engine forwards (continuous batching, KV
+    cache, decode) == the trainer's recompute with invariance on; the plain run is reported."""
+    config = RunConfig.from_dict(
+        {
+            "model": "tiny-mixtral",
+            "dtype": "bfloat16",
+            "output_dir": str(tmp_path),
+            "parity": "report",
+            "rollout": {
+                "prompts_per_step": 3,
+                "samples_per_prompt": 2,
+                "max_new_tokens": 8,
+                "max_batch_size": 4,
+            },
+            "trainer": {"micro_batch_size": 4},
+        }
+    )
+    report = run_diagnosis(config)
+    invariant, plain = report.results
+    routing = invariant.routing
+    assert [a.layer for a in routing.layers] == [
+        "model.layers.0.mlp.gate",
+        "model.layers.1.mlp.gate",
+    ]
+    for layer in routing.layers:
+        assert layer.tokens > 0
+        assert layer.routing_agreement == layer.logits_equal == layer.experts_equal == 1.0
+    assert routing.first_divergent_layer is None and routing.diverged_first is None
+    assert plain.routing is not None and plain.routing.first_divergent_layer is not None
+    assert plain.routing.diverged_first in ("router", "experts")
+    assert all(0.0 <= a.routing_agreement <= 1.0 for a in plain.routing.layers)
+    out = tmp_path / "diagnosis"
+    data = json.loads((out / "report.json").read_text())
+    layers = data["modes"]["batch_invariant=true"]["routing"]["layers"]
+    assert [entry["routing_agreement"] for entry in layers] == [1.0, 1.0]
+    text = (out / "report.md").read_text()
+    assert "## Routing agreement" in text and "no sparse layer diverged" in text
+
+
+def test_compare_routing_says_what_diverged_first():
+    from rl_engine.diagnostics.routing import compare_routing
+    from rl_engine.models import load_model
+
+    model, _ = load_model("tiny-olmoe")
+    layers = ["model.layers.0.mlp.gate", "model.layers.1.mlp.gate"]
+
+    def seq(inputs=0.0, logits=0.0, experts=0.0, route=(0, 1, 2)):
+        entry = (
+            torch.full((4, 3), inputs),
+            torch.full((4, 5), logits),
+            torch.tensor([route] * 4),
+            torch.full((4, 3), experts),
+        )
+        return {name: entry for name in layers}
+
+    same = compare_routing(model, [seq()], [seq()])
+    assert same.first_divergent_layer is None and same.min_agreement == 1.0
+    experts = compare_routing(model, [seq()], [seq(experts=1.0)])
+    assert (experts.first_divergent_layer, experts.diverged_first) == (layers[0], "experts")
+    assert experts.input_equal and experts.tokens_experts_differ == 4
+    router = compare_routing(model, [seq()], [seq(inputs=1.0, logits=1.0, route=(0, 2, 1))])
+    assert router.diverged_first == "router" and not router.input_equal
+    assert router.layers[0].routing_agreement == 0.0 and router.tokens_router_differs == 4

@@ -99,9 +99,9 @@ def generate(engine: RolloutEngine, config: RunConfig, seed: int):
 
 
 @functools.cache
-def cached_completions(dtype: str):
+def cached_completions(dtype: str, model: str | None = None):
     """The matrix's step-1 rollout for `dtype` (any world size), generated once per test process."""
-    config = cell_config(0, 1, dtype)
+    config = cell_config(0, 1, dtype, model)
     return generate(rollout_engine(config), config, seed=5)
 
 
@@ -127,8 +127,11 @@ def differing(a: dict, b: dict) -> list[str]:
     return sorted(k for k in a if not torch.equal(a[k], b[k])) + sorted(set(a) ^ set(b))
 
 
-def run_cell(stage: int, world: int, dtype: str, completions, workdir: Path) -> dict:
-    config = cell_config(stage, world, dtype)
+def run_cell(
+    stage: int, world: int, dtype: str, completions, workdir: Path, model=None, **overrides
+) -> dict:
+    """One cell; `model` / `overrides` (config sections) replace the matrix's defaults."""
+    config = cell_config(stage, world, dtype, model, **overrides)
     clock = _Clock()
     worker = DeepSpeedTrainingWorker(config, device="cpu")
     rank = worker.rank
@@ -141,6 +144,9 @@ def run_cell(stage: int, world: int, dtype: str, completions, workdir: Path) -> 
         tuple(p.ds_shape) for p in getattr(worker.module, "_external_params", {}).values()
     ]
     out["lm_head_numel_outside_forward"] = worker.module.head_parameters()[0].numel()
+    out["expert_numel_outside_forward"] = [  # 3-D MoE expert weights (ZeRO-3 partitions them)
+        p.numel() for name, p in worker.module.named_parameters() if ".experts." in name
+    ]
     metrics = [worker.train_step(shard)]  # strict: raises on any mismatch
     worker.save_checkpoint(workdir / "ckpt")
     worker.config = dataclasses.replace(

@@ -5,10 +5,15 @@ import importlib.util
 import pytest
 import torch
 from transformers import (
+    AutoModelForCausalLM,
     LlamaForCausalLM,
     MistralForCausalLM,
+    MixtralForCausalLM,
+    OlmoeForCausalLM,
     Qwen2ForCausalLM,
+    Qwen2MoeForCausalLM,
     Qwen3ForCausalLM,
+    Qwen3MoeForCausalLM,
 )
 
 from rl_engine.models import SMOLLM2_NAME, TINY_CONFIGS, list_models, load_model
@@ -18,7 +23,12 @@ FAMILIES = {
     "tiny-qwen2": Qwen2ForCausalLM,
     "tiny-qwen3": Qwen3ForCausalLM,
     "tiny-mistral": MistralForCausalLM,
+    "tiny-qwen3-moe": Qwen3MoeForCausalLM,
+    "tiny-qwen2-moe": Qwen2MoeForCausalLM,
+    "tiny-mixtral": MixtralForCausalLM,
+    "tiny-olmoe": OlmoeForCausalLM,
 }
+MOE = [name for name, cls in FAMILIES.items() if "Moe" in cls.__name__ or "Mixtral" in cls.__name__]
 
 
 def _same_weights(a, b) -> bool:
@@ -38,9 +48,9 @@ def test_tiny_model_loads_as_its_family(name):
     assert type(model) is FAMILIES[name]
     assert not model.training
     assert model.config._attn_implementation == "sdpa"
-    assert model.config.num_hidden_layers in (2, 3)
+    assert model.config.num_hidden_layers in (2, 3, 4)
     assert 64 <= model.config.hidden_size <= 256
-    assert getattr(model.config, "sliding_window", None) is None
+    assert not getattr(model.config, "sliding_window", None)  # None, or 0 (Qwen2-MoE: off)
     assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in model.parameters())
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     assert tied == model.config.tie_word_embeddings
@@ -113,6 +123,55 @@ def test_save_pretrained_round_trip(name, tmp_path):
     assert not loaded.training and loaded.config._attn_implementation == "sdpa"
     loaded_bf16, _ = load_model(str(tmp_path), dtype=torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 for p in loaded_bf16.parameters())
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_moe_configs_and_their_experts_implementation(name):
+    """grouped_mm (HF's default) unless it cannot run the expert widths in 16 bits on CPU."""
+    fp32, _ = load_model(name)
+    widths = {fp32.config.hidden_size, fp32.model.layers[-1].mlp.experts.intermediate_dim}
+    assert fp32.config._experts_implementation == "grouped_mm"
+    bf16, _ = load_model(name, dtype=torch.bfloat16)
+    expected = "grouped_mm" if all(w % 8 == 0 for w in widths) else "eager"
+    assert bf16.config._experts_implementation == expected
+    ids = torch.randint(3, bf16.config.vocab_size, (2, 6))
+    with torch.no_grad():
+        assert torch.isfinite(bf16(ids).logits).all()
+
+
+def test_moe_widths_cover_both_experts_implementations_and_a_dense_layer():
+    impls = {load_model(n, dtype=torch.bfloat16)[0].config._experts_implementation for n in MOE}
+    assert impls == {"eager", "grouped_mm"}
+    layers = [type(layer.mlp).__name__ for layer in load_model("tiny-qwen3-moe")[0].model.layers]
+    assert layers == ["Qwen3MoeSparseMoeBlock", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", MOE)
+def test_moe_folder_round_trip_gives_the_same_patched_logprobs(name, dtype, tmp_path):
+    """save_pretrained -> AutoModelForCausalLM.from_pretrained (HF's defaults, grouped_mm even where
+    it cannot run) -> patched token_logprobs == the original model's, bit for bit; and the same
+    through load_model(folder).
+
+    from_pretrained keeps the rotary `inv_freq` buffer in fp32, while load_model's
+    `model.to(dtype)` casts it (every family, dense too): in bf16 the loaded model is cast the
+    same way first."""
+    from rl_engine.logprobs import token_logprobs
+    from rl_engine.patching import apply_batch_invariant
+
+    model, _ = load_model(name, dtype=dtype, seed=6)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=dtype).to(dtype)
+    via_load_model, _ = load_model(tmp_path, dtype=dtype)
+    assert type(via_load_model) is FAMILIES[name]
+    assert _same_weights(model, loaded) and _same_weights(model, via_load_model)
+    ids = torch.randint(3, model.config.vocab_size, (3, 11))
+    with torch.no_grad():
+        scores = [
+            token_logprobs(apply_batch_invariant(m).model, ids)
+            for m in (model, loaded, via_load_model)
+        ]
+    assert torch.equal(scores[0], scores[1]) and torch.equal(scores[0], scores[2])
 
 
 def test_unknown_name_lists_valid_names_and_mentions_paths():

@@ -139,7 +139,10 @@ def test_unsupported_architecture_lists_the_supported_ones():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100))
-    with pytest.raises(NotImplementedError, match="supported: llama, mistral, qwen2, qwen3"):
+    with pytest.raises(
+        NotImplementedError,
+        match="supported: llama, mistral, mixtral, olmoe, qwen2, qwen2_moe, qwen3, qwen3_moe",
+    ):
         apply_batch_invariant(model)
 
 

@@ -14,7 +14,9 @@ from rl_engine.logprobs import token_logprobs
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant
 
-FAMILIES = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral")
+DENSE_FAMILIES = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral")
+MOE_FAMILIES = ("tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-olmoe")
+FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 DTYPES = (torch.float32, torch.bfloat16)
 
 

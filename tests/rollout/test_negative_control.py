@@ -78,3 +78,17 @@ def test_engine_with_invariance_off_differs_from_recompute(dtype):
         f"\nengine, invariance off ({dtype}) vs teacher-forced: {fraction:.1%} of tokens exactly equal"
     )
     assert fraction < 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_moe_engine_with_invariance_off_differs_from_recompute(dtype):
+    """An unpatched Mixtral (HF's default grouped_mm experts, torch.topk routing) in the engine."""
+    model = fresh_model("tiny-mixtral", dtype, patched=False)
+    prompts = random_prompts(model.config.vocab_size, PROMPT_LENGTHS, seed=1)
+    engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)
+    completions = engine.generate(prompts, SamplingParams(max_new_tokens=NEW, seed=3))
+    recomputed = _teacher_forced(model, prompts, [c.token_ids for c in completions])
+    fraction = _exact_fraction([c.logprobs for c in completions], recomputed)
+    print(f"\nMoE engine, invariance off ({dtype}) vs teacher-forced: {fraction:.1%} exactly equal")
+    assert model.config._experts_implementation == "grouped_mm"
+    assert fraction < 1.0

@@ -1,4 +1,4 @@
-"""Parity across processes and intra-op thread counts: generate with 1 thread, recompute with 2."""
+"""Parity across processes and intra-op thread counts: generate with 1 thread, recompute with 2 (and 3)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.rollout.helpers import random_prompts, stop_ids
 
 result = {}
 for dtype in (torch.float32, torch.bfloat16):
-    model, _ = load_model("tiny-mistral", dtype=dtype)
+    model, _ = load_model("{name}", dtype=dtype)
     apply_batch_invariant(model)
     vocab = model.config.vocab_size
     engine = RolloutEngine(model, device="cpu", max_batch_size=2, progress=False)
@@ -35,7 +35,7 @@ from tests.rollout.helpers import pad_batch
 generated = {generated!r}
 result = {{}}
 for dtype in (torch.float32, torch.bfloat16):
-    model, _ = load_model("tiny-mistral", dtype=dtype)
+    model, _ = load_model("{name}", dtype=dtype)
     apply_batch_invariant(model)
     seqs = [p + t for p, t, _ in generated[str(dtype)]]
     ids, mask, offsets = pad_batch(seqs, "right")
@@ -47,12 +47,26 @@ for dtype in (torch.float32, torch.bfloat16):
 """
 
 
+def _check_threads(name: str, recompute_threads) -> None:
+    generated = run_with_threads(GENERATE.replace("{name}", name), threads=1)
+    plain = {k: [(p, t, None) for p, t, _ in v] for k, v in generated.items()}
+    for threads in recompute_threads:
+        code = RECOMPUTE.replace("{name}", name).format(generated=plain)
+        recomputed = run_with_threads(code, threads=threads)
+        for dtype, rows in generated.items():
+            for (_, tokens, logprobs), ref in zip(rows, recomputed[dtype], strict=True):
+                assert len(tokens) == logprobs.numel()
+                assert torch.equal(logprobs, ref), (
+                    f"{name} {dtype}: 1-thread rollout != {threads}-thread recompute"
+                )
+
+
 @pytest.mark.multiprocess
 def test_generate_with_one_thread_recompute_with_two():
-    generated = run_with_threads(GENERATE, threads=1)
-    plain = {k: [(p, t, None) for p, t, _ in v] for k, v in generated.items()}
-    recomputed = run_with_threads(RECOMPUTE.format(generated=plain), threads=2)
-    for dtype, rows in generated.items():
-        for (_, tokens, logprobs), ref in zip(rows, recomputed[dtype], strict=True):
-            assert len(tokens) == logprobs.numel()
-            assert torch.equal(logprobs, ref), f"{dtype}: 1-thread rollout != 2-thread recompute"
+    _check_threads("tiny-mistral", (2,))
+
+
+@pytest.mark.multiprocess
+def test_moe_generate_with_one_thread_recompute_with_two_and_three():
+    """Routing and experts too: a Qwen3-MoE rollout (1 thread) == recompute at 2 and 3 threads."""
+    _check_threads("tiny-qwen3-moe", (2, 3))

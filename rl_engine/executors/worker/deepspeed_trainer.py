@@ -34,6 +34,7 @@ from rl_engine.executors.worker.policy import (
     prepare_policy,
     release_zero3_parameters,
 )
+from rl_engine.executors.worker.router_terms import RouterTerms
 from rl_engine.executors.worker.step_corrections import StepCorrections
 from rl_engine.executors.worker.step_loss import (
     RECORD_SIZE,
@@ -83,6 +84,7 @@ class DeepSpeedTrainingWorker:
         self.comm = Collectives(self.env.rank, self.env.world_size, self.device)
         policy = prepare_policy(model, config, self.device)
         self.reference = frozen_copy(policy) if config.algorithm.kl_coef > 0 else None
+        self.router = RouterTerms(policy, config.algorithm.router_aux_loss_coef, config.model)
         self.module = LogprobModule(policy)
         self.vocab_size = int(self.module.head_parameters()[0].shape[0])  # before ZeRO-3 splits it
         if self.zero_stage == 3:
@@ -126,7 +128,9 @@ class DeepSpeedTrainingWorker:
         trainer's logprobs of this step's first forward vs the rollout's, before the update;
         correction/{ratio_mean, ratio_min, ratio_max, truncated_fraction, masked_fraction,
         masked_sequence_fraction, k3_kl, trainer_ppl, rollout_ppl}: the importance ratio
-        trainer / rollout and what `algorithm.rollout_correction` truncated or dropped.
+        trainer / rollout and what `algorithm.rollout_correction` truncated or dropped;
+        for a mixture-of-experts policy router/{aux_loss, max_load_share,
+        max_load_share_worst_layer, load_entropy} (rl_engine/executors/worker/router_terms.py).
 
         A bad shard on any rank: BatchError on every rank, before any forward. parity 'strict':
         a mismatch in any micro-batch (checked before its backward) raises ParityError on every
@@ -143,14 +147,18 @@ class DeepSpeedTrainingWorker:
         self.engine.train()
         with self._recoverable():
             corrections = StepCorrections(algo, micro, self._forward, self.comm.all_reduce)
+            self.router.start(micro, self.comm.all_reduce)
             for index, mb in enumerate(micro):
-                logp = self._forward(mb)  # (b, T-1) fp32, the step's first forward of these tokens
+                with self.router.recording() as routing:  # MoE policies: router logits, experts
+                    logp = self._forward(mb)  # (b, T-1) fp32, the step's first forward
                 parity = merge_sums(parity, self._check_parity(mb, logp.detach(), index))
                 corrected = corrections.take(index, mb, logp)
                 ref_logp = self._reference_logp(mb)
                 loss, record = micro_loss(
                     algo, mb, logp, ref_logp, corrections.units, scale, corrected
                 )
+                aux = self.router.loss(routing, mb, scale)
+                loss = loss if aux is None else loss + aux
                 sums += record
                 self._backward_taken = True
                 self.engine.backward(loss)
@@ -220,6 +228,7 @@ class DeepSpeedTrainingWorker:
             step=self.global_step,
             weight_version=self.weight_version,
             **correction,
+            **self.router.metrics(self.comm.all_reduce),
         )
         self._log_step(metrics)
         return metrics

@@ -3,7 +3,8 @@
 Each op lives in its own file; this module exposes one function per op name of
 `rl_engine.kernels.registry.OP_NAMES`, and `LAYOUT`, the layout facts callers
 must follow (read through `rl_engine.kernels.backend_layout`). `linear`, `lm_head`, `silu`,
-`attention` and `linear_logp` run the C++ kernels; `embedding`, `rms_norm` and
+`attention` and `linear_logp` run the C++ kernels, and `moe_router` /
+`moe_experts` compose them; `embedding`, `rms_norm`, `sigmoid` and
 `log_softmax` are already invariant and fast in plain torch and are the native
 ones. Importing this module builds (or loads) the extension: a machine that
 cannot build it gets the compiler's reason here, never a silent fallback.
@@ -13,10 +14,13 @@ from rl_engine.kernels.cpp._extension import extension
 from rl_engine.kernels.cpp.attention import attention
 from rl_engine.kernels.cpp.linear import linear, lm_head
 from rl_engine.kernels.cpp.linear_logp import linear_logp
+from rl_engine.kernels.cpp.moe_experts import moe_experts
+from rl_engine.kernels.cpp.moe_router import moe_router
 from rl_engine.kernels.cpp.silu import silu
 from rl_engine.kernels.native.embedding import embedding
 from rl_engine.kernels.native.log_softmax import log_softmax
 from rl_engine.kernels.native.rms_norm import rms_norm
+from rl_engine.kernels.native.sigmoid import sigmoid
 from rl_engine.kernels.registry import BackendLayout
 
 extension()
@@ -40,6 +44,9 @@ __all__ = [
     "linear_logp",
     "lm_head",
     "log_softmax",
+    "moe_experts",
+    "moe_router",
     "rms_norm",
+    "sigmoid",
     "silu",
 ]

@@ -13,7 +13,10 @@ from rl_engine.kernels.native.linear import linear as linear
 from rl_engine.kernels.native.linear import lm_head as lm_head
 from rl_engine.kernels.native.linear_logp import linear_logp as linear_logp
 from rl_engine.kernels.native.log_softmax import log_softmax as log_softmax
+from rl_engine.kernels.native.moe_experts import moe_experts as moe_experts
+from rl_engine.kernels.native.moe_router import moe_router as moe_router
 from rl_engine.kernels.native.rms_norm import rms_norm as rms_norm
+from rl_engine.kernels.native.sigmoid import sigmoid as sigmoid
 from rl_engine.kernels.native.silu import silu as silu
 from rl_engine.kernels.registry import OP_NAMES, BackendLayout
 

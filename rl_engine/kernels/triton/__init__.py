@@ -20,7 +20,10 @@ from rl_engine.kernels.triton.linear import linear as linear
 from rl_engine.kernels.triton.linear_logp import linear_logp as linear_logp
 from rl_engine.kernels.triton.lm_head import lm_head as lm_head
 from rl_engine.kernels.triton.log_softmax import log_softmax as log_softmax
+from rl_engine.kernels.triton.moe_experts import moe_experts as moe_experts
+from rl_engine.kernels.triton.moe_router import moe_router as moe_router
 from rl_engine.kernels.triton.rms_norm import rms_norm as rms_norm
+from rl_engine.kernels.triton.sigmoid import sigmoid as sigmoid
 from rl_engine.kernels.triton.silu import silu as silu
 
 # The kernels read any strided cache in place, in the model's dtype; a capacity

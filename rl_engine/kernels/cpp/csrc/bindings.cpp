@@ -4,7 +4,10 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <array>
 #include <atomic>
+#include <cstring>
+#include <vector>
 
 #include "kernels.h"
 
@@ -147,6 +150,8 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa
   });
   return out;
 }
+
+#include "moe_impl.h"  // moe_experts: the experts of a mixture-of-experts block in one call
 
 // Elementwise SiLU, same dtype out. Every element goes through the same vector code.
 at::Tensor silu(const at::Tensor& x_in, const std::string& isa) {
@@ -342,5 +347,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("isa"),
         pybind11::arg("bias") = pybind11::none(), pybind11::arg("out_bf16") = false);
   m.def("silu", &silu, "fixed-order SiLU");
+  m.def("moe_experts", &moe_experts,
+        "mixture-of-experts experts: grouped fixed-order GEMMs, SiLU gate, HF-order combine");
   m.def("attention", &attention, "fixed-order causal GQA attention forward");
 }

@@ -27,9 +27,12 @@
 //
 // Layout (speed only, never the bits): w is packed per K block into panels of
 // kPanel = 64 columns, K-major (fp32: panel[k][64]; bf16: VNNI pairs,
-// panel[k/2][64][2]), by 16 x 16 register transposes of w's rows. The
-// micro-kernel keeps MR_MAX rows x 64 columns of accumulators in registers,
-// broadcasts x[m, k] (bf16: the pair x[m, 2p..2p+1]) and walks k upward.
+// panel[k/2][64][2]), by 16 x 16 (AVX-512) or 8 x 8 (AVX2) register
+// transposes of w's rows. The micro-kernel keeps MR_MAX rows x 64 columns of
+// accumulators in registers, broadcasts x[m, k] (bf16: the pair
+// x[m, 2p..2p+1]) and walks k upward. Decode-sized M (AVX-512 fp32: M <= 2;
+// AVX2 fp32 and bf16: M <= 4) skips the panel: each register-transposed block
+// of w is used at once (gemv_*), with the same chain per output.
 
 constexpr int kPanel = 64;        // columns per packed panel (4 vectors)
 constexpr int64_t kBlockN = 256;  // columns packed at once (4 panels)
@@ -74,6 +77,34 @@ static inline void transpose16(__m512 r[16]) {
 }
 #endif
 
+#ifndef RL_GEMM_AVX512
+// In-register transpose of 8 rows of 8 x 32-bit values (AVX2).
+static inline void transpose8(__m256 r[8]) {
+  __m256 t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {
+    r[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+    r[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+    r[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+    r[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm256_permute2f128_ps(r[i], r[4 + i], 0x20);
+    t[4 + i] = _mm256_permute2f128_ps(r[i], r[4 + i], 0x31);
+  }
+  for (int i = 0; i < 8; ++i) r[i] = t[i];
+}
+
+// 8 rows (j0 .. j0+7 of w, rows >= nr read as 0) of 8 x 32-bit values at element offset k.
+static inline void load_rows8(const float* w, int64_t ldw, int j0, int nr, int64_t k, __m256 r[8]) {
+  for (int i = 0; i < 8; ++i)
+    r[i] = j0 + i < nr ? _mm256_loadu_ps(w + (j0 + i) * ldw + k) : _mm256_setzero_ps();
+}
+#endif
+
 // out[k * 64 + j] = w[j * ldw + k] for k < kc, j < nr; columns nr .. 63 are 0.
 static void pack_f32(const float* w, int64_t ldw, int nr, int64_t kc, float* out) {
 #ifdef RL_GEMM_AVX512
@@ -90,8 +121,17 @@ static void pack_f32(const float* w, int64_t ldw, int nr, int64_t kc, float* out
     }
   }
 #else
-  for (int64_t k = 0; k < kc; ++k)
-    for (int j = 0; j < kPanel; ++j) out[k * kPanel + j] = j < nr ? w[j * ldw + k] : 0.0f;
+  for (int j0 = 0; j0 < kPanel; j0 += 8) {
+    int64_t k0 = 0;
+    for (; k0 + 8 <= kc; k0 += 8) {  // 8 x 8 blocks through registers
+      __m256 r[8];
+      load_rows8(w, ldw, j0, nr, k0, r);
+      transpose8(r);
+      for (int t = 0; t < 8; ++t) _mm256_storeu_ps(out + (k0 + t) * kPanel + j0, r[t]);
+    }
+    for (; k0 < kc; ++k0)
+      for (int j = j0; j < j0 + 8; ++j) out[k0 * kPanel + j] = j < nr ? w[j * ldw + k0] : 0.0f;
+  }
 #endif
 }
 
@@ -115,12 +155,25 @@ static void pack_bf16(const uint16_t* w, int64_t ldw, int nr, int64_t kc, uint16
     }
   }
 #else
-  for (int64_t p = 0; p < kp; ++p)
-    for (int j = 0; j < kPanel; ++j)
-      for (int e = 0; e < 2; ++e) {
-        const int64_t k = 2 * p + e;
-        out[(p * kPanel + j) * 2 + e] = (j < nr && k < kc) ? w[j * ldw + k] : (uint16_t)0;
-      }
+  for (int j0 = 0; j0 < kPanel; j0 += 8) {
+    int64_t p0 = 0;
+    for (; 2 * (p0 + 8) <= kc; p0 += 8) {  // 8 columns x 8 pairs, a pair as one 32-bit value
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i)
+        r[i] = j0 + i < nr ? _mm256_castsi256_ps(_mm256_loadu_si256(
+                                 (const __m256i*)(w + (j0 + i) * ldw + 2 * p0)))
+                           : _mm256_setzero_ps();
+      transpose8(r);
+      for (int t = 0; t < 8; ++t)
+        _mm256_storeu_ps((float*)(out + ((p0 + t) * kPanel + j0) * 2), r[t]);
+    }
+    for (int64_t p = p0; p < kp; ++p)
+      for (int j = j0; j < j0 + 8; ++j)
+        for (int e = 0; e < 2; ++e) {
+          const int64_t k = 2 * p + e;
+          out[(p * kPanel + j) * 2 + e] = (j < nr && k < kc) ? w[j * ldw + k] : (uint16_t)0;
+        }
+  }
 #endif
 }
 
@@ -372,6 +425,111 @@ static void gemv_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, f
 }
 #endif
 
+#ifndef RL_GEMM_AVX512
+// M <= 4 (decode), AVX2: the same serial chain per output without the packed
+// panel: 8 outputs at a time, each 8 x 8 block of w transposed in registers
+// and used at once by the MR rows, the accumulators kept in registers over
+// all of K (the packing the panel path pays once per call would cost as much
+// as the whole product at these M).
+template <int MR>
+static void gemv_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y,
+                     int64_t ldy, int64_t N, int64_t K) {
+  for (int64_t j0 = 0; j0 < N; j0 += 8) {
+    const int nr = (int)(N - j0 < 8 ? N - j0 : 8);
+    const float* wj = w + j0 * ldw;
+    __m256 acc[MR];
+    for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+    int64_t k0 = 0;
+    for (; k0 + 8 <= K; k0 += 8) {
+      __m256 r[8];
+      load_rows8(wj, ldw, 0, nr, k0, r);
+      transpose8(r);
+      for (int t = 0; t < 8; ++t)
+        for (int i = 0; i < MR; ++i)
+          acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(x[i * ldx + k0 + t]), r[t], acc[i]);
+    }
+    if (k0 < K) {  // the last K % 8 steps, the same chain
+      const int kn = (int)(K - k0);
+      const __m256i km = rl_mask8(kn);
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i)
+        r[i] = i < nr ? _mm256_maskload_ps(wj + i * ldw + k0, km) : _mm256_setzero_ps();
+      transpose8(r);
+      for (int t = 0; t < kn; ++t)
+        for (int i = 0; i < MR; ++i)
+          acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(x[i * ldx + k0 + t]), r[t], acc[i]);
+    }
+    for (int i = 0; i < MR; ++i) _mm256_maskstore_ps(y + i * ldy + j0, rl_mask8(nr), acc[i]);
+  }
+}
+
+// One step of 8 bf16 pairs (16 elements at x + 2 * p0) for MR rows against 8
+// transposed columns r[t] (pair t of each column as one 32-bit value): the
+// FMA emulation of VDPBF16PS, element 2p+1 first, then 2p (bf16_pair_step).
+template <int MR>
+static inline void gemv_bf16_pairs(const uint16_t* x, int64_t ldx, int64_t k0, int pairs,
+                                   const __m256 r[8], __m256 (&acc)[MR]) {
+  const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
+  for (int t = 0; t < pairs; ++t) {
+    const __m256i b = _mm256_castps_si256(r[t]);
+    const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(b, hi_mask));
+    const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+    for (int i = 0; i < MR; ++i) {
+      const uint16_t* xi = x + i * ldx + k0 + 2 * t;
+      acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(rl_bf16_to_f32(xi[1])), odd, acc[i]);
+      acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(rl_bf16_to_f32(xi[0])), even, acc[i]);
+    }
+  }
+}
+
+// M <= 4 (decode), bf16 without VDPBF16PS (AVX2): as gemv_f32, pairs in
+// increasing order; the K % 16 tail runs on zero-padded copies (an odd K's
+// last pair is (x[K-1], +0), as in the packed panel).
+template <int MR>
+static void gemv_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, float* y,
+                      int64_t ldy, int64_t N, int64_t K) {
+  for (int64_t j0 = 0; j0 < N; j0 += 8) {
+    const int nr = (int)(N - j0 < 8 ? N - j0 : 8);
+    const uint16_t* wj = w + j0 * ldw;
+    __m256 acc[MR];
+    for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+    int64_t k0 = 0;
+    for (; k0 + 16 <= K; k0 += 16) {
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i)
+        r[i] = i < nr ? _mm256_castsi256_ps(_mm256_loadu_si256((const __m256i*)(wj + i * ldw + k0)))
+                      : _mm256_setzero_ps();
+      transpose8(r);
+      gemv_bf16_pairs<MR>(x, ldx, k0, 8, r, acc);
+    }
+    if (k0 < K) {
+      const int kn = (int)(K - k0);
+      alignas(32) uint16_t wt[8][16] = {}, xt[MR][16] = {};
+      for (int i = 0; i < nr; ++i)
+        for (int e = 0; e < kn; ++e) wt[i][e] = wj[i * ldw + k0 + e];
+      for (int i = 0; i < MR; ++i)
+        for (int e = 0; e < kn; ++e) xt[i][e] = x[i * ldx + k0 + e];
+      __m256 r[8];
+      for (int i = 0; i < 8; ++i) r[i] = _mm256_castsi256_ps(_mm256_load_si256((const __m256i*)wt[i]));
+      transpose8(r);
+      gemv_bf16_pairs<MR>(&xt[0][0], 16, 0, (kn + 1) / 2, r, acc);
+    }
+    for (int i = 0; i < MR; ++i) _mm256_maskstore_ps(y + i * ldy + j0, rl_mask8(nr), acc[i]);
+  }
+}
+
+template <typename T, int MR>
+static void gemv_rows(int64_t M, const T* x, int64_t ldx, const T* w, int64_t ldw, float* y,
+                      int64_t ldy, int64_t N, int64_t K) {
+  if constexpr (MR > 1) {
+    if (M < MR) return gemv_rows<T, MR - 1>(M, x, ldx, w, ldw, y, ldy, N, K);
+  }
+  if constexpr (sizeof(T) == 4) gemv_f32<MR>(x, ldx, w, ldw, y, ldy, N, K);
+  else gemv_bf16<MR>(x, ldx, w, ldw, y, ldy, N, K);
+}
+constexpr int64_t kGemvRows = 4;  // AVX2: M up to this skips packing (speed only)
+#endif
+
 // y: the fp32 accumulators (M x N, row stride ldy); with out != nullptr the
 // result goes to out (row0 / col0: where this block starts in out and bias).
 void gemm_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y, int64_t ldy,
@@ -384,6 +542,11 @@ void gemm_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y
     else gemv_f32<2>(x, ldx, w, ldw, y, ldy, N, K);
     return finish_rows(y, ldy, o, 0, 0, M, N);
   }
+#else
+  if (M <= kGemvRows) {
+    gemv_rows<float, kGemvRows>(M, x, ldx, w, ldw, y, ldy, N, K);
+    return finish_rows(y, ldy, o, 0, 0, M, N);
+  }
 #endif
   gemm_block<float>(x, ldx, w, ldw, y, ldy, M, N, K, kb, (float*)scratch, o);
 }
@@ -391,6 +554,12 @@ void gemm_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y
 void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, float* y,
                int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t kb, void* scratch, void* out,
                int64_t ldo, int out_bf16, const void* bias) {
-  gemm_block<uint16_t>(x, ldx, w, ldw, y, ldy, M, N, K, kb, (uint16_t*)scratch,
-                       GemmOut{out, ldo, out_bf16, bias});
+  const GemmOut o{out, ldo, out_bf16, bias};
+#ifndef RL_GEMM_AVX512
+  if (M <= kGemvRows) {
+    gemv_rows<uint16_t, kGemvRows>(M, x, ldx, w, ldw, y, ldy, N, K);
+    return finish_rows(y, ldy, o, 0, 0, M, N);
+  }
+#endif
+  gemm_block<uint16_t>(x, ldx, w, ldw, y, ldy, M, N, K, kb, (uint16_t*)scratch, o);
 }

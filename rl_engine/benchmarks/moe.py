@@ -1,0 +1,188 @@
+"""`rl-engine bench moe`: one mixture-of-experts block, batch-invariant vs. plain Hugging Face, same run.
+
+The block is transformers' Qwen3-MoE sparse block with 64 experts, top-8 and
+renormalised weights, hidden 1024, expert width 256 (issue #16). "plain" is the
+block as HF runs it here, with the experts implementation transformers picks
+for a model on this CPU (`grouped_mm`: `torch._grouped_mm`, printed in the
+header) and, for reference, its `eager` loop; "invariant" is the same block
+with its router and experts patched (`moe_router`, `moe_experts` of the CPU's
+default backend), the same Parameter objects. Shapes: decode (8 tokens) and
+training (4096 tokens), forward; training also forward + backward. Ratios are
+invariant / grouped_mm from interleaved runs (medians).
+
+Memory: the peak extra RSS of one 4096-token forward for 16, 64 and 256 experts
+(weights and inputs allocated before the peak is reset), one fresh process per
+case: `python -m rl_engine.benchmarks.moe {invariant|grouped_mm|eager} E TOKENS DTYPE`
+prints {"peak_extra": bytes}. The invariant experts run each expert on exactly
+its rows, so the peak does not grow with E.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from rl_engine.benchmarks.timing import (
+    current_rss_bytes,
+    interleaved_ratio,
+    peak_extra_memory,
+    peak_rss_bytes,
+    reset_peak_rss,
+)
+from rl_engine.kernels import get_op, kernel_facts, resolve_backend
+
+EXPERTS, TOP_K, HIDDEN, WIDTH = 64, 8, 1024, 256
+TRAIN, DECODE = 4096, 8
+MEMORY_EXPERTS = (16, 64, 256)
+
+
+def block(implementation: str, dtype: torch.dtype, experts: int = EXPERTS, seed: int = 0):
+    """HF's Qwen3-MoE sparse block; implementation 'invariant' patches its router and experts."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    from rl_engine.patching.moe import InvariantMoeExperts, InvariantMoeRouter
+
+    config = Qwen3MoeConfig(
+        hidden_size=HIDDEN,
+        moe_intermediate_size=WIDTH,
+        num_experts=experts,
+        num_experts_per_tok=TOP_K,
+        norm_topk_prob=True,
+    )
+    config._experts_implementation = (
+        "grouped_mm" if implementation == "invariant" else implementation
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        moe = Qwen3MoeSparseMoeBlock(config)
+        with torch.no_grad():
+            for p in moe.parameters():
+                p.normal_(0.0, 0.02)
+    moe = moe.to(dtype)
+    if implementation == "invariant":
+        backend = resolve_backend("cpu")
+        tags = (backend, "cpu")
+        moe.gate = InvariantMoeRouter(
+            moe.gate,
+            get_op("moe_router", "cpu"),
+            *tags,
+            renormalize=True,
+            weights_in_model_dtype=True,
+        )
+        moe.experts = InvariantMoeExperts(moe.experts, get_op("moe_experts", "cpu"), *tags)
+    return moe
+
+
+@dataclass
+class Result:
+    shape: str
+    dtype: str
+    ms_invariant: float
+    ms_grouped: float
+    ms_eager: float
+
+    @property
+    def ratio(self) -> float:
+        return self.ms_invariant / self.ms_grouped
+
+
+def _forward(moe, x):
+    def run():
+        with torch.no_grad():
+            moe(x)
+
+    return run
+
+
+def _train_step(moe, x):
+    def run():
+        moe.zero_grad(set_to_none=True)
+        moe(x).float().pow(2).mean().backward()
+
+    return run
+
+
+def run_timings(dtypes, reps: int) -> list[Result]:
+    results = []
+    for dtype in dtypes:
+        blocks = {name: block(name, dtype) for name in ("invariant", "grouped_mm", "eager")}
+        for shape, tokens, step in (
+            (f"decode {DECODE} tok, forward", DECODE, _forward),
+            (f"train {TRAIN} tok, forward", TRAIN, _forward),
+            (f"train {TRAIN} tok, forward+backward", TRAIN, _train_step),
+        ):
+            x = torch.randn(1, tokens, HIDDEN).to(dtype)
+            runs = {name: step(moe, x) for name, moe in blocks.items()}
+            t_inv, t_grouped = interleaved_ratio(runs["invariant"], runs["grouped_mm"], reps=reps)
+            _, t_eager = interleaved_ratio(runs["invariant"], runs["eager"], reps=max(1, reps // 2))
+            name = str(dtype).removeprefix("torch.")
+            results.append(Result(shape, name, t_inv * 1e3, t_grouped * 1e3, t_eager * 1e3))
+    return results
+
+
+def run_memory(dtypes, tokens: int = TRAIN) -> list[tuple[str, int, dict[str, int]]]:
+    """(dtype, experts, {implementation: peak extra bytes}) of one forward."""
+    out = []
+    for dtype in dtypes:
+        name = str(dtype).removeprefix("torch.")
+        for experts in MEMORY_EXPERTS:
+            peaks = {
+                impl: peak_extra_memory(__name__, impl, str(experts), str(tokens), name)
+                for impl in ("invariant", "grouped_mm")
+            }
+            out.append((name, experts, peaks))
+    return out
+
+
+def render(results: list[Result], memory) -> str:
+    facts = ", ".join(f"{k}={v}" for k, v in kernel_facts("cpu").items())
+    lines = [
+        f"threads: {torch.get_num_threads()}, torch {torch.__version__}, {facts}; block: "
+        f"{EXPERTS} experts, top-{TOP_K}, hidden {HIDDEN}, expert width {WIDTH}; plain = HF's "
+        "default experts implementation for a model on this CPU: grouped_mm",
+        "",
+        "| shape | dtype | batch_invariant=true ms | plain grouped_mm ms | plain eager ms | ratio vs grouped_mm |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r.shape} | {r.dtype} | {r.ms_invariant:.2f} | {r.ms_grouped:.2f} | {r.ms_eager:.2f} "
+        f"| {r.ratio:.2f}x |"
+        for r in results
+    ]
+    if memory:
+        lines += [
+            "",
+            f"| peak extra memory, one {TRAIN}-token forward | experts | invariant MiB | grouped_mm MiB |",
+            "|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {dt} | {e} | {p['invariant'] / 2**20:.0f} | {p['grouped_mm'] / 2**20:.0f} |"
+            for dt, e, p in memory
+        ]
+    return "\n".join(lines)
+
+
+def main(*, quick: bool = False) -> str:
+    dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
+    table = render(run_timings(dtypes, reps=3 if quick else 5), run_memory(dtypes))
+    print(table)
+    return table
+
+
+def _memory_probe(implementation: str, experts: int, tokens: int, dtype: str) -> None:
+    dt = getattr(torch, dtype)
+    moe = block(implementation, dt, experts)
+    x = torch.randn(1, tokens, HIDDEN).to(dt)
+    with torch.no_grad():
+        reset_peak_rss()
+        before = current_rss_bytes()
+        moe(x)
+        print(json.dumps({"peak_extra": peak_rss_bytes() - before}))
+
+
+if __name__ == "__main__":
+    _memory_probe(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

@@ -1,0 +1,89 @@
+"""The router terms of a mixture-of-experts policy in a training step: auxiliary loss and expert load.
+
+Each micro-batch's first forward records the policy's routing
+(`rl_engine.patching.RoutingRecorder`: every sparse layer's router logits and
+chosen experts, rows = the micro-batch's tokens). With
+`algorithm.router_aux_loss_coef` > 0 the load-balancing loss of those logits
+over the real tokens (rl_engine/algorithms/router.py: HF's formula) joins the
+micro-batch's loss, weighted by its share of the step's real tokens on all
+ranks: the step minimises policy loss + coef x the token-weighted mean of its
+micro-batches' auxiliary losses (`router/aux_loss`). The expert load is summed
+over micro-batches and ranks: `router/max_load_share` (the most loaded
+expert's share of the routed token-slots, mean over layers; 1/E is balanced),
+`router/max_load_share_worst_layer` and `router/load_entropy` (nats; ln E is
+balanced). A dense policy has no router terms and reports none; a
+coefficient > 0 for it is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from rl_engine.algorithms import expert_counts, load_balancing_loss, load_statistics
+from rl_engine.executors.worker.batch import TrainBatch
+from rl_engine.patching import RoutingRecorder, moe_layers, router_settings
+
+
+class RouterTerms:
+    """One worker's router bookkeeping: `start` each step (collective: the step's token count),
+    `recording` + `loss` per micro-batch, `metrics` at the end (collective, like the other sums)."""
+
+    def __init__(self, policy: nn.Module, coef: float, model_name: str):
+        self.policy, self.coef = policy, float(coef)
+        self.layers = moe_layers(policy)
+        if not self.layers:
+            if self.coef > 0:
+                raise ValueError(
+                    f"algorithm.router_aux_loss_coef is {coef} but model {model_name!r} has no "
+                    "mixture-of-experts router; set it to 0"
+                )
+            return
+        self.num_experts, _ = router_settings(policy)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.layers)
+
+    def start(self, micro: list[TrainBatch], all_reduce: Callable) -> None:
+        """Zero the step's sums; with an auxiliary loss, count the step's real tokens on all ranks."""
+        if not self.active:
+            return
+        self.counts = torch.zeros(len(self.layers), self.num_experts, dtype=torch.float64)
+        self.aux = torch.zeros(1, dtype=torch.float64)
+        local = sum(float(mb.attention_mask.sum()) for mb in micro)
+        self.tokens = max(float(all_reduce(torch.tensor([local], dtype=torch.float64))[0]), 1.0)
+
+    @contextmanager
+    def recording(self) -> Iterator[RoutingRecorder | None]:
+        """The routing of the forwards inside (logits kept on the graph for the auxiliary loss)."""
+        if not self.active:
+            yield None
+            return
+        with RoutingRecorder(self.policy, detach=self.coef == 0) as recorder:
+            yield recorder
+
+    def loss(self, recorder: RoutingRecorder | None, mb: TrainBatch, scale: int):
+        """This micro-batch's auxiliary-loss term (to add to its loss), or None; counts its load."""
+        if recorder is None:
+            return None
+        mask = mb.attention_mask.reshape(-1).bool()
+        logits = [torch.cat([c.logits for c in recorder.calls[name]]) for name in self.layers]
+        indices = [torch.cat([c.indices for c in recorder.calls[name]]) for name in self.layers]
+        self.counts += expert_counts(indices, self.num_experts, mask)
+        share = float(mask.sum()) / self.tokens
+        aux = load_balancing_loss(logits, indices, self.num_experts, mask)
+        self.aux += float(aux.detach()) * share  # reported with any coefficient, 0 included
+        return None if self.coef == 0 else self.coef * aux * share * scale
+
+    def metrics(self, all_reduce: Callable) -> dict[str, float]:
+        """router/* metrics of the step (sums over ranks); {} for a dense policy."""
+        if not self.active:
+            return {}
+        stats = load_statistics(all_reduce(self.counts))
+        out = {f"router/{name}": value for name, value in stats.items()}
+        out["router/aux_loss"] = float(all_reduce(self.aux)[0])
+        return out

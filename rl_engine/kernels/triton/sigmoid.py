@@ -1,0 +1,60 @@
+"""Sigmoid on the GPU: 1 / (1 + exp(-x)) in fp32, returned in x.dtype (Qwen2-MoE's shared-expert gate).
+
+Elementwise: every element goes through the same instructions wherever it sits
+in the tensor, so the op is position-invariant. Backward: autograd through the
+same formula in plain torch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rl_engine.kernels.common.checks import at_least_fp32, check_floating
+from rl_engine.kernels.triton._common import check_device, tl_dtype
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _sigmoid_kernel(x_ptr, out_ptr, n, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
+    y = 1.0 / (1.0 + tl.exp(-x))
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def sigmoid_forward(x: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    n = x.numel()
+    if n:
+        acc = tl_dtype(at_least_fp32(x.dtype))
+        _sigmoid_kernel[(triton.cdiv(n, _BLOCK),)](x, out, n, ACC=acc, BLOCK=_BLOCK)
+    return out
+
+
+class _InvariantSigmoid(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return sigmoid_forward(x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            xg = x.detach().requires_grad_()
+            x32 = xg.to(at_least_fp32(x.dtype))
+            y = (1.0 / (1.0 + torch.exp(-x32))).to(x.dtype)
+            (grad_x,) = torch.autograd.grad(y, xg, grad_out)
+        return grad_x
+
+
+def sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """Elementwise sigmoid in fp32, returned in x.dtype."""
+    check_floating("x", x)
+    check_device("x", x)
+    return _InvariantSigmoid.apply(x)
