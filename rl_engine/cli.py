@@ -35,10 +35,10 @@ def _load_config(path: str, overrides: list[str] = ()):
 
 
 def cmd_train(args) -> int:
-    from rl_engine.executors.cluster import ClusterError
-    from rl_engine.executors.faults import JobStopped
-    from rl_engine.executors.ray_job import run_job
-    from rl_engine.executors.run_dir import resume_config
+    from rl_engine.executors.job.cluster import ClusterError
+    from rl_engine.executors.job.faults import JobStopped
+    from rl_engine.executors.job.ray_job import run_job
+    from rl_engine.executors.job.run_dir import resume_config
 
     if args.resume is not None:
         config = resume_config(args.resume, args.config, args.set)
@@ -63,7 +63,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from rl_engine.executors.export import export_checkpoint
+    from rl_engine.executors.job.export import export_checkpoint
 
     path = export_checkpoint(args.run_dir, args.to, args.step)
     print(f"exported to {path} (load with AutoModelForCausalLM.from_pretrained)")

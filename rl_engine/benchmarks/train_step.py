@@ -29,7 +29,7 @@ REPLY = "@@bench-reply "  # marks the child's answers among DeepSpeed's own prin
 
 
 def _batch(vocab: int, seed: int = 0):
-    from rl_engine.executors.batch import TrainBatch
+    from rl_engine.executors.worker.batch import TrainBatch
 
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (SEQS, SEQ_LEN), generator=g)
@@ -47,7 +47,7 @@ def _batch(vocab: int, seed: int = 0):
 
 def _worker(zero_stage: int, invariant: bool, dtype: str):
     from rl_engine.config import RunConfig
-    from rl_engine.executors.deepspeed_trainer import DeepSpeedTrainingWorker
+    from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
 
     config = RunConfig.from_dict(
         {

@@ -1,6 +1,13 @@
-"""Executors: the DeepSpeed training worker, its batch layout, and the Ray job driver.
+"""Executors: the DeepSpeed training worker (the plugin) and the Ray job around it.
 
-Names are imported lazily so that `rl_engine.executors.batch` (used by rollout
+- `worker/`: everything a host framework needs to run a DeepSpeed training rank
+  (`DeepSpeedTrainingWorker`, `TrainBatch`, batch checks, the step loss, the policy,
+  checkpoints, the DeepSpeed config, distributed setup). It imports neither Ray nor `job/`.
+- `job/`: this project's Ray job: driver (`run_job`), actors, cluster, run directory,
+  faults, job checkpoints, reports, progress, export. It depends on the worker, never
+  the reverse (tests/test_layering.py).
+
+Names are imported lazily so that `rl_engine.executors.worker.batch` (used by rollout
 actors and the driver) does not pull in DeepSpeed or transformers.
 """
 
@@ -9,11 +16,11 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "TrainBatch": "rl_engine.executors.batch",
-    "BatchError": "rl_engine.executors.errors",
-    "ParityError": "rl_engine.executors.errors",
-    "DeepSpeedTrainingWorker": "rl_engine.executors.deepspeed_trainer",
-    "build_deepspeed_config": "rl_engine.executors.ds_config",
+    "TrainBatch": "rl_engine.executors.worker.batch",
+    "BatchError": "rl_engine.executors.worker.errors",
+    "ParityError": "rl_engine.executors.worker.errors",
+    "DeepSpeedTrainingWorker": "rl_engine.executors.worker.deepspeed_trainer",
+    "build_deepspeed_config": "rl_engine.executors.worker.ds_config",
 }
 
 __all__ = list(_EXPORTS)

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from rl_engine.config import RunConfig
-from rl_engine.executors.batch import TrainBatch
-from rl_engine.executors.deepspeed_trainer import DeepSpeedTrainingWorker, ParityError
+from rl_engine.executors.worker.batch import TrainBatch
+from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker, ParityError
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.rollout import RolloutEngine, SamplingParams

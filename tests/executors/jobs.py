@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from rl_engine.config import RunConfig
-from rl_engine.executors.run_dir import read_metrics
+from rl_engine.executors.job.run_dir import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from rl_engine.executors.distributed import free_port
+from rl_engine.executors.worker.distributed import free_port
 
 RUNNER = Path(__file__).with_name("ds_runner.py")
 

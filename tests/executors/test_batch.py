@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rl_engine.executors import BatchError
-from rl_engine.executors.batch import TrainBatch
+from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.rollout import Completion
 
 

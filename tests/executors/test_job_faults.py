@@ -11,8 +11,8 @@ import signal
 
 import pytest
 
-from rl_engine.executors import job_checkpoints as ckpt
-from rl_engine.executors.run_dir import read_metrics
+from rl_engine.executors.job import job_checkpoints as ckpt
+from rl_engine.executors.job.run_dir import read_metrics
 from tests.executors.jobs import actor_pid, job_config, start_cli, wait_for, write_config
 
 # each test runs `rl-engine train` (its own Ray cluster) once or twice: 35-75 s each

@@ -12,9 +12,9 @@ import ray
 import torch
 
 from rl_engine.cli import main
-from rl_engine.executors import job_checkpoints as ckpt
-from rl_engine.executors.ray_job import run_job
-from rl_engine.executors.run_dir import read_metrics, resume_config
+from rl_engine.executors.job import job_checkpoints as ckpt
+from rl_engine.executors.job.ray_job import run_job
+from rl_engine.executors.job.run_dir import read_metrics, resume_config
 from tests.executors.jobs import job_config, without_timings
 
 pytestmark = pytest.mark.multiprocess
@@ -74,8 +74,9 @@ def test_export_is_a_hf_folder_whose_patched_logprobs_equal_the_trainers(tmp_pat
     a DeepSpeed rank restored from the same checkpoint scores those tokens: torch.equal."""
     from transformers import AutoModelForCausalLM
 
-    from rl_engine.executors.batch import TrainBatch
-    from rl_engine.executors.ray_job import TrainerActor, _sampling
+    from rl_engine.executors.job.ray_job import TrainerActor
+    from rl_engine.executors.job.rollout_source import step_sampling
+    from rl_engine.executors.worker.batch import TrainBatch
     from rl_engine.patching import apply_batch_invariant
     from rl_engine.rollout import RolloutEngine
 
@@ -93,7 +94,7 @@ def test_export_is_a_hf_folder_whose_patched_logprobs_equal_the_trainers(tmp_pat
     apply_batch_invariant(model)
     engine = RolloutEngine(model, device="cpu", max_batch_size=4)
     prompts = [[5, 9, 31, 4, 77], [8, 8, 2]]
-    completions = engine.generate(prompts, _sampling(config, 7, None), progress=False)
+    completions = engine.generate(prompts, step_sampling(config, 7, None), progress=False)
     batch = TrainBatch.from_completions(
         completions, [0.0] * len(completions), samples_per_prompt=4, pad_token_id=0
     )
@@ -108,8 +109,8 @@ def test_export_is_a_hf_folder_whose_patched_logprobs_equal_the_trainers(tmp_pat
 
 def test_a_rank_left_alone_in_a_collective_fails_after_the_timeout(tmp_path, local_ray):
     """Rank 1 never joins rank 0's train_step: rank 0 raises TimeoutError naming the setting."""
-    from rl_engine.executors.batch import TrainBatch
-    from rl_engine.executors.ray_job import TrainerActor
+    from rl_engine.executors.job.ray_job import TrainerActor
+    from rl_engine.executors.worker.batch import TrainBatch
     from rl_engine.rollout import Completion
 
     config = job_config(tmp_path / "run", trainer={"num_ranks": 2, "collective_timeout_s": 3})

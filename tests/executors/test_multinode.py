@@ -15,7 +15,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from rl_engine.executors.ray_job import run_job
+from rl_engine.executors.job.ray_job import run_job
 from tests.executors.jobs import job_config
 
 # a multi-raylet cluster plus a job: 35-65 s each
@@ -63,7 +63,7 @@ def test_ray_job_submit_to_an_existing_cluster(tmp_path):
     running cluster without declaring resources (ray.init(num_cpus=...) would raise)."""
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    from rl_engine.executors.distributed import free_port
+    from rl_engine.executors.worker.distributed import free_port
     from tests.executors.jobs import REPO, wait_for, write_config
 
     os.environ.pop("RAY_ADDRESS", None)

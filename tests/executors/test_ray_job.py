@@ -7,7 +7,7 @@ directory's files, are checked by test_job_lifecycle.py's resume test (its unint
 import pytest
 
 from rl_engine.config import RunConfig
-from rl_engine.executors.ray_job import run_job
+from rl_engine.executors.job.ray_job import run_job
 
 
 def _config(tmp_path, **trainer):

@@ -12,9 +12,9 @@ import ray
 import yaml
 
 from rl_engine.cli import main
-from rl_engine.executors import job_checkpoints as ckpt
-from rl_engine.executors.cluster import ClusterError, check_same_kernels, kernel_facts
-from rl_engine.executors.run_dir import (
+from rl_engine.executors.job import job_checkpoints as ckpt
+from rl_engine.executors.job.cluster import ClusterError, check_same_kernels, kernel_facts
+from rl_engine.executors.job.run_dir import (
     MetricsLog,
     RunDirError,
     prepare_run_dir,
@@ -208,7 +208,7 @@ def test_kernel_facts_differences_are_named():
 
 
 def test_progress_is_a_bar_on_a_terminal_and_plain_lines_otherwise(caplog, capsys):
-    from rl_engine.executors.progress import StepProgress
+    from rl_engine.executors.job.progress import StepProgress
 
     record = {
         "step": 4,

@@ -61,7 +61,11 @@ def test_log_softmax_row_invariant(width, temperature):
     pool = _rows(width, torch.float32, n=64)
     _assert_row_invariant(lambda x: log_softmax(x, temperature), pool)
     ref = torch.log_softmax(pool.double() / temperature, -1)
-    torch.testing.assert_close(log_softmax(pool, temperature).double(), ref, atol=1e-5, rtol=1e-6)
+    # Accuracy, not invariance: the fp32 sum of `width` exponentials carries a rounding error that
+    # grows with the row and with the SIMD width of torch's kernel. Measured vs fp64 at 49152 and
+    # T = 0.7: max |err| 2.0e-5 on an AVX2-only EPYC (8 lanes), under 1e-5 on AVX-512 CPUs.
+    atol = 1e-5 * max(1.0, width / 1000) ** 0.5
+    torch.testing.assert_close(log_softmax(pool, temperature).double(), ref, atol=atol, rtol=1e-6)
     assert log_softmax(pool.bfloat16(), temperature).dtype == torch.float32
 
 

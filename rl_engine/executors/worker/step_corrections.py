@@ -17,8 +17,8 @@ import torch
 
 from rl_engine.algorithms import aggregation_units
 from rl_engine.config import AlgorithmConfig
-from rl_engine.executors.batch import TrainBatch
-from rl_engine.executors.step_loss import Corrected
+from rl_engine.executors.worker.batch import TrainBatch
+from rl_engine.executors.worker.step_loss import Corrected
 from rl_engine.parity import (
     correction_metrics,
     correction_sums,

@@ -91,6 +91,32 @@ def write_driver_part(
     )
 
 
+def due(config, done: int, stop_requested: bool) -> bool:
+    """Checkpoint after `done` steps: every `checkpoint.every` steps, at the end, and on a stop signal."""
+    every = config.checkpoint.every
+    return done == config.steps or bool(every and done % every == 0) or stop_requested
+
+
+def save(run_dir: Path, config, trainers, *, step: int, weight_version: int, weights) -> Checkpoint:
+    """The checkpoint after `step` steps: every rank's DeepSpeed state, then the driver's part."""
+    from rl_engine.executors.job.faults import gather  # here: reading checkpoints needs no Ray
+
+    staging = begin(run_dir, step)
+    weights_only = config.checkpoint.weights_only
+    if not weights_only:
+        target = str(staging / "deepspeed")
+        gather([(a, a.handle.save_checkpoint.remote(target)) for a in trainers])
+    write_driver_part(
+        staging,
+        step=step,
+        weight_version=weight_version,
+        weights=weights,
+        config=config,
+        weights_only=weights_only,
+    )
+    return commit(run_dir, staging, config.checkpoint.keep_last)
+
+
 def commit(run_dir: Path, staging: Path, keep_last: int) -> Checkpoint:
     """Move a fully written staging folder into place, point `latest` at it, prune old ones."""
     root = Path(run_dir) / CHECKPOINTS

@@ -28,7 +28,7 @@ from rl_engine.algorithms import (
     rollout_correction,
 )
 from rl_engine.config import AlgorithmConfig
-from rl_engine.executors.batch import TrainBatch
+from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.parity import MismatchMetrics
 
 # entries of a micro-batch's record; summed over micro-batches and ranks

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rl_engine.algorithms import group_normalized_advantages
-from rl_engine.executors.errors import BatchError
+from rl_engine.executors.worker.errors import BatchError
 
 _TENSORS = (
     "input_ids",

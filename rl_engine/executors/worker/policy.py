@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from rl_engine.config import RunConfig
-from rl_engine.executors.distributed import Collectives
+from rl_engine.executors.worker.distributed import Collectives
 from rl_engine.logprobs import score_targets
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, lm_head_parameters, patch_handle

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rl_engine.executors.batch import TrainBatch
-from rl_engine.executors.distributed import Collectives
-from rl_engine.executors.errors import BatchError
+from rl_engine.executors.worker.batch import TrainBatch
+from rl_engine.executors.worker.distributed import Collectives
+from rl_engine.executors.worker.errors import BatchError
 
 
 def agree_on_batch(comm: Collectives, check: Callable[[], list[TrainBatch]]) -> list[TrainBatch]:

@@ -9,8 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from rl_engine.config import RunConfig
-from rl_engine.executors.faults import ActorInfo
-from rl_engine.executors.job_checkpoints import Checkpoint
+from rl_engine.executors.job.faults import ActorInfo
+from rl_engine.executors.job.job_checkpoints import Checkpoint
 from rl_engine.io import write_json_atomic
 
 log = logging.getLogger("rl_engine.job")

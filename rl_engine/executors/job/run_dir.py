@@ -7,7 +7,7 @@ Layout:
     RUN_DIR/summary.json      config + every step's metrics (written atomically at the end)
     RUN_DIR/training.png      reward and parity per step (atomic)
     RUN_DIR/actors.json       role, rank, node and pid of every actor of the latest start
-    RUN_DIR/checkpoints/      see `rl_engine.executors.job_checkpoints`
+    RUN_DIR/checkpoints/      see `rl_engine.executors.job.job_checkpoints`
 
 An existing run is never written into by accident: a new run refuses a directory that
 holds one unless it is resumed (`--resume`) or replaced (`--overwrite`).

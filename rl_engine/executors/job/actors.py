@@ -17,8 +17,8 @@ from pathlib import Path
 import ray
 
 from rl_engine.config import RunConfig
-from rl_engine.executors import cluster
-from rl_engine.executors.faults import ActorInfo, first_line, gather
+from rl_engine.executors.job import cluster
+from rl_engine.executors.job.faults import ActorInfo, first_line, gather
 from rl_engine.io import write_json_atomic
 
 log = logging.getLogger("rl_engine.job")
@@ -115,7 +115,7 @@ class TrainerActor:
 
     def free_port(self) -> int:
         """A port free on every interface of this rank's node: MASTER_PORT when this is rank 0."""
-        from rl_engine.executors.distributed import free_port
+        from rl_engine.executors.worker.distributed import free_port
 
         return free_port(host="")
 
@@ -133,7 +133,7 @@ class TrainerActor:
         _quiet_model_loading()
         import deepspeed
 
-        from rl_engine.executors.deepspeed_trainer import DeepSpeedTrainingWorker
+        from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
 
         # Joined here so that every collective of the worker fails after the timeout instead of hanging.
         deepspeed.init_distributed(
@@ -216,6 +216,50 @@ def spawn_actors(config: RunConfig, groups: list) -> tuple[list[ActorInfo], list
         for e in range(n_engines)
     ]
     return trainers, engines
+
+
+def start_actors(
+    trainers: list[ActorInfo], engines: list[ActorInfo], resume_dir: str | None
+) -> dict:
+    """Models into every actor, DeepSpeed's rendezvous at rank 0's node (and its state when resuming).
+
+    Returns the engines' model facts (vocab_size, eos_token_id, tokenizer).
+    """
+    log.info(
+        "loading the model in %d engine(s) and %d DeepSpeed rank(s); a machine's first "
+        "run also builds DeepSpeed's CPU op (about a minute; `make setup` builds it ahead)",
+        len(engines),
+        len(trainers),
+    )
+    master = trainers[0]
+    port = gather([(master, master.handle.free_port.remote())])[0]
+    starts = [(t, t.handle.start.remote(master.node_ip, port, resume_dir)) for t in trainers]
+    return gather([(e, e.handle.start.remote()) for e in engines] + starts)[0]
+
+
+def generate_on_engines(engines: list[ActorInfo], prompts: list[list[int]], sampling):
+    """Prompts spread over the engines: (completions in prompt order, the slowest engine's seconds)."""
+    shards = [list(range(i, len(prompts), len(engines))) for i in range(len(engines))]
+    calls = [
+        (e, e.handle.generate.remote([prompts[j] for j in idx], sampling))
+        for e, idx in zip(engines, shards)
+    ]
+    completions, seconds = [], 0.0
+    for idx, (result, spent) in zip(shards, gather(calls)):
+        seconds = max(seconds, spent)
+        for c in result:
+            c.prompt_index = idx[c.prompt_index]
+            completions.append(c)
+    completions.sort(key=lambda c: (c.prompt_index, c.sample_index))
+    return completions, seconds
+
+
+def train_on_ranks(trainers: list[ActorInfo], batch) -> list[dict]:
+    """Every rank trains on its shard of `batch`; their metrics (all-reduced), rank 0 first."""
+    world = len(trainers)
+    return gather(
+        [(a, a.handle.train_step.remote(batch.shard(r, world))) for r, a in enumerate(trainers)]
+    )
 
 
 def sync_weights(trainers: list[ActorInfo], engines: list[ActorInfo], version: int) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rl_engine.executors.distributed import Collectives
+from rl_engine.executors.worker.distributed import Collectives
 from rl_engine.io import write_text_atomic
 
 

@@ -12,7 +12,7 @@ from rl_engine.config import RunConfig
 def validate_before_start(config: RunConfig) -> None:
     """Model spec resolvable, DeepSpeed config readable with a valid stage, batch divisible,
     task known and its reward function importable / prompt file valid. Raises ValueError."""
-    from rl_engine.executors import build_deepspeed_config
+    from rl_engine.executors.worker.ds_config import build_deepspeed_config
     from rl_engine.models import check_model_spec, has_tokenizer
     from rl_engine.tasks import check_task_spec
 

@@ -36,6 +36,17 @@ class StepRollouts:
         self.groups = None if source is None else load_groups(config, vocab_size)
         self.save_dir = Path(config.output_dir) / "rollouts" if config.rollout.save else None
 
+    @classmethod
+    def for_model(cls, config: RunConfig, info: dict) -> StepRollouts:
+        """The job's rollouts: the config's task for the engines' model (vocab_size, tokenizer)."""
+        from rl_engine.tasks import make_task
+
+        vocab = info["vocab_size"]
+        task = make_task(
+            config.rollout.task, vocab_size=vocab, tokenizer=info["tokenizer"], seed=config.seed
+        )
+        return cls(config, task, vocab)
+
     def __call__(self, step: int, generate: Generate) -> tuple[list[Completion], list[float]]:
         if self.groups is None:
             prompts = self.task.prompts(self.config.rollout.prompts_per_step, step)
@@ -69,6 +80,27 @@ class StepRollouts:
             for i, reward in zip(missing, scored):
                 rewards[i] = reward
         return rewards
+
+
+def step_sampling(config: RunConfig, step: int, eos_token_id):
+    """The step's SamplingParams: the config's, seeded from (seed, step) so a resumed run repeats it."""
+    from rl_engine.rollout import SamplingParams
+
+    seed = config.seed * 100_003 + step
+    return SamplingParams.from_config(config.rollout, seed=seed, eos_token_id=eos_token_id)
+
+
+def train_batch(config: RunConfig, completions: list[Completion], rewards: list[float], eos):
+    """The step's TrainBatch (advantages normalised within each prompt's group), padded with EOS."""
+    from rl_engine.executors.worker.batch import TrainBatch
+
+    return TrainBatch.from_completions(
+        completions,
+        rewards,
+        samples_per_prompt=config.rollout.samples_per_prompt,
+        pad_token_id=eos if isinstance(eos, int) else 0,
+        normalize_std=config.algorithm.normalize_std,
+    )
 
 
 def load_groups(config: RunConfig, vocab_size: int) -> list[list[Completion]]:

@@ -102,6 +102,12 @@ def reserve(role: str, count: int, placement: str, resources: dict) -> Placement
     return group
 
 
+def release(groups: list[PlacementGroup]) -> None:
+    """Give the job's placement groups back to the cluster."""
+    for group in groups:
+        remove_placement_group(group)
+
+
 def in_group(group, index: int) -> PlacementGroupSchedulingStrategy:
     return PlacementGroupSchedulingStrategy(
         placement_group=group, placement_group_bundle_index=index

@@ -1,0 +1,212 @@
+"""The RL job: Ray starts N DeepSpeed ranks and M rollout engines and runs GRPO steps.
+
+One step (`_Job.step`, top to bottom): prompts -> engines generate, recording logprobs
+(or the next groups of `rollout.source`) -> rewards -> TrainBatch -> every rank trains on
+its shard, checking its logprobs against the rollout's bit for bit -> rank 0's new weights
+into every engine (as the worker's weight_version) -> the metrics row -> a checkpoint.
+
+Each concern has its own module: `actors` (start, generation, training, weight sync),
+`rollout_source` (completions, rewards, sampling, batch), `step_metrics` (the row and its
+timings), `preflight`, `run_dir`, `cluster`, `job_checkpoints`, `faults`, `job_reports`,
+`progress`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import ray
+
+from rl_engine.config import RunConfig
+from rl_engine.executors.job import cluster
+from rl_engine.executors.job import job_checkpoints as ckpt
+from rl_engine.executors.job.actors import (
+    RolloutActor,
+    TrainerActor,
+    actor_resources,
+    describe_actors,
+    generate_on_engines,
+    spawn_actors,
+    start_actors,
+    sync_weights,
+    train_on_ranks,
+)
+from rl_engine.executors.job.faults import (
+    ActorFailure,
+    ActorInfo,
+    JobStopped,
+    StopOnSignal,
+    stop_actors,
+)
+from rl_engine.executors.job.job_reports import after_stop_note, resume_command, write_summary
+from rl_engine.executors.job.preflight import validate_before_start
+from rl_engine.executors.job.progress import StepProgress
+from rl_engine.executors.job.rollout_source import StepRollouts, step_sampling, train_batch
+from rl_engine.executors.job.run_dir import (
+    CONFIG_SNAPSHOT,
+    MetricsLog,
+    prepare_run_dir,
+    truncate_metrics,
+)
+from rl_engine.executors.job.step_metrics import StepClock, step_record
+
+__all__ = ["RolloutActor", "TrainerActor", "actor_resources", "resume_command", "run_job"]
+
+log = logging.getLogger("rl_engine.job")
+
+
+def run_job(config: RunConfig, *, resume: bool = False, overwrite: bool = False) -> list[dict]:
+    """Run (or with `resume`, continue) the job in `config.output_dir`; returns every step's metrics.
+
+    Raises JobStopped (with the exit code) when an actor fails or a signal stops the run;
+    ValueError for anything wrong with the config or the run directory (before Ray starts).
+    """
+    validate_before_start(config)
+    run_dir = prepare_run_dir(config.output_dir, resume=resume, overwrite=overwrite)
+    start = ckpt.latest(run_dir) if resume else None
+    if start is not None and start.weights_only:
+        raise ValueError(
+            f"{start.path} is a weights-only checkpoint (checkpoint.weights_only: true): it holds "
+            "no optimizer state and cannot resume; export it with rl-engine export instead"
+        )
+    if resume and start is None:
+        log.info("%s has no checkpoint yet: starting it from step 0", run_dir)
+    history = truncate_metrics(run_dir, start.step if start else 0) if resume else []
+    config.to_yaml(run_dir / CONFIG_SNAPSHOT)
+    owns_ray = cluster.connect(config)
+    job = _Job(config, run_dir, history)
+    try:
+        with StopOnSignal() as stop:
+            job.start(start)
+            job.train(stop)
+        return job.history
+    except ActorFailure as err:
+        job.stop_actors()
+        job.write_reports(status=f"failed: {err}")
+        raise JobStopped(f"{err}\n{job.after_stop_note()}", 1) from None
+    finally:
+        job.release()
+        if owns_ray:
+            ray.shutdown()
+
+
+class _Job:
+    """The driver's state for one run: its actors, the step loop, and what the run leaves."""
+
+    def __init__(self, config: RunConfig, run_dir: Path, history: list[dict]):
+        self.config, self.run_dir, self.history = config, run_dir, history
+        self.engines: list[ActorInfo] = []
+        self.trainers: list[ActorInfo] = []
+        self.groups = []
+        self.weights = None  # the state dict the engines serve (saved with checkpoints)
+        self.version = 0
+        self.last_checkpoint: ckpt.Checkpoint | None = None
+
+    def start(self, resume_from: ckpt.Checkpoint | None) -> None:
+        """Place and spawn the actors, compare their kernel facts, then load models (and state)."""
+        self.trainers, self.engines = spawn_actors(self.config, self.groups)
+        describe_actors(self.trainers + self.engines, self.run_dir)
+        started = time.perf_counter()
+        resume_dir = str(resume_from.deepspeed_dir) if resume_from else None
+        self.info = start_actors(self.trainers, self.engines, resume_dir)
+        self.rollouts = StepRollouts.for_model(self.config, self.info)
+        if resume_from is not None:
+            self.sync_weights(resume_from.weight_version)
+            self.last_checkpoint = resume_from
+        log.info("actors ready in %.1f s", time.perf_counter() - started)
+
+    # ------------------------------------------------------------------ steps
+
+    def train(self, stop: StopOnSignal) -> None:
+        """Steps from where the run stands to `config.steps`; a signal stops after a checkpoint."""
+        config, first = self.config, len(self.history)
+        log.info(
+            "job: %d trainer rank(s), %d rollout engine(s), batch_invariant=%s, steps %d..%d",
+            len(self.trainers),
+            len(self.engines),
+            config.batch_invariant,
+            first,
+            config.steps - 1,
+        )
+        self.progress = StepProgress(config.steps, first)
+        self.metrics_log = MetricsLog(self.run_dir)
+        try:
+            for step in range(first, config.steps):
+                self.step(step, stop)
+                if stop.requested and step + 1 < config.steps:
+                    self.write_reports(status=f"stopped by signal after step {step}")
+                    raise JobStopped(
+                        f"stopped after step {step}; {self.after_stop_note()}", stop.exit_code
+                    )
+        finally:
+            self.progress.close()
+            self.metrics_log.close()
+        self.write_reports(status="complete")
+
+    def step(self, step: int, stop: StopOnSignal) -> dict:
+        """One RL step: rollout -> rewards -> batch -> train -> weight sync -> metrics -> checkpoint."""
+        clock = StepClock()
+        with clock.phase("rollout"):  # engines + rewards, or the next groups of rollout.source
+            completions, rewards = self.rollouts(
+                step, lambda prompts: self.generate(prompts, step, clock)
+            )
+        with clock.phase("batch"):
+            batch = train_batch(self.config, completions, rewards, self.info["eos_token_id"])
+        with clock.phase("train"):
+            results = train_on_ranks(self.trainers, batch)
+        clock.add("train_compute", max(m.pop("time/train_compute") for m in results))
+        with clock.phase("weight_sync"):
+            # the worker's version: a skipped (non-finite) update keeps the old weights and version
+            self.sync_weights(results[0]["weight_version"])
+        record = step_record(step, results[0], rewards, clock.totals())
+        self.metrics_log.append(record)
+        self.history.append(record)
+        self.progress.update(record)
+        if ckpt.due(self.config, step + 1, stop.requested):
+            self.save_checkpoint(step + 1)
+        return record
+
+    def generate(self, prompts: list[list[int]], step: int, clock: StepClock):
+        sampling = step_sampling(self.config, step, self.info["eos_token_id"])
+        completions, seconds = generate_on_engines(self.engines, prompts, sampling)
+        clock.add("generate_compute", seconds)
+        return completions
+
+    def sync_weights(self, version: int) -> None:
+        """Rank 0's weights into every engine as `version` (export is collective under ZeRO-3)."""
+        self.weights = sync_weights(self.trainers, self.engines, version)
+        self.version = version
+
+    def save_checkpoint(self, step: int) -> None:
+        started = time.perf_counter()
+        self.last_checkpoint = ckpt.save(
+            self.run_dir,
+            self.config,
+            self.trainers,
+            step=step,
+            weight_version=self.version,
+            weights=self.weights,
+        )
+        log.info(
+            "checkpoint %s written in %.1f s",
+            self.last_checkpoint.path,
+            time.perf_counter() - started,
+        )
+
+    # ------------------------------------------------------------------ what the run leaves
+
+    def after_stop_note(self) -> str:
+        return after_stop_note(self.run_dir, self.last_checkpoint)
+
+    def write_reports(self, status: str) -> None:
+        actors = self.trainers + self.engines
+        write_summary(self.run_dir, self.config, status, self.history, actors)
+
+    def stop_actors(self) -> None:
+        stop_actors(self.trainers + self.engines)
+
+    def release(self) -> None:
+        self.stop_actors()
+        cluster.release(self.groups)

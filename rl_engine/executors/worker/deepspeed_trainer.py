@@ -1,0 +1,295 @@
+"""`DeepSpeedTrainingWorker`: one DeepSpeed data-parallel rank of the RL trainer.
+
+`train_step` reads top to bottom as the step: the ranks agree on their shards
+before any forward (`batch_checks`), each micro-batch is scored at the batch's
+`logprob_temperature` (`policy.LogprobModule`), checked against the rollout's
+logprobs before the update (parity), its loss (`step_loss`) backpropagated, and
+DeepSpeed steps with every rank applying the update or none (`policy.StepGuard`).
+Rollout correction's bookkeeping: `step_corrections`. Setup: `distributed`, `ds_config`,
+`policy.prepare_policy`; weights and checkpoints: `checkpoints`.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rl_engine.config import RunConfig
+from rl_engine.devices import check_device
+from rl_engine.executors.worker import checkpoints
+from rl_engine.executors.worker.batch import TrainBatch
+from rl_engine.executors.worker.batch_checks import agree_on_batch, micro_batches
+from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_deepspeed
+from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
+from rl_engine.executors.worker.errors import BatchError, ParityError, parity_error
+from rl_engine.executors.worker.policy import (
+    LogprobModule,
+    StepGuard,
+    frozen_copy,
+    prepare_policy,
+    release_zero3_parameters,
+)
+from rl_engine.executors.worker.step_corrections import StepCorrections
+from rl_engine.executors.worker.step_loss import (
+    RECORD_SIZE,
+    TOKENS,
+    grad_norm,
+    micro_loss,
+    step_metrics,
+    summary,
+)
+from rl_engine.logprobs import IGNORE_INDEX
+from rl_engine.parity import NUM_SUMS, MismatchMetrics, merge_sums, parity_sums, reduce_sums
+
+__all__ = ["BatchError", "DeepSpeedTrainingWorker", "ParityError", "build_deepspeed_config"]
+
+logger = logging.getLogger(__name__)
+
+
+class DeepSpeedTrainingWorker:
+    """One DeepSpeed rank: teacher-forced logprobs, parity check, GRPO/PPO step, weight export, checkpoints.
+
+    The policy is `model` when given (patched in place when `config.batch_invariant`), else
+    `load_model(config.model, seed=config.seed)`; every rank must start from the same weights.
+    The KL reference is a frozen deep copy of it taken before the first step. `train_step`
+    takes this rank's shard (`TrainBatch.shard(rank, world_size)`), with exactly
+    `gradient_accumulation_steps x micro_batch_size` sequences. `weight_version` counts the
+    optimizer updates applied (a skipped update does not count; restored by `load_checkpoint`).
+    """
+
+    def __init__(
+        self, config: RunConfig, *, device: str | torch.device, model: nn.Module | None = None
+    ):
+        if not isinstance(config, RunConfig):
+            raise TypeError(f"config must be a RunConfig, got {type(config).__name__}")
+        self.config, self.env = config, DistEnv.from_environ()
+        self.device = check_device(device, local_rank=self.env.local_rank)
+        self.ds_config = build_deepspeed_config(config, self.env.world_size)
+        self._deepspeed, backend = import_deepspeed(self.device)
+        self._deepspeed.init_distributed(dist_backend=backend)
+        validate_with_deepspeed(self.ds_config)
+        self.comm = Collectives(self.env.rank, self.env.world_size, self.device)
+        policy = prepare_policy(model, config, self.device)
+        self.reference = frozen_copy(policy) if config.algorithm.kl_coef > 0 else None
+        self.module = LogprobModule(policy)
+        self.vocab_size = int(self.module.head_parameters()[0].shape[0])  # before ZeRO-3 splits it
+        if self.zero_stage == 3:
+            for param in self.module.head_parameters():  # used outside the LM head's own forward
+                if param is not None:
+                    self._deepspeed.zero.register_external_parameter(self.module, param)
+        trainer = config.trainer
+        optimizer = torch.optim.AdamW(
+            self.module.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay
+        )
+        self.guard = StepGuard(optimizer, self.comm)
+        self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
+            model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
+        )
+        self.weight_version, self._unusable = 0, None
+        self._log(
+            f"DeepSpeed worker ready: {self.world_size} rank(s), ZeRO-{self.zero_stage}, "
+            f"{config.dtype}, batch_invariant={config.batch_invariant}, parity={config.parity}, "
+            f"device={self.device}"
+        )
+
+    rank = property(lambda self: self.env.rank)
+    world_size = property(lambda self: self.env.world_size)
+    zero_stage = property(lambda self: int(self.ds_config["zero_optimization"]["stage"]))
+    global_step = property(
+        lambda self: int(self.engine.global_steps), doc="optimizer steps taken, skipped or not"
+    )
+
+    # -------------------------------------------------------------- the step
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer step on this rank's shard; returns metrics all-reduced over ranks.
+
+        Metrics: loss (policy loss + kl_coef x kl), policy_loss, clip_fraction, kl (k3 to the
+        reference policy, 0 without one), entropy (an ESTIMATE: minus the mean logprob of the
+        sampled completion tokens), tokens, grad_norm, lr, step, weight_version,
+        skipped_update (1 when a non-finite loss or gradient on any rank skipped the update
+        on all ranks; then skip_reason says why) and, unless parity is 'off',
+        parity/{exact_match_fraction, max_abs_diff, mean_abs_diff, kl, num_tokens}: the
+        trainer's logprobs of this step's first forward vs the rollout's, before the update;
+        correction/{ratio_mean, ratio_min, ratio_max, truncated_fraction, masked_fraction,
+        masked_sequence_fraction, k3_kl, trainer_ppl, rollout_ppl}: the importance ratio
+        trainer / rollout and what `algorithm.rollout_correction` truncated or dropped.
+
+        A bad shard on any rank: BatchError on every rank, before any forward. parity 'strict':
+        a mismatch in any micro-batch (checked before its backward) raises ParityError on every
+        rank, no update taken. After an exception that follows a backward, the worker refuses
+        further steps (gradients are left inside DeepSpeed).
+        """
+        self._require_usable()
+        micro = agree_on_batch(self.comm, lambda: self._micro_batches(batch, step=True))
+        algo = self.config.algorithm
+        scale = self.config.gradient_accumulation_steps * self.world_size
+        sums = torch.zeros(RECORD_SIZE, dtype=torch.float64)
+        parity = torch.zeros(NUM_SUMS, dtype=torch.float64)
+        norm = None
+        self.engine.train()
+        with self._recoverable():
+            corrections = StepCorrections(algo, micro, self._forward, self.comm.all_reduce)
+            for index, mb in enumerate(micro):
+                logp = self._forward(mb)  # (b, T-1) fp32, the step's first forward of these tokens
+                parity = merge_sums(parity, self._check_parity(mb, logp.detach(), index))
+                corrected = corrections.take(index, mb, logp)
+                ref_logp = self._reference_logp(mb)
+                loss, record = micro_loss(
+                    algo, mb, logp, ref_logp, corrections.units, scale, corrected
+                )
+                sums += record
+                self._backward_taken = True
+                self.engine.backward(loss)
+                if index == len(micro) - 1:  # the accumulation boundary: step() may update
+                    norm = self._stage0_grad_norm()  # before step() clips and clears the grads
+                    self.guard.arm(force_skip=not bool(torch.isfinite(sums[:TOKENS]).all()))
+                self.engine.step()
+        return self._finish_step(sums, parity, norm, corrections)
+
+    def _micro_batches(self, batch, *, step: bool) -> list[TrainBatch]:
+        strict = self.config.parity == "strict"
+        return micro_batches(
+            batch,
+            vocab_size=self.vocab_size,
+            micro_batch_size=self.config.trainer.micro_batch_size,
+            device=self.device,
+            accumulation_steps=self.config.gradient_accumulation_steps if step else None,
+            weight_version=self.weight_version if step and strict else None,
+        )
+
+    def _forward(self, mb: TrainBatch, module=None) -> torch.Tensor:
+        """(b, T-1) fp32 logprobs at the batch's own temperature, 0 off the response mask."""
+        targets = torch.where(mb.response_mask, mb.input_ids[:, 1:], IGNORE_INDEX)
+        module = self.engine if module is None else module
+        return module(mb.input_ids, mb.attention_mask, targets, mb.logprob_temperature)
+
+    def _check_parity(self, mb: TrainBatch, logp: torch.Tensor, index: int) -> torch.Tensor:
+        """Parity sums of one micro-batch; under parity 'strict' every rank raises on any mismatch."""
+        if self.config.parity == "off":
+            return torch.zeros(NUM_SUMS, dtype=torch.float64)
+        sums = parity_sums(logp, mb.rollout_logprobs, mb.response_mask)
+        if self.config.parity == "strict":
+            mismatches = int(self.comm.all_reduce(sums[1:2] - sums[0:1])[0])
+            if mismatches > 0:
+                offset = index * self.config.trainer.micro_batch_size
+                raise parity_error(self.rank, logp, mb, offset, mismatches)
+        return sums
+
+    def _reference_logp(self, mb: TrainBatch) -> torch.Tensor | None:
+        if self.reference is None:
+            return None
+        with torch.no_grad():
+            return self._forward(mb, self.reference)
+
+    def _stage0_grad_norm(self) -> float | None:
+        """Plain ZeRO-0 fp32 keeps the averaged grads in .grad and DeepSpeed does not report their norm."""
+        plain = self.zero_stage == 0 and self.config.dtype == "float32"
+        if not plain or not self.engine.is_gradient_accumulation_boundary():
+            return None
+        return grad_norm(self.module)
+
+    def _finish_step(
+        self, sums, parity, stage0_norm: float | None, corrections: StepCorrections
+    ) -> dict[str, float]:
+        sums, parity = self.comm.all_reduce(sums), reduce_sums(parity, self.comm.all_reduce)
+        correction = corrections.metrics(self.comm.all_reduce)
+        skipped = self.guard.outcome != "stepped"  # None: DeepSpeed skipped it on every rank
+        self.weight_version += 0 if skipped else 1
+        norm = self.engine.get_global_grad_norm()
+        norm = stage0_norm if norm is None else norm
+        metrics = step_metrics(
+            sums,
+            None if self.config.parity == "off" else MismatchMetrics.from_sums(parity),
+            skipped,
+            grad_norm=float("nan") if norm is None else float(norm),
+            lr=float(self.engine.get_lr()[0]),
+            step=self.global_step,
+            weight_version=self.weight_version,
+            **correction,
+        )
+        self._log_step(metrics)
+        return metrics
+
+    # -------------------------------------------------------------- failures mid-step
+
+    @contextmanager
+    def _recoverable(self):
+        """On an exception: release ZeRO-3 parameters; after a backward, refuse further steps."""
+        self._backward_taken = False
+        try:
+            yield
+        except BaseException as err:
+            reason = None
+            if self.zero_stage == 3:
+                try:
+                    release_zero3_parameters(self.engine)
+                except Exception as release_err:  # pragma: no cover - DeepSpeed internals
+                    reason = f"its ZeRO-3 parameters could not be released ({release_err})"
+            if self._backward_taken:
+                reason = reason or "gradients were already accumulated inside DeepSpeed"
+            if reason is not None:
+                self._unusable = f"an earlier call raised {type(err).__name__} and {reason}"
+            raise
+
+    def _require_usable(self) -> None:
+        if self._unusable is not None:
+            raise RuntimeError(
+                f"this worker is unusable: {self._unusable}; build a new worker "
+                "(and load_checkpoint) to continue"
+            )
+
+    # -------------------------------------------------------------- logprobs, weights, checkpoints
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """fp32 (B, T-1) logprobs of the current policy at the scored (response_mask) positions, 0 elsewhere.
+
+        Runs in micro-batches through the DeepSpeed engine; under ZeRO-3 that is collective
+        (every rank calls it with the same number of micro-batches).
+        """
+        self._require_usable()
+        micro = agree_on_batch(self.comm, lambda: self._micro_batches(batch, step=False))
+        self.engine.eval()
+        with self._recoverable():
+            return torch.cat([self._forward(mb) for mb in micro]).cpu()
+
+    def export_weights(self) -> dict[str, torch.Tensor] | None:
+        """The policy's full state dict under the HF model's own names (what RolloutEngine.load_weights takes).
+
+        Collective under ZeRO-3 (every rank must call it); rank 0 gets the dict, others None.
+        Tensors are CPU copies in the trained dtype; tied names share one tensor.
+        """
+        return checkpoints.export_state_dict(
+            self.module.policy,
+            zero3=self.zero_stage == 3,
+            rank=self.rank,
+            deepspeed=self._deepspeed,
+        )
+
+    def save_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
+        """DeepSpeed checkpoint (model, optimizer, step, weight_version) under `directory`; collective.
+
+        Atomic: an interrupted save leaves the previous checkpoint and `latest` untouched.
+        """
+        tag = tag or f"step{self.global_step}"
+        state = {"rl_engine_step": self.global_step, "weight_version": self.weight_version}
+        checkpoints.save_checkpoint(self.engine, self.comm, Path(directory), tag, state)
+        self._log(f"saved checkpoint {tag} to {directory}")
+
+    def load_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
+        """Restore model, optimizer, step and weight_version (latest tag by default); collective."""
+        path, state = checkpoints.load_checkpoint(self.engine, Path(directory), tag)
+        self.weight_version = int(state.get("weight_version", self.global_step))
+        self._log(f"loaded {path} (step {self.global_step}, weight_version {self.weight_version})")
+
+    def _log(self, message: str) -> None:
+        if self.rank == 0:
+            logger.info(message)
+
+    def _log_step(self, m: dict) -> None:
+        self._log(summary(m))
