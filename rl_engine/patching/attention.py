@@ -16,7 +16,9 @@ Three ways keys arrive:
   or, without that kwarg, no attention mask and `position_ids` that restart at
   0 for every sequence (transformers' own packed format: a sequence starts
   wherever a position is not its predecessor + 1). The op then gets
-  `q_segments` / `k_segments`: a token attends only to its own sequence;
+  `q_segments` / `k_segments`: a token attends only to its own sequence. With
+  `rl_kv_cache` too (the rollout engine's packed prefill) the keys are also
+  stored: `cache.store(layer_idx, key, value)`;
 - a forward that carries `rl_kv_cache=<cache>` (the rollout engine): the cache
   stores keys at slot == position and reports each query's position. Protocol:
   `cache.update(layer_idx, key, value) -> (keys, values, q_positions)` with keys
@@ -117,6 +119,8 @@ def invariant_attention_forward(
     cache = kwargs.get(KV_CACHE_KWARG)
     packed = _packed_segments(query, key, attention_mask, cache, kwargs)
     if packed is not None:
+        if cache is not None:  # the engine's packed prefill: keep the keys for decoding
+            cache.store(module.layer_idx, key, value)
         pos, seg = packed.positions, packed.segments
         out = attend(
             query,
@@ -147,8 +151,11 @@ def _packed_segments(query, key, attention_mask, cache, kwargs) -> PackedSegment
     packed = kwargs.get(PACKED_KWARG)
     batch, _, q_len, _ = query.shape
     if packed is not None:
-        if cache is not None:
-            raise ValueError(f"{PACKED_KWARG} and {KV_CACHE_KWARG} cannot be used together")
+        if cache is not None and not hasattr(cache, "store"):
+            raise ValueError(
+                f"{PACKED_KWARG} with {KV_CACHE_KWARG}: the cache must have store(layer_idx, "
+                "key, value) (a packed forward attends to its own keys and only stores them)"
+            )
         if not isinstance(packed, PackedSegments):
             raise ValueError(
                 f"{PACKED_KWARG} must be a PackedSegments, got {type(packed).__name__}"

@@ -127,7 +127,8 @@ class DeepSpeedTrainingWorker:
         """
         self._require_usable()
         micro = agree_on_batch(self.comm, lambda: self._micro_batches(batch, step=True))
-        scale = self.config.gradient_accumulation_steps * self.world_size
+        # engine.backward divides by DeepSpeed's gradient_accumulation_steps: undone here
+        scale = self.engine.gradient_accumulation_steps() * self.world_size
         sums = torch.zeros(RECORD_SIZE, dtype=torch.float64)
         parity = torch.zeros(NUM_SUMS, dtype=torch.float64)
         norm, last = None, len(micro) - 1
@@ -161,8 +162,8 @@ class DeepSpeedTrainingWorker:
         """
         logp = self._forward(mb)  # (b, T-1) fp32, the step's first forward of these tokens
         if mb is None:
-            self._check_parity(None, logp, index)
-            return logp.sum() * 0.0, torch.zeros(RECORD_SIZE, dtype=torch.float64), None
+            parity = self._check_parity(None, logp, index)  # zeros, after the same collective
+            return logp.sum() * 0.0, torch.zeros(RECORD_SIZE, dtype=torch.float64), parity
         parity = self._check_parity(mb, logp.detach(), index)
         corrected = corrections.take(index, mb.batch, logp)
         ref_logp = self._reference_logp(mb)

@@ -172,18 +172,31 @@ class PackedLayout:
     else the kv row of a run is its sequence in `_keys_by_sequence`'s copy."""
 
 
-_LAST_LAYOUT: list = [None, None]  # (the four tensors and their versions, PackedLayout)
+_LAST_LAYOUT: list = [None, None]  # (a stamp of each of the four tensors, PackedLayout)
+
+
+def _stamp(t: torch.Tensor):
+    """What tells that `t` is unchanged: its version counter, or for an inference tensor
+    (which has none) a copy of its values."""
+    return t.clone() if t.is_inference() else t._version
+
+
+def _unchanged(t: torch.Tensor, entry) -> bool:
+    held, stamp = entry
+    if t is not held:
+        return False
+    return torch.equal(t, stamp) if t.is_inference() else t._version == stamp
 
 
 def _packed_layout(q_positions, q_segments, k_positions, k_segments) -> PackedLayout:
     """The runs of a packed call, computed once for the same four tensors (every layer of a
-    forward and its backward pass the same ones; tensors are compared by identity and version)."""
+    forward and its backward pass the same ones): same objects, unchanged (`_unchanged`)."""
     tensors = (q_positions, q_segments, k_positions, k_segments)
     key, cached = _LAST_LAYOUT
-    if key is not None and all(a is b and a._version == n for a, (b, n) in zip(tensors, key)):
+    if key is not None and all(_unchanged(t, entry) for t, entry in zip(tensors, key)):
         return cached
     layout = _build_packed_layout(*tensors)
-    _LAST_LAYOUT[:] = [tuple((t, t._version) for t in tensors), layout]
+    _LAST_LAYOUT[:] = [tuple((t, _stamp(t)) for t in tensors), layout]
     return layout
 
 
