@@ -120,7 +120,7 @@ class TrainerConfig:
     micro_batch_size: int = 4
     """Sequences per forward/backward on one rank (train_micro_batch_size_per_gpu); with a
     token budget, the most sequences one micro-batch may hold."""
-    packing: bool = False
+    packing: bool = True
     """Micro-batches as packed rows: a micro-batch's sequences concatenated in one row,
     positions restarting at 0, no padding computed. The logprobs are bitwise those of the
     padded layout (false: right-padded rows, every row as wide as the step's longest)."""

@@ -2,7 +2,8 @@
 
 Contract
 --------
-``attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None)``
+``attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None,
+q_segments=None, k_segments=None)``
 
 - ``q``: (B, Hq, Tq, D); ``k``, ``v``: (B, Hkv, Tk, D); ``Hq % Hkv == 0`` and query
   head ``h`` reads kv head ``h // (Hq // Hkv)``. fp32, bf16 (or fp64, for gradcheck);
@@ -16,14 +17,19 @@ Contract
   sequence; negative = padding query, whose output row is exactly 0.
 - ``k_positions``: integer (B, Tk) or None. Position held by each key slot,
   negative = empty slot. None = aligned (KV-cache) layout: slot j holds position j.
+- ``q_segments`` (B, Tq) / ``k_segments`` (B, Tk): integer or None (both or
+  neither, with k_positions): packed rows. A sequence is then a (row, segment)
+  pair and a query attends only to keys of its own segment.
 - Causal: the query at position p attends to positions 0..p of its sequence
   (which must all be present once). Statistics and accumulation in fp32
   (fp64 for fp64 inputs); output in ``q.dtype``.
 
 Invariance: the output row of (sequence, head, position p) is bitwise the same
 whatever the batch composition, the padding (left / right / any Tk, any finite
-garbage in empty or past-the-end slots), prefill vs decode vs chunked prefill,
-and the intra-op thread count.
+garbage in empty or past-the-end slots), the packing (alone or packed with other
+sequences in a row), prefill vs decode vs chunked prefill, and the intra-op
+thread count. Packed rows change the bookkeeping only: tiles and key blocks
+belong to sequences (common/segments.py), never to rows.
 
 Algorithm
 ---------

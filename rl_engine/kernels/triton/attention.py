@@ -1,8 +1,8 @@
 """Batch-invariant causal attention (grouped-query) on the GPU, in two Triton kernels.
 
 Contract: the native op's (rl_engine/kernels/native/attention.py, docs/ops/attention.md):
-``attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None)``
-with q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) (or (S, Hkv, Tk, D) caches read
+``attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None,
+q_segments=None, k_segments=None)`` with q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) (or (S, Hkv, Tk, D) caches read
 through kv_index), per-query positions (negative = padding query, output row
 exactly 0), k_positions or the aligned layout (slot j = position j), causal,
 GQA (query head h reads kv head h // (Hq // Hkv)). fp32 statistics and
@@ -26,6 +26,11 @@ otherwise it writes its (m, l, acc) partials.
 Kernel 2, one program per (tile, query head) of tiles with two or more
 splits: m = max over splits, out = sum_s acc_s exp(m_s - m) / sum_s l_s
 exp(m_s - m), splits in increasing order.
+
+Packed rows (segments): a tile belongs to one (row, segment) sequence; the
+kernels read its queries from that sequence's row (`seq_row`) and its keys
+through the sequence's slot map, so a packed token runs exactly the
+arithmetic of the same token in a padded row.
 
 Prefill and decode run the very same two kernels: a decode query sits alone in
 its tile, at the row it has in prefill, and sees the same blocks and splits;
