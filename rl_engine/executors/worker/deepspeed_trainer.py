@@ -58,7 +58,8 @@ class DeepSpeedTrainingWorker:
     `load_model(config.model, seed=config.seed)`; every rank must start from the same weights.
     The KL reference is a frozen deep copy of it taken before the first step. `train_step`
     takes this rank's shard (`TrainBatch.shard(rank, world_size)`), with exactly
-    `gradient_accumulation_steps x micro_batch_size` sequences. `weight_version` counts the
+    `config.sequences_per_rank` sequences, as micro-batches padded or packed
+    (`micro_batches`: `trainer.packing`, `trainer.max_tokens_per_micro_batch`). `weight_version` counts the
     optimizer updates applied (a skipped update does not count; restored by `load_checkpoint`).
     """
 
@@ -162,9 +163,9 @@ class DeepSpeedTrainingWorker:
         """
         logp = self._forward(mb)  # (b, T-1) fp32, the step's first forward of these tokens
         if mb is None:
-            parity = self._check_parity(None, logp, index)  # zeros, after the same collective
+            parity = self._check_parity(None, logp)  # zeros, after the same collective
             return logp.sum() * 0.0, torch.zeros(RECORD_SIZE, dtype=torch.float64), parity
-        parity = self._check_parity(mb, logp.detach(), index)
+        parity = self._check_parity(mb, logp.detach())
         corrected = corrections.take(index, mb.batch, logp)
         ref_logp = self._reference_logp(mb)
         loss, record = micro_loss(
@@ -201,7 +202,7 @@ class DeepSpeedTrainingWorker:
         logp = module(p.input_ids, None, targets, b.logprob_temperature, p.positions, p.segments)
         return mb.logprobs_view(logp)
 
-    def _check_parity(self, mb: MicroBatch | None, logp: torch.Tensor, index: int) -> torch.Tensor:
+    def _check_parity(self, mb: MicroBatch | None, logp: torch.Tensor) -> torch.Tensor:
         """Parity sums of one micro-batch; under parity 'strict' every rank raises on any mismatch
         (an empty micro-batch adds nothing but takes part in that check's all-reduce)."""
         if self.config.parity == "off":

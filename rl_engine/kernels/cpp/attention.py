@@ -126,27 +126,36 @@ def attention_forward(
     q, k, v, q_positions, k_positions, scale, kv_index, q_segments=None, k_segments=None
 ):
     """fp32 (B, Hq, Tq, D): every valid query row through the fixed-order row kernel."""
-    B = q.shape[0]
     q_positions = q_positions.long()
-    runs = None
     if q_segments is not None:
-        layout = _packed_layout(q_positions, q_segments, k_positions, k_segments)
-        if layout.seqs.count == 0:
-            return torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        runs = layout.runs
-        if not layout.in_place:
-            k, v = (_keys_by_sequence(t, k_positions, layout) for t in (k, v))
-    elif q_positions.shape[1] > 1:
+        return _packed_forward(q, k, v, q_positions, k_positions, q_segments, k_segments, scale)
+    if q_positions.shape[1] > 1:
         _check_distinct_positions(q_positions)
-    if q_segments is None and k_positions is not None:
+    if k_positions is not None:
         length = max(int(q_positions.max()) + 1, 1) if q_positions.numel() else 1
         k, v = _aligned_keys(k, k_positions, length), _aligned_keys(v, k_positions, length)
-    elif q_segments is None and q_positions.numel() and int(q_positions.max()) >= k.shape[2]:
+    elif q_positions.numel() and int(q_positions.max()) >= k.shape[2]:
         raise ValueError(
             f"q_positions: a query at position {int(q_positions.max())} needs that many keys "
             f"plus one, but k holds {k.shape[2]} (aligned layout: slot j = position j)"
         )
-    rows = kv_index.long() if kv_index is not None else torch.arange(B, device=q.device)
+    rows = kv_index.long() if kv_index is not None else torch.arange(q.shape[0], device=q.device)
+    return _run_kernel(q, k, v, q_positions, rows, scale)
+
+
+def _packed_forward(q, k, v, q_positions, k_positions, q_segments, k_segments, scale):
+    """Packed rows: the kernel's runs, keys in place or first laid out per sequence."""
+    layout = _packed_layout(q_positions, q_segments, k_positions, k_segments)
+    if layout.seqs.count == 0:
+        return torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    if not layout.in_place:
+        k, v = (_keys_by_sequence(t, k_positions, layout) for t in (k, v))
+    rows = torch.zeros(0, dtype=torch.long, device=q.device)  # the runs name the kv rows
+    return _run_kernel(q, k, v, q_positions, rows, scale, layout.runs)
+
+
+def _run_kernel(q, k, v, q_positions, rows, scale, runs=None):
+    """The C++ kernel on contiguous fp32 or bf16 inputs (bf16 widened exactly inside it)."""
     if k.dtype == v.dtype == torch.bfloat16:  # widened (exactly) while the kernel packs them
         k, v = k.contiguous(), v.contiguous()
     else:
