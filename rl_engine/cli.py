@@ -109,6 +109,24 @@ def _check_diagnose_args(parser: argparse.ArgumentParser, args) -> None:
     args.dtype = args.dtype or "float32"
 
 
+_BENCH_CASES = {
+    "train": ("invariance", "packing"),
+    "rollout": ("decode", "prefill"),
+    "kernels": (),
+    "moe": (),
+}
+
+
+def _check_bench_args(parser: argparse.ArgumentParser, args) -> None:
+    if (
+        args.command == "bench"
+        and args.case is not None
+        and args.case not in _BENCH_CASES[args.what]
+    ):
+        valid = ", ".join(_BENCH_CASES[args.what]) or "none"
+        parser.error(f"bench {args.what} --case {args.case}: valid cases are {valid}")
+
+
 def cmd_bench(args) -> int:
     if args.what == "kernels" and args.device == "cuda":
         from rl_engine.benchmarks.gpu_kernels import main
@@ -116,6 +134,10 @@ def cmd_bench(args) -> int:
         main([])
     elif args.what == "kernels":
         from rl_engine.benchmarks.kernels import main
+
+        main(quick=args.quick)
+    elif args.what == "rollout" and args.case == "prefill":
+        from rl_engine.benchmarks.prefill import main
 
         main(quick=args.quick)
     elif args.what == "rollout":
@@ -127,9 +149,12 @@ def cmd_bench(args) -> int:
             else []
         )
     elif args.what == "train":
-        from rl_engine.benchmarks.train_step import main
+        from rl_engine.benchmarks import packing, train_step
 
-        main(quick=args.quick)
+        if args.case in (None, "invariance"):
+            train_step.main(quick=args.quick)
+        if args.case in (None, "packing"):
+            packing.main(quick=args.quick)
     elif args.what == "moe":
         from rl_engine.benchmarks.moe import main
 
@@ -198,6 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="cpu",
         help="kernels: cpu = the cpu default backend (cpp) vs plain torch; cuda = triton vs cuBLAS / SDPA",
     )
+    bench.add_argument(
+        "--case",
+        choices=["invariance", "packing", "decode", "prefill"],
+        default=None,
+        help="train: invariance (on vs off) or packing (packed vs padded step; default both); "
+        "rollout: decode (default) or prefill (packed vs padded)",
+    )
     bench.set_defaults(fn=cmd_bench)
     return parser
 
@@ -208,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_diagnose_args(parser, args)
+    _check_bench_args(parser, args)
     _setup_logging(args.verbose)
     try:
         return args.fn(args)

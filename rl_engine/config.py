@@ -119,7 +119,18 @@ class TrainerConfig:
     num_ranks: int = 1
     """Data-parallel DeepSpeed ranks (WORLD_SIZE)."""
     micro_batch_size: int = 4
-    """Sequences per forward/backward on one rank (train_micro_batch_size_per_gpu)."""
+    """Sequences per forward/backward on one rank (train_micro_batch_size_per_gpu); with a
+    token budget, the most sequences one micro-batch may hold."""
+    packing: bool = True
+    """Micro-batches as packed rows: a micro-batch's sequences concatenated in one row,
+    positions restarting at 0, no padding computed. The logprobs are bitwise those of the
+    padded layout (false: right-padded rows, every row as wide as the step's longest)."""
+    max_tokens_per_micro_batch: int = 0
+    """Token budget of one micro-batch (0 = off: micro_batch_size sequences each). With N > 0
+    a micro-batch holds at most N tokens (packed: its sequences' lengths summed; padded: their
+    count x the longest) and at most micro_batch_size sequences, assigned by a balanced plan
+    that depends on the lengths only; the number of micro-batches then varies per step. A
+    sequence longer than N is a BatchError naming both numbers."""
     lr: float = 1e-5
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -143,6 +154,8 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         _int("trainer.num_ranks", self.num_ranks, 1)
         _int("trainer.micro_batch_size", self.micro_batch_size, 1)
+        _choice("trainer.packing", self.packing, (True, False))
+        _int("trainer.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, 0)
         _number("trainer.lr", self.lr, low=0.0, low_open=True)
         _number("trainer.weight_decay", self.weight_decay, low=0.0)
         _number("trainer.grad_clip", self.grad_clip, low=0.0)
@@ -424,6 +437,7 @@ class RunConfig:
                 "parity 'strict' needs batch_invariant: true (use parity 'report' or 'off')"
             )
         self._check_prompt_source()
+        self._check_token_budget()
 
     def _check_prompt_source(self) -> None:
         """data.train_files / reward.function replace rollout.task: setting both is ambiguous."""
@@ -446,6 +460,15 @@ class RunConfig:
         if self.eval.every and self.data.val_files is None:
             raise ValueError("eval.every needs data.val_files (the prompts to evaluate on)")
 
+    def _check_token_budget(self) -> None:
+        """trainer.max_tokens_per_micro_batch must hold one full-length sequence."""
+        budget, longest = self.trainer.max_tokens_per_micro_batch, self.rollout.max_new_tokens + 1
+        if budget and self.rollout.source is None and budget < longest:
+            raise ValueError(
+                f"trainer.max_tokens_per_micro_batch = {budget} is less than rollout.max_new_tokens"
+                f" + 1 = {longest}: a full-length completion with its prompt could never fit"
+            )
+
     @property
     def torch_dtype(self) -> torch.dtype:
         """`dtype` as a torch.dtype."""
@@ -457,23 +480,36 @@ class RunConfig:
         return self.rollout.prompts_per_step * self.rollout.samples_per_prompt
 
     @property
-    def gradient_accumulation_steps(self) -> int:
-        """Micro-batches per rank per step: sequences_per_step / (micro_batch_size x num_ranks).
-
-        Raises ValueError when that does not divide evenly (checked by the trainer, not here:
-        diagnostics use micro_batch_size alone).
-        """
-        per_step, per_pass = (
-            self.sequences_per_step,
-            self.trainer.micro_batch_size * self.trainer.num_ranks,
-        )
-        if per_step % per_pass != 0:
+    def sequences_per_rank(self) -> int:
+        """Sequences of one rank's shard of a step: sequences_per_step / num_ranks (and, without a
+        token budget, a multiple of micro_batch_size). Raises ValueError when that does not divide
+        evenly (checked by the trainer, not here: diagnostics use micro_batch_size alone)."""
+        per_step, ranks = self.sequences_per_step, self.trainer.num_ranks
+        micro = 1 if self.trainer.max_tokens_per_micro_batch else self.trainer.micro_batch_size
+        if per_step % (micro * ranks) != 0:
+            if self.trainer.max_tokens_per_micro_batch:
+                raise ValueError(
+                    f"rollout.prompts_per_step x rollout.samples_per_prompt = {per_step} sequences "
+                    f"per step must be a multiple of trainer.num_ranks = {ranks} for training"
+                )
             raise ValueError(
                 f"rollout.prompts_per_step x rollout.samples_per_prompt = {per_step} sequences per step must be "
                 f"a multiple of trainer.micro_batch_size x trainer.num_ranks = "
-                f"{self.trainer.micro_batch_size} x {self.trainer.num_ranks} for training"
+                f"{self.trainer.micro_batch_size} x {ranks} for training"
             )
-        return per_step // per_pass
+        return per_step // ranks
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """DeepSpeed's gradient_accumulation_steps: micro-batches per rank per step,
+        sequences_per_rank / micro_batch_size. With a token budget the count varies per step
+        and the worker marks each step's last micro-batch itself: then 1 (DeepSpeed divides the
+        loss by this number; the worker's loss scale undoes it either way).
+        """
+        per_rank = self.sequences_per_rank
+        if self.trainer.max_tokens_per_micro_batch:
+            return 1
+        return per_rank // self.trainer.micro_batch_size
 
     @classmethod
     def from_dict(cls, data: dict) -> RunConfig:

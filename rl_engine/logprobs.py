@@ -4,13 +4,21 @@ Runs the decoder to its last hidden states and scores them with the fused,
 chunked `linear_logp` op the model computes with (`model_op`: the patched
 model's backend, or its device's default): logits for all tokens are never
 materialised. Position t scores token t+1 given tokens <= t.
+
+Two layouts, one definition: `score_targets` / `token_logprobs` take a
+right- or left-padded batch; `packed_score_targets` / `packed_token_logprobs`
+take packed rows (`rl_engine.packing.PackedBatch`: sequences concatenated,
+positions restarting at 0). With a patched model both give every token the
+same bits; an unpatched model runs transformers' own packed attention
+(block-diagonal mask from the restarting position ids), whose bits differ.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rl_engine.patching import lm_head_parameters, model_op
+from rl_engine.packing import PackedBatch, right_padded
+from rl_engine.patching import PACKED_KWARG, PackedSegments, lm_head_parameters, model_op
 
 IGNORE_INDEX = -100
 
@@ -89,3 +97,83 @@ def _check_inputs(input_ids, attention_mask):
         raise ValueError(
             f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
         )
+
+
+# ----------------------------------------------------------------------------- packed rows
+
+
+def packed_final_hidden_states(model, input_ids, positions, segments) -> torch.Tensor:
+    """(R, N, H) output of the decoder's final norm on packed rows (see `packed_score_targets`)."""
+    out = model.base_model(
+        input_ids=input_ids,
+        position_ids=positions.clamp(min=0),
+        use_cache=False,
+        **{PACKED_KWARG: PackedSegments(positions, segments)},
+    )
+    return out.last_hidden_state
+
+
+def packed_score_targets(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    segments: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    temperature: float,
+) -> torch.Tensor:
+    """THE trainer logprob on packed rows: fp32 (R, N), 0 at IGNORE_INDEX.
+
+    input_ids, positions (-1 = padding), segments: (R, N), the layout of
+    `rl_engine.packing.PackedBatch`; targets (R, N): the token each packed position
+    scores (`PackedBatch.pack_values` of the padded targets), IGNORE_INDEX elsewhere.
+    The decoder runs without an attention mask, with position ids that restart per
+    sequence (padding at 0) and with `rl_packed` (the segments the invariant attention
+    reads). Used by `packed_token_logprobs`, the DeepSpeed worker's module (packing) and
+    the diagnostics.
+    """
+    if not (input_ids.shape == positions.shape == segments.shape == targets.shape):
+        raise ValueError(
+            "input_ids, positions, segments and targets must share one (R, N) shape, got "
+            f"{[tuple(t.shape) for t in (input_ids, positions, segments, targets)]}"
+        )
+    hidden = packed_final_hidden_states(model, input_ids, positions, segments)  # (R, N, H)
+    weight, bias = lm_head_parameters(model)  # (V, H), (V,) | None
+    linear_logp = model_op(model, "linear_logp")
+    return linear_logp(
+        hidden,
+        weight,
+        targets,
+        bias,
+        temperature=temperature,
+        ignore_index=IGNORE_INDEX,
+    )
+
+
+def packed_token_logprobs(
+    model: torch.nn.Module,
+    sequences,
+    *,
+    temperature: float = 1.0,
+    rows=None,
+) -> list[torch.Tensor]:
+    """fp32 log p(token t+1 | tokens <= t) of each sequence (a (L_i - 1,) tensor each), packed.
+
+    sequences: token-id lists or 1-D tensors, each of at least 2 tokens; rows[i]: the packed
+    row of sequence i (default: all in one row). Bitwise equal to `token_logprobs` of the
+    same sequences in a padded batch when the model is patched.
+    """
+    lengths = [len(s) for s in sequences]
+    if any(n < 2 for n in lengths):
+        raise ValueError(
+            f"every sequence needs at least 2 tokens to score one, got lengths {lengths}"
+        )
+    device = model.get_input_embeddings().weight.device
+    ids, mask = (t.to(device) for t in right_padded(sequences))
+    packed = PackedBatch.from_padded(ids, mask, rows)
+    targets = packed.pack_values(scored_targets(ids, mask), IGNORE_INDEX)
+    logp = packed_score_targets(
+        model, packed.input_ids, packed.positions, packed.segments, targets, temperature=temperature
+    )
+    padded = packed.unpack_values(logp)  # (S, T-1)
+    return [padded[i, : n - 1] for i, n in enumerate(lengths)]

@@ -2,7 +2,8 @@
 
 For each mode (batch-invariant kernels on, plain torch off) the same prompts are
 sampled by the rollout engine, then scored teacher-forced in the trainer's
-layout (right-padded micro-batches of `trainer.micro_batch_size`). Reported: the
+layout (micro-batches of `trainer.micro_batch_size`, packed into one row each with
+`trainer.packing`, else right-padded). Reported: the
 exact-match fraction and the usual mismatch metrics over every completion token,
 and the first module where decode and prefill disagree; for a mixture-of-experts
 model also the routing agreement per sparse layer between the engine's forwards
@@ -36,7 +37,13 @@ from rl_engine.diagnostics.routing import (
     trainer_routing,
 )
 from rl_engine.io import write_json_atomic, write_text_atomic
-from rl_engine.logprobs import token_logprobs
+from rl_engine.logprobs import (
+    final_hidden_states,
+    packed_final_hidden_states,
+    packed_token_logprobs,
+    token_logprobs,
+)
+from rl_engine.packing import PackedBatch, right_padded
 from rl_engine.parity import MismatchMetrics, mismatch_metrics
 
 log = logging.getLogger("rl_engine.diagnose")
@@ -156,34 +163,31 @@ def _sampling(config: RunConfig, n: int):
     return SamplingParams.from_config(config.rollout, seed=config.seed, n=n)
 
 
-def _right_padded(seqs: list[list[int]]):
-    width = max(len(s) for s in seqs)
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, : len(s)] = 1
-    return ids, mask
-
-
 def trainer_logprobs(
-    model, completions, micro_batch_size: int, temperature: float
+    model, completions, micro_batch_size: int, temperature: float, *, packing: bool = True
 ) -> list[torch.Tensor]:
-    """Each completion's token logprobs recomputed teacher-forced, in right-padded micro-batches."""
+    """Each completion's token logprobs recomputed teacher-forced, in micro-batches of
+    `micro_batch_size`: one packed row each (`packed_token_logprobs`), or right-padded."""
     scores = []
     for start in range(0, len(completions), micro_batch_size):
         chunk = completions[start : start + micro_batch_size]
-        ids, mask = _right_padded([c.prompt_ids + c.token_ids for c in chunk])
+        seqs = [c.prompt_ids + c.token_ids for c in chunk]
         with torch.no_grad():
-            lp = token_logprobs(model, ids, mask, temperature=temperature)  # (b, T-1)
-        for row, c in enumerate(chunk):
+            if packing:
+                rows = packed_token_logprobs(model, seqs, temperature=temperature)
+            else:
+                ids, mask = right_padded(seqs)
+                lp = token_logprobs(model, ids, mask, temperature=temperature)  # (b, T-1)
+                rows = [lp[i, : len(s) - 1] for i, s in enumerate(seqs)]
+        for row, c in zip(rows, chunk):
             first = len(c.prompt_ids) - 1  # position scoring the first completion token
-            scores.append(lp[row, first : first + len(c.token_ids)])
+            scores.append(row[first : first + len(c.token_ids)])
     return scores
 
 
 def _module_divergence(model, engine, completions, prompts, config) -> list[ModuleDivergence]:
-    """Decode trace of completion 0 generated alone vs. its row in a trainer micro-batch."""
+    """Decode trace of completion 0 generated alone vs. its row in a trainer micro-batch
+    (packed: the first sequence of the row, so its columns are its positions)."""
     target = completions[0]
     with OutputRecorder(model.base_model) as rec:
         alone = engine.generate(
@@ -192,11 +196,13 @@ def _module_divergence(model, engine, completions, prompts, config) -> list[Modu
     positions = len(alone.prompt_ids) + len(alone.token_ids) - 1
     rollout = decode_trace(rec, positions)
     others = [c.prompt_ids + c.token_ids for c in completions[1 : config.trainer.micro_batch_size]]
-    ids, mask = _right_padded([alone.prompt_ids + alone.token_ids, *others])
-    from rl_engine.logprobs import final_hidden_states
-
+    ids, mask = right_padded([alone.prompt_ids + alone.token_ids, *others])
     with OutputRecorder(model.base_model) as rec, torch.no_grad():
-        final_hidden_states(model, ids, mask)
+        if config.trainer.packing:
+            p = PackedBatch.from_padded(ids, mask)
+            packed_final_hidden_states(model, p.input_ids, p.positions, p.segments)
+        else:
+            final_hidden_states(model, ids, mask)
     return compare_traces(rollout, prefill_trace(rec, 0, positions))
 
 
@@ -217,12 +223,13 @@ def diagnose_mode(config: RunConfig, invariant: bool) -> ModeResult:
     moe = bool(moe_layers(model))
     with EngineRoutingTrace(model) if moe else nullcontext() as trace:
         completions = engine.generate(prompts, _sampling(config, config.rollout.samples_per_prompt))
-    mbs = config.trainer.micro_batch_size
+    mbs, packing = config.trainer.micro_batch_size, config.trainer.packing
+    temperature = completions[0].logprob_temperature
     with RoutingRecorder(model, inputs=True, experts=True) if moe else nullcontext() as recorder:
-        recomputed = trainer_logprobs(model, completions, mbs, completions[0].logprob_temperature)
+        recomputed = trainer_logprobs(model, completions, mbs, temperature, packing=packing)
     routing = None
     if moe:
-        trainer_side = trainer_routing(recorder, completions, mbs)
+        trainer_side = trainer_routing(recorder, completions, mbs, packing=packing)
         routing = compare_routing(model, trace.sequences(completions), trainer_side)
     rollout_lp = torch.cat([c.logprobs for c in completions])
     trainer_lp = torch.cat(recomputed)

@@ -31,6 +31,7 @@ from rl_engine.diagnostics.report import (
     trainer_logprobs,
     write_report,
 )
+from rl_engine.packing import plan_micro_batches
 from rl_engine.parity import THRESHOLDS, mismatch_by_position, mismatch_metrics, ratio_distribution
 from rl_engine.rollout.files import (
     BadLine,
@@ -42,9 +43,10 @@ from rl_engine.rollout.files import (
 
 log = logging.getLogger("rl_engine.diagnose")
 
-# Padded tokens per recompute forward: bounds activation memory. Larger forwards amortise the
-# invariant kernels' per-call cost: 12 SmolLM2 completions (3,072 tokens), fp32, invariant,
-# took 1.3-1.8x longer in forwards of 1,024 tokens than of 8,192 (two runs, shared machine).
+# Tokens per recompute forward (packed: no padding): bounds activation memory. Larger
+# forwards amortise the invariant kernels' per-call cost: 12 SmolLM2 completions (3,072
+# tokens), fp32, invariant, took 1.3-1.8x longer in forwards of 1,024 tokens than of 8,192
+# (two runs of the padded layout, shared machine).
 TOKENS_PER_FORWARD = 8192
 WORST_TOKENS = 10
 
@@ -201,41 +203,27 @@ def _usable(parsed: RolloutFile, skip_bad_lines: bool) -> RolloutFile:
 def recompute(model, completions) -> list[torch.Tensor]:
     """Each completion's logprobs on the trainer path at its own logprob_temperature.
 
-    Sequences of one temperature go through right-padded batches of similar length
-    (sorted by length, at most TOKENS_PER_FORWARD padded tokens each).
+    Sequences of one temperature are packed (`packed_token_logprobs`) into forwards of at
+    most TOKENS_PER_FORWARD tokens (a longer sequence gets a forward of its own), grouped by
+    `plan_micro_batches`: no padding is computed.
     """
     out: list[torch.Tensor | None] = [None] * len(completions)
-    order = sorted(
-        range(len(completions)),
-        key=lambda i: (completions[i].logprob_temperature, _length(completions[i])),
-    )
-    start = 0
-    while start < len(order):
-        batch = _next_batch(completions, order, start)
-        chunk = [completions[i] for i in batch]
-        scores = trainer_logprobs(model, chunk, len(chunk), chunk[0].logprob_temperature)
-        for i, score in zip(batch, scores):
-            out[i] = score
-        start += len(batch)
+    by_temperature: dict[float, list[int]] = {}
+    for i, c in enumerate(completions):
+        by_temperature.setdefault(c.logprob_temperature, []).append(i)
+    for temperature, members in sorted(by_temperature.items()):
+        lengths = [_length(completions[i]) for i in members]
+        budget = max(TOKENS_PER_FORWARD, max(lengths))
+        for group in plan_micro_batches(lengths, max_sequences=len(lengths), max_tokens=budget):
+            chunk = [completions[members[j]] for j in group]
+            scores = trainer_logprobs(model, chunk, len(chunk), temperature, packing=True)
+            for j, score in zip(group, scores):
+                out[members[j]] = score
     return out
 
 
 def _length(c) -> int:
     return len(c.prompt_ids) + len(c.token_ids)
-
-
-def _next_batch(completions, order: list[int], start: int) -> list[int]:
-    """Indices from `start` on with one temperature whose padded size fits TOKENS_PER_FORWARD."""
-    first = completions[order[start]]
-    batch = [order[start]]
-    for i in order[start + 1 :]:
-        c = completions[i]
-        if c.logprob_temperature != first.logprob_temperature:
-            break
-        if _length(c) * (len(batch) + 1) > TOKENS_PER_FORWARD:  # sorted: c is the longest
-            break
-        batch.append(i)
-    return batch
 
 
 def mode_key(invariant: bool) -> str:

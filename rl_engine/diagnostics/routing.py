@@ -114,12 +114,13 @@ class EngineRoutingTrace:
         layers = list(self._recorder.calls)
         done, open_seqs = [], {}
         for call_index, (ids, slots, positions) in enumerate(self._batches):
-            width = ids.shape[1]
-            for row, slot in enumerate(slots.tolist()):
+            width, per_token = ids.shape[1], slots.dim() == 2  # per token: a packed prefill
+            for row in range(ids.shape[0]):
                 for col in range(width):
                     pos = int(positions[row, col])
                     if pos < 0:
                         continue
+                    slot = int(slots[row, col] if per_token else slots[row])
                     if pos == 0:  # a prefill starts a new sequence in this slot
                         if slot in open_seqs:
                             done.append(open_seqs.pop(slot))
@@ -150,17 +151,19 @@ class EngineRoutingTrace:
 
 
 def trainer_routing(
-    recorder: RoutingRecorder, completions, micro_batch_size: int
+    recorder: RoutingRecorder, completions, micro_batch_size: int, *, packing: bool = False
 ) -> list[SeqRouting]:
-    """Per-completion routing of the trainer's recompute (`report.trainer_logprobs`: right-padded
-    micro-batches of `micro_batch_size`, one forward each), recorded by `recorder`."""
+    """Per-completion routing of the trainer's recompute (`report.trainer_logprobs`: micro-batches
+    of `micro_batch_size`, one forward each, right-padded or packed into one row in order),
+    recorded by `recorder`."""
     out = []
     for chunk_index, start in enumerate(range(0, len(completions), micro_batch_size)):
         chunk = completions[start : start + micro_batch_size]
         lengths = [len(c.prompt_ids) + len(c.token_ids) for c in chunk]
         width = max(lengths)
-        for row, length in enumerate(lengths):
-            rows = slice(row * width, row * width + length)
+        offsets = [sum(lengths[:row]) if packing else row * width for row in range(len(lengths))]
+        for offset, length in zip(offsets, lengths):
+            rows = slice(offset, offset + length)
             out.append(
                 {
                     layer: tuple(

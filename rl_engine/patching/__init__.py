@@ -15,7 +15,12 @@ from rl_engine.patching.apply import (
     parameter_device,
     patch_handle,
 )
-from rl_engine.patching.attention import KV_CACHE_KWARG, attention_name
+from rl_engine.patching.attention import (
+    KV_CACHE_KWARG,
+    PACKED_KWARG,
+    PackedSegments,
+    attention_name,
+)
 from rl_engine.patching.families import FAMILIES, family_for
 from rl_engine.patching.modules import InvariantLMHead
 from rl_engine.patching.moe import (
@@ -30,7 +35,9 @@ from rl_engine.patching.moe import (
 __all__ = [
     "FAMILIES",
     "KV_CACHE_KWARG",
+    "PACKED_KWARG",
     "InvariantLMHead",
+    "PackedSegments",
     "PatchHandle",
     "apply_batch_invariant",
     "attention_name",

@@ -7,9 +7,18 @@ with a mask function of the same name that hands the attention the 2-D padding
 mask (the invariant op needs each token's position in its sequence, not a 4-D
 additive mask).
 
-Two ways keys arrive:
+Three ways keys arrive:
 - a plain forward (trainer, HF `generate` with its own cache): keys are the
   padded batch; positions come from the padding mask (cumsum - 1);
+- a packed forward: each row holds several sequences one after another. The
+  forward carries `rl_packed=PackedSegments(positions, segments)` (each token's
+  position in its own sequence, -1 = padding, and its sequence id in the row),
+  or, without that kwarg, no attention mask and `position_ids` that restart at
+  0 for every sequence (transformers' own packed format: a sequence starts
+  wherever a position is not its predecessor + 1). The op then gets
+  `q_segments` / `k_segments`: a token attends only to its own sequence. With
+  `rl_kv_cache` too (the rollout engine's packed prefill) the keys are also
+  stored: `cache.store(layer_idx, key, value)`;
 - a forward that carries `rl_kv_cache=<cache>` (the rollout engine): the cache
   stores keys at slot == position and reports each query's position. Protocol:
   `cache.update(layer_idx, key, value) -> (keys, values, q_positions)` with keys
@@ -23,11 +32,50 @@ Two ways keys arrive:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 ATTENTION_PREFIX = "rl_engine_invariant"
 KV_CACHE_KWARG = "rl_kv_cache"
+PACKED_KWARG = "rl_packed"
+
+
+@dataclass(frozen=True)
+class PackedSegments:
+    """The `rl_packed` forward kwarg: which sequence each token of a packed batch belongs to."""
+
+    positions: torch.Tensor
+    """(R, N) int64: each token's position in its own sequence (from 0); -1 = padding."""
+    segments: torch.Tensor
+    """(R, N) int64: the id of each token's sequence within its row (padding: any value)."""
+
+    def __post_init__(self) -> None:
+        for name in ("positions", "segments"):
+            t = getattr(self, name)
+            if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype != torch.long:
+                raise ValueError(f"PackedSegments.{name} must be an int64 (R, N) tensor")
+        if self.positions.shape != self.segments.shape:
+            raise ValueError(
+                f"PackedSegments.positions {tuple(self.positions.shape)} and segments "
+                f"{tuple(self.segments.shape)} must have the same shape"
+            )
+
+    @classmethod
+    def from_position_ids(cls, position_ids: torch.Tensor) -> PackedSegments:
+        """transformers' packed format: a sequence starts where a position is not its
+        predecessor + 1, and every sequence must start at position 0."""
+        pos = position_ids.long()
+        starts = torch.ones_like(pos, dtype=torch.bool)
+        starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+        bad = starts & (pos != 0)
+        if bool(bad.any()):
+            row, col = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"position_ids: a packed sequence starts at position {int(pos[row, col])} "
+                f"(row {row}, column {col}); every packed sequence must start at 0"
+            )
+        return cls(pos, starts.long().cumsum(-1))
 
 
 def attention_name(backend: str) -> str:
@@ -69,7 +117,22 @@ def invariant_attention_forward(
             "(set the model config's attention_dropout to 0)"
         )
     cache = kwargs.get(KV_CACHE_KWARG)
-    if cache is not None and hasattr(cache, "update_slots"):
+    packed = _packed_segments(query, key, attention_mask, cache, kwargs)
+    if packed is not None:
+        if cache is not None:  # the engine's packed prefill: keep the keys for decoding
+            cache.store(module.layer_idx, key, value)
+        pos, seg = packed.positions, packed.segments
+        out = attend(
+            query,
+            key,
+            value,
+            q_positions=pos,
+            k_positions=pos,
+            scale=scaling,
+            q_segments=seg,
+            k_segments=seg,
+        )
+    elif cache is not None and hasattr(cache, "update_slots"):
         key, value, q_pos, slots = cache.update_slots(module.layer_idx, key, value)
         out = attend(query, key, value, q_positions=q_pos, scale=scaling, kv_index=slots)
     elif cache is not None:
@@ -80,6 +143,38 @@ def invariant_attention_forward(
         q_pos, k_pos = positions_from_mask(attention_mask, batch, q_len, key.shape[2], query.device)
         out = attend(query, key, value, q_positions=q_pos, k_positions=k_pos, scale=scaling)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _packed_segments(query, key, attention_mask, cache, kwargs) -> PackedSegments | None:
+    """The packed layout of this forward: the `rl_packed` kwarg, or transformers' packed
+    format (no mask, no cache, position_ids that restart); None for any other forward."""
+    packed = kwargs.get(PACKED_KWARG)
+    batch, _, q_len, _ = query.shape
+    if packed is not None:
+        if cache is not None and not hasattr(cache, "store"):
+            raise ValueError(
+                f"{PACKED_KWARG} with {KV_CACHE_KWARG}: the cache must have store(layer_idx, "
+                "key, value) (a packed forward attends to its own keys and only stores them)"
+            )
+        if not isinstance(packed, PackedSegments):
+            raise ValueError(
+                f"{PACKED_KWARG} must be a PackedSegments, got {type(packed).__name__}"
+            )
+        if tuple(packed.positions.shape) != (batch, q_len) or key.shape[2] != q_len:
+            raise ValueError(
+                f"{PACKED_KWARG} covers {tuple(packed.positions.shape)} tokens, but the forward "
+                f"has {batch} rows of {q_len} queries and {key.shape[2]} keys"
+            )
+        return packed
+    position_ids = kwargs.get("position_ids")
+    if attention_mask is not None or cache is not None or position_ids is None:
+        return None
+    if key.shape[2] != q_len or position_ids.shape[-1] != q_len:
+        return None
+    pos = position_ids.expand(batch, q_len)
+    if not bool((pos[:, 1:] != pos[:, :-1] + 1).any()):
+        return None  # one sequence per row: the plain path
+    return PackedSegments.from_position_ids(pos)
 
 
 def register_attention(backend: str, attend: Callable) -> str:

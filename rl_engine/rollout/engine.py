@@ -2,9 +2,10 @@
 
 The engine keeps a queue of requests (prompt x sample index) and at most
 `max_batch_size` running sequences, each in a slot of a `SlotKVCache`. Every
-iteration it prefills newly admitted prompts into free slots (one forward,
-right-padded) and then decodes one token for every running sequence (one
-forward, one query each). A sequence that samples EOS / a stop token or
+iteration it prefills newly admitted prompts into free slots (one forward:
+right-padded, or, patched and with prompts of different lengths, packed into one
+row with segment-aware attention) and then decodes one token for every running
+sequence (one forward, one query each). A sequence that samples EOS / a stop token or
 reaches `max_new_tokens` frees its slot at once, so batch composition and
 cache lengths change from step to step.
 
@@ -41,6 +42,8 @@ from torch import nn
 from rl_engine.devices import check_device
 from rl_engine.patching import (
     KV_CACHE_KWARG,
+    PACKED_KWARG,
+    PackedSegments,
     is_patched,
     lm_head_parameters,
     model_op,
@@ -56,6 +59,9 @@ from rl_engine.rollout.weights import copy_weights, plan_weight_copy
 logger = logging.getLogger(__name__)
 
 PAD_ID = 0  # fills the right padding of a ragged prefill; never attended to, never scored
+# A patched engine packs a prefill into one row when the padded batch would compute more
+# than this many times its real tokens (measured: docs/benchmarks.md, "Rollout prefill").
+PACK_PREFILL = 1.25
 
 
 @dataclass
@@ -83,6 +89,7 @@ class GenerateStats:
 
     slots: int = 0
     prefill_forwards: int = 0
+    packed_prefills: int = 0  # prefill forwards that ran packed (see _Stepper.prefill)
     decode_forwards: int = 0
     admitted_while_running: int = 0  # sequences prefilled into a slot freed mid-run
     batch_sizes: list[int] = field(
@@ -260,7 +267,7 @@ class RolloutEngine:
         while waiting or running:
             admitted = _admit(waiting, free)
             if admitted:
-                step.prefill(admitted)
+                stats.packed_prefills += step.prefill(admitted)
                 stats.prefill_forwards += 1
                 stats.admitted_while_running += len(admitted) if running else 0
             active = running + admitted
@@ -368,9 +375,15 @@ class _Stepper:
             self._log_softmax = model_op(self.model, "log_softmax")
             self._head_params = lm_head_parameters(self.model)
 
-    def prefill(self, seqs: list[_Sequence]) -> None:
-        """Run the prompts of newly admitted sequences (right-padded) and sample their first token."""
+    def prefill(self, seqs: list[_Sequence]) -> bool:
+        """Run the prompts of newly admitted sequences and sample their first token: packed
+        into one row (`_packed_prefill`) when that computes much less padding, else
+        right-padded. Returns whether it ran packed."""
         seqs = sorted(seqs, key=lambda s: s.slot)
+        lengths = [len(s.prompt_ids) for s in seqs]
+        if self.engine.batch_invariant and len(seqs) * max(lengths) > PACK_PREFILL * sum(lengths):
+            self._packed_prefill(seqs)
+            return True
         longest = max(len(s.prompt_ids) for s in seqs)
         ids = torch.full((len(seqs), longest), PAD_ID, dtype=torch.long)  # (B, T)
         positions = torch.full((len(seqs), longest), -1, dtype=torch.long)  # (B, T), -1 = padding
@@ -380,6 +393,33 @@ class _Stepper:
             positions[row, :n] = torch.arange(n)
         last = torch.tensor([len(s.prompt_ids) - 1 for s in seqs])  # (B,)
         self._step(seqs, ids, positions, last)
+        return False
+
+    def _packed_prefill(self, seqs: list[_Sequence]) -> None:
+        """The prompts concatenated in one row (positions restarting at 0): segment-aware
+        attention on the row's own keys, which the cache stores for decoding (`bind_packed`).
+        Every token gets the bits of the padded prefill (the invariant ops are row-wise)."""
+        lengths = [len(s.prompt_ids) for s in seqs]
+        ids = torch.tensor([[t for s in seqs for t in s.prompt_ids]], device=self.device)  # (1, N)
+        positions = torch.cat([torch.arange(n) for n in lengths])[None].to(self.device)
+        segments = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])[None]
+        token_slots = torch.cat([torch.full((n,), s.slot) for s, n in zip(seqs, lengths)])[None]
+        last = torch.tensor(lengths).cumsum(0) - 1  # (B,) column of each prompt's last token
+        self.cache.bind_packed(token_slots.to(self.device), positions)
+        try:
+            out = self.model.base_model(
+                input_ids=ids,
+                position_ids=positions,
+                use_cache=False,
+                **{
+                    KV_CACHE_KWARG: self.cache,
+                    PACKED_KWARG: PackedSegments(positions, segments.to(self.device)),
+                },
+            )
+        finally:
+            self.cache.unbind()
+        hidden = out.last_hidden_state[0, last.to(self.device)]  # (B, H)
+        self._sample(seqs, self._logprobs(hidden))
 
     def decode(self, seqs: list[_Sequence]) -> None:
         """Feed every sequence's last sampled token (one query each) and sample the next."""

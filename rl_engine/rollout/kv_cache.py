@@ -23,6 +23,11 @@ row's slot (B,), with no gather: the attention op reads them in place through
 its `kv_index` argument when they are contiguous, in its compute dtype (pass
 `dtype=torch.float32`) and `capacity` is a multiple of its key block (pass
 `block=BLOCK_K`; the capacity is rounded up).
+
+A packed prefill (several prompts concatenated in one row, `rl_engine.packing`)
+binds with `bind_packed(token_slots, positions)`: every token names its own slot.
+Its attention runs on the packed keys themselves (segment-aware), so the hook
+only stores them: `cache.store(layer_idx, key, value)`.
 """
 
 from __future__ import annotations
@@ -76,24 +81,55 @@ class SlotKVCache:
         self._slot_range = (first, first + slots.shape[0]) if torch.equal(slots, expected) else None
         self._bound = True
 
+    def bind_packed(self, token_slots: torch.Tensor, positions: torch.Tensor) -> None:
+        """Set a packed forward: token_slots and positions (R, N) int64, -1 = padding.
+
+        The forward only stores its keys and values (`store`); reading the cache back
+        (`update`, `update_slots`) is for padded and decode forwards.
+        """
+        if token_slots.shape != positions.shape or positions.dim() != 2:
+            raise ValueError(
+                f"token_slots and positions must be (R, N) of one shape, got "
+                f"{tuple(token_slots.shape)} and {tuple(positions.shape)}"
+            )
+        max_pos = int(positions.max())
+        if max_pos >= self.capacity:
+            raise ValueError(
+                f"positions reach {max_pos}, but the cache holds {self.capacity} positions"
+            )
+        rows, cols = (positions >= 0).nonzero(as_tuple=True)
+        self._write = (rows, cols, token_slots[rows, cols], positions[rows, cols])
+        self._slots = self._q_positions = None  # nothing to read back
+        self._packed_rows = (token_slots, positions)
+        self._bound = True
+
     def unbind(self) -> None:
         self._bound = False
 
     def bound(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(slots (B,), q_positions (B, Tq)) of the forward being run: which sequence and position
-        each row of its batch is (the diagnostics' routing trace reads it)."""
+        each row of its batch is (the diagnostics' routing trace reads it); a packed forward
+        gives each token's slot, (R, N) like its positions (-1 = padding)."""
         if not self._bound:
             raise RuntimeError("SlotKVCache.bound() called outside a bound forward")
+        if self._slots is None:
+            return self._packed_rows
         return self._slots, self._q_positions
+
+    def store(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Store key/value (R, Hkv, N, D) of the bound forward (packed: `bind_packed`)."""
+        self._store(layer_idx, key, value)
 
     def update(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor):
         """Store key/value (B, Hkv, Tq, D); return (keys, values) (B, Hkv, L, D) and q_positions (B, Tq)."""
+        self._check_readable()
         k_buf, v_buf = self._store(layer_idx, key, value)
         return self._gather(k_buf), self._gather(v_buf), self._q_positions
 
     def update_slots(self, layer_idx: int, key: torch.Tensor, value: torch.Tensor):
         """Store key/value (B, Hkv, Tq, D); return the whole buffers (S, Hkv, capacity, D),
         q_positions (B, Tq) and the slot of every batch row (B,): no copy."""
+        self._check_readable()
         k_buf, v_buf = self._store(layer_idx, key, value)
         return k_buf, v_buf, self._q_positions, self._slots
 
@@ -107,6 +143,10 @@ class SlotKVCache:
         k_buf[w_slots, :, w_pos] = key[rows, :, cols].to(k_buf.dtype)  # (N, Hkv, D)
         v_buf[w_slots, :, w_pos] = value[rows, :, cols].to(v_buf.dtype)
         return k_buf, v_buf
+
+    def _check_readable(self) -> None:
+        if self._bound and self._slots is None:
+            raise RuntimeError("a packed forward (bind_packed) stores keys only: call store()")
 
     def _gather(self, buf: torch.Tensor) -> torch.Tensor:
         buf = buf[:, :, : self._kv_len]  # (S, Hkv, L, D) view

@@ -29,6 +29,7 @@ def test_defaults():
         and c.algorithm.rollout_correction == "none"
     )
     assert c.sequences_per_step == 16 and c.gradient_accumulation_steps == 4
+    assert c.trainer.packing is True and c.trainer.max_tokens_per_micro_batch == 0
     assert RunConfig(dtype="bfloat16").torch_dtype is torch.bfloat16
 
 
@@ -97,6 +98,8 @@ INVALID = [
     ({"rollout": {"task": ""}}, "rollout.task"),
     ({"trainer": {"num_ranks": 0}}, "trainer.num_ranks"),
     ({"trainer": {"micro_batch_size": 0}}, "trainer.micro_batch_size"),
+    ({"trainer": {"packing": 1}}, "trainer.packing"),
+    ({"trainer": {"max_tokens_per_micro_batch": 2.5}}, "trainer.max_tokens_per_micro_batch"),
     ({"trainer": {"lr": 0}}, "trainer.lr"),
     ({"trainer": {"weight_decay": -0.1}}, "trainer.weight_decay"),
     ({"trainer": {"grad_clip": float("nan")}}, "trainer.grad_clip"),

@@ -29,11 +29,23 @@ def local_ray():
 
 
 @pytest.mark.slow  # 30-45 s (1 rank) and 45-70 s (2 ranks): three jobs each
-@pytest.mark.parametrize(("num_ranks", "zero_stage"), [(1, 0), (2, 3)])
-def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path, local_ray, num_ranks, zero_stage):
+@pytest.mark.parametrize(
+    ("num_ranks", "zero_stage", "layout"),
+    [
+        (1, 0, {}),  # packed (the default), micro_batch_size sequences per micro-batch
+        (2, 3, {}),
+        (1, 0, {"packing": False}),  # the padded layout
+        (2, 3, {"max_tokens_per_micro_batch": 30}),  # packed, 2-3 sequences per micro-batch
+    ],
+    ids=["1rank-zero0", "2ranks-zero3", "1rank-padded", "2ranks-zero3-budget"],
+)
+def test_stopped_and_resumed_run_equals_uninterrupted(
+    tmp_path, local_ray, num_ranks, zero_stage, layout
+):
     """Run A: 3 steps. Run B: 2 steps (checkpoint at the end), then --resume to 3 steps.
-    metrics.jsonl of A == of B on every key but the `time/` ones, parity 1.0 at every step."""
-    trainer = {"num_ranks": num_ranks, "zero_stage": zero_stage}
+    metrics.jsonl of A == of B on every key but the `time/` ones, parity 1.0 at every step.
+    With a token budget the micro-batch plan (a function of the lengths) is the same too."""
+    trainer = {"num_ranks": num_ranks, "zero_stage": zero_stage, **layout}
     whole = tmp_path / "whole"
     history = run_job(job_config(whole, steps=3, trainer=trainer))
     _check_complete_run(whole, history, num_ranks)

@@ -137,3 +137,28 @@ def assert_same_completions(a, b, label: str) -> None:
             f"{label}: prompt {x.prompt_index} logprobs differ"
         )
         assert x.finish_reason == y.finish_reason, label
+
+
+def recompute_packed(
+    model, completions, temperature: float, rows: int = 1, fillers=()
+) -> list[torch.Tensor]:
+    """Recompute every completion packed (`packed_token_logprobs`): shuffled together with
+    filler sequences, dealt round-robin into `rows` packed rows."""
+    from rl_engine.logprobs import packed_token_logprobs
+
+    seqs = [full_ids(c) for c in completions] + [list(f) for f in fillers]
+    order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(7)).tolist()
+    with torch.no_grad():
+        lp = packed_token_logprobs(
+            model,
+            [seqs[i] for i in order],
+            temperature=temperature,
+            rows=[j % rows for j in range(len(seqs))],
+        )
+    out = [None] * len(seqs)
+    for j, i in enumerate(order):
+        out[i] = lp[j]
+    return [
+        completion_slice(out[i], 0, len(c.prompt_ids), len(seqs[i]))
+        for i, c in enumerate(completions)
+    ]

@@ -168,6 +168,22 @@ class TrainBatch:
     def _rows(self, rows: slice) -> TrainBatch:
         return replace(self, **{name: getattr(self, name)[rows] for name in _TENSORS})
 
+    def _index(self, rows: torch.Tensor) -> TrainBatch:
+        """The sequences `rows` (a 1-D index tensor), in that order."""
+        return replace(
+            self, **{name: getattr(self, name).index_select(0, rows) for name in _TENSORS}
+        )
+
+    def _columns(self, width: int) -> TrainBatch:
+        """The first `width` columns (and width - 1 scored positions) of every sequence."""
+        return replace(
+            self,
+            input_ids=self.input_ids[:, :width],
+            attention_mask=self.attention_mask[:, :width],
+            response_mask=self.response_mask[:, : width - 1],
+            rollout_logprobs=self.rollout_logprobs[:, : width - 1],
+        )
+
 
 def _one_value(completions, name: str):
     """The value of `name` shared by every completion (a batch comes from one sampling)."""

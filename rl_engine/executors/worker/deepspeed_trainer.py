@@ -27,6 +27,7 @@ from rl_engine.executors.worker.batch_checks import agree_on_batch, micro_batche
 from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_deepspeed
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
 from rl_engine.executors.worker.errors import BatchError, ParityError, parity_error
+from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.executors.worker.policy import (
     LogprobModule,
     StepGuard,
@@ -66,7 +67,8 @@ class DeepSpeedTrainingWorker:
     `load_model(config.model, seed=config.seed)`; every rank must start from the same weights.
     The KL reference is a frozen deep copy of it taken before the first step. `train_step`
     takes this rank's shard (`TrainBatch.shard(rank, world_size)`), with exactly
-    `gradient_accumulation_steps x micro_batch_size` sequences. `weight_version` counts the
+    `config.sequences_per_rank` sequences, as micro-batches padded or packed
+    (`micro_batches`: `trainer.packing`, `trainer.max_tokens_per_micro_batch`). `weight_version` counts the
     optimizer updates applied (a skipped update does not count; restored by `load_checkpoint`).
     """
 
@@ -139,65 +141,100 @@ class DeepSpeedTrainingWorker:
         """
         self._require_usable()
         micro = agree_on_batch(self.comm, lambda: self._micro_batches(batch, step=True))
-        algo = self.config.algorithm
-        scale = self.config.gradient_accumulation_steps * self.world_size
+        # engine.backward divides by DeepSpeed's gradient_accumulation_steps: undone here
+        scale = self.engine.gradient_accumulation_steps() * self.world_size
         sums = torch.zeros(RECORD_SIZE, dtype=torch.float64)
         parity = torch.zeros(NUM_SUMS, dtype=torch.float64)
-        norm = None
+        norm, last = None, len(micro) - 1
         self.engine.train()
         with self._recoverable():
-            corrections = StepCorrections(algo, micro, self._forward, self.comm.all_reduce)
+            corrections = StepCorrections(
+                self.config.algorithm,
+                [None if mb is None else mb.batch for mb in micro],
+                lambda index: self._forward(micro[index]),
+                self.comm.all_reduce,
+            )
             self.router.start(micro, self.comm.all_reduce)
             for index, mb in enumerate(micro):
-                with self.router.recording() as routing:  # MoE policies: router logits, experts
-                    logp = self._forward(mb)  # (b, T-1) fp32, the step's first forward
-                parity = merge_sums(parity, self._check_parity(mb, logp.detach(), index))
-                corrected = corrections.take(index, mb, logp)
-                ref_logp = self._reference_logp(mb)
-                loss, record = micro_loss(
-                    algo, mb, logp, ref_logp, corrections.units, scale, corrected
-                )
-                aux = self.router.loss(routing, mb, scale)
-                loss = loss if aux is None else loss + aux
-                sums += record
+                # Micro-batch counts vary per step: DeepSpeed reduces gradients and may update
+                # after the step's last one only, on every rank at once (the count is agreed).
+                self.engine.set_gradient_accumulation_boundary(index == last)
+                loss, record, mb_parity = self._micro_loss(index, mb, corrections, scale)
+                sums, parity = sums + record, merge_sums(parity, mb_parity)
                 self._backward_taken = True
                 self.engine.backward(loss)
-                if index == len(micro) - 1:  # the accumulation boundary: step() may update
+                if index == last:  # the accumulation boundary: step() may update
                     norm = self._stage0_grad_norm()  # before step() clips and clears the grads
                     self.guard.arm(force_skip=not bool(torch.isfinite(sums[:TOKENS]).all()))
                 self.engine.step()
         return self._finish_step(sums, parity, norm, corrections)
 
-    def _micro_batches(self, batch, *, step: bool) -> list[TrainBatch]:
-        strict = self.config.parity == "strict"
+    def _micro_loss(self, index: int, mb: MicroBatch | None, corrections, scale: int):
+        """(loss to backpropagate, record, parity sums) of micro-batch `index`.
+
+        An empty micro-batch (None: another rank has more) runs a forward on a two-token
+        dummy row and backpropagates zero, taking part in every collective of a real one.
+        """
+        with self.router.recording() as routing:  # MoE policies: router logits, experts
+            logp = self._forward(mb)  # (b, T-1) fp32, the step's first forward of these tokens
+        if mb is None:
+            parity = self._check_parity(None, logp)  # zeros, after the same collective
+            return logp.sum() * 0.0, torch.zeros(RECORD_SIZE, dtype=torch.float64), parity
+        parity = self._check_parity(mb, logp.detach())
+        corrected = corrections.take(index, mb.batch, logp)
+        ref_logp = self._reference_logp(mb)
+        loss, record = micro_loss(
+            self.config.algorithm, mb.batch, logp, ref_logp, corrections.units, scale, corrected
+        )
+        aux = self.router.loss(routing, mb, scale)
+        return (loss if aux is None else loss + aux), record, parity
+
+    def _micro_batches(self, batch, *, step: bool) -> list[MicroBatch]:
+        strict, trainer = self.config.parity == "strict", self.config.trainer
         return micro_batches(
             batch,
             vocab_size=self.vocab_size,
-            micro_batch_size=self.config.trainer.micro_batch_size,
+            micro_batch_size=trainer.micro_batch_size,
             device=self.device,
-            accumulation_steps=self.config.gradient_accumulation_steps if step else None,
+            sequences=self.config.sequences_per_rank if step else None,
             weight_version=self.weight_version if step and strict else None,
+            packing=trainer.packing,
+            max_tokens=trainer.max_tokens_per_micro_batch,
         )
 
-    def _forward(self, mb: TrainBatch, module=None) -> torch.Tensor:
-        """(b, T-1) fp32 logprobs at the batch's own temperature, 0 off the response mask."""
-        targets = torch.where(mb.response_mask, mb.input_ids[:, 1:], IGNORE_INDEX)
+    def _forward(self, mb: MicroBatch | None, module=None) -> torch.Tensor:
+        """(b, T-1) fp32 logprobs of the padded view at the batch's own temperature, 0 off the
+        response mask; packed micro-batches run packed. None: the empty micro-batch's forward
+        ((1, 1) zeros, on the autograd graph)."""
         module = self.engine if module is None else module
-        return module(mb.input_ids, mb.attention_mask, targets, mb.logprob_temperature)
+        if mb is None:
+            ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+            ignore = torch.full((1, 1), IGNORE_INDEX, dtype=torch.long, device=self.device)
+            return module(ids, torch.ones_like(ids), ignore, 1.0)
+        b, targets = mb.batch, mb.targets()
+        if mb.packed is None:
+            return module(b.input_ids, b.attention_mask, targets, b.logprob_temperature)
+        p = mb.packed
+        logp = module(p.input_ids, None, targets, b.logprob_temperature, p.positions, p.segments)
+        return mb.logprobs_view(logp)
 
-    def _check_parity(self, mb: TrainBatch, logp: torch.Tensor, index: int) -> torch.Tensor:
-        """Parity sums of one micro-batch; under parity 'strict' every rank raises on any mismatch."""
+    def _check_parity(self, mb: MicroBatch | None, logp: torch.Tensor) -> torch.Tensor:
+        """Parity sums of one micro-batch; under parity 'strict' every rank raises on any mismatch
+        (an empty micro-batch adds nothing but takes part in that check's all-reduce)."""
         if self.config.parity == "off":
             return torch.zeros(NUM_SUMS, dtype=torch.float64)
-        sums = parity_sums(logp, mb.rollout_logprobs, mb.response_mask)
+        if mb is None:
+            sums = torch.zeros(NUM_SUMS, dtype=torch.float64)
+        else:
+            sums = parity_sums(logp, mb.batch.rollout_logprobs, mb.batch.response_mask)
         if self.config.parity == "strict":
             mismatches = int(self.comm.all_reduce(sums[1:2] - sums[0:1])[0])
             if mismatches > 0:
-                offset = index * self.config.trainer.micro_batch_size
-                raise parity_error(self.rank, logp, mb, offset, mismatches)
+                view, rows = (None, ()) if mb is None else (mb.batch, mb.sequences)
+                raise parity_error(self.rank, logp, view, rows, mismatches)
         return sums
 
-    def _reference_logp(self, mb: TrainBatch) -> torch.Tensor | None:
+    def _reference_logp(self, mb: MicroBatch) -> torch.Tensor | None:
         if self.reference is None:
             return None
         with torch.no_grad():
@@ -273,8 +310,13 @@ class DeepSpeedTrainingWorker:
         self._require_usable()
         micro = agree_on_batch(self.comm, lambda: self._micro_batches(batch, step=False))
         self.engine.eval()
+        out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
         with self._recoverable():
-            return torch.cat([self._forward(mb) for mb in micro]).cpu()
+            for mb in micro:
+                logp = self._forward(mb).cpu()  # every rank runs as many forwards (ZeRO-3)
+                if mb is not None:
+                    out[list(mb.sequences), : logp.shape[1]] = logp
+        return out
 
     def export_weights(self) -> dict[str, torch.Tensor] | None:
         """The policy's full state dict under the HF model's own names (what RolloutEngine.load_weights takes).

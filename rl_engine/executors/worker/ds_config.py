@@ -56,18 +56,25 @@ def build_deepspeed_config(config: RunConfig, world_size: int) -> dict:
     _reject_unsupported(ds)
     _set_bf16(ds, config.dtype)
     micro, accum = config.trainer.micro_batch_size, config.gradient_accumulation_steps
+    budget = config.trainer.max_tokens_per_micro_batch
+    # With a token budget the micro-batch count varies per step: the worker marks each
+    # step's last micro-batch (set_gradient_accumulation_boundary) and DeepSpeed's count is 1.
     _fill(ds, "train_micro_batch_size_per_gpu", micro, "trainer.micro_batch_size")
     _fill(
         ds,
         "gradient_accumulation_steps",
         accum,
-        "sequences_per_step / (micro_batch_size x num_ranks)",
+        "trainer.max_tokens_per_micro_batch: 1, the worker sets each step's boundary"
+        if budget
+        else "sequences_per_step / (micro_batch_size x num_ranks)",
     )
     _fill(
         ds,
         "train_batch_size",
         micro * accum * world_size,
-        "rollout.prompts_per_step x samples_per_prompt",
+        "trainer.micro_batch_size x num_ranks under a token budget"
+        if budget
+        else "rollout.prompts_per_step x samples_per_prompt",
     )
     _fill(ds, "gradient_clipping", float(config.trainer.grad_clip), "trainer.grad_clip")
     zero = ds.setdefault("zero_optimization", {})

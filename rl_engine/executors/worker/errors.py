@@ -39,11 +39,14 @@ class ParityError(RuntimeError):
         self.trainer_logprob, self.rollout_logprob = trainer_logprob, rollout_logprob
 
 
-def parity_error(rank: int, logp, mb, offset: int, count: int) -> ParityError:
-    """The ParityError of a strict step: the first mismatching token of this rank's micro-batch."""
+def parity_error(rank: int, logp, mb, sequences, count: int) -> ParityError:
+    """The ParityError of a strict step: the first mismatching token of this rank's micro-batch.
+
+    mb: the micro-batch's padded view (None: an empty one); sequences[i]: the shard row of its
+    row i."""
     from rl_engine.parity import first_mismatch
 
-    found = first_mismatch(logp, mb.rollout_logprobs, mb.response_mask)
+    found = None if mb is None else first_mismatch(logp, mb.rollout_logprobs, mb.response_mask)
     if found is None:
         return ParityError(
             f"parity: {count} mismatching token(s) on other ranks (none on rank {rank})", rank=rank
@@ -53,12 +56,12 @@ def parity_error(rank: int, logp, mb, offset: int, count: int) -> ParityError:
         mb.response_mask[seq].nonzero()[0]
     )  # first scored position = prompt length - 1
     return ParityError(
-        f"parity: trainer logprob != rollout logprob at rank {rank}, sequence {offset + seq} of the shard, "
+        f"parity: trainer logprob != rollout logprob at rank {rank}, sequence {sequences[seq]} of the shard, "
         f"completion token {pos - prompt_len} (position {pos} scores token {pos + 1}): trainer {mine!r} vs "
         f"rollout {theirs!r} (diff {mine - theirs:.3e}); {count} mismatching token(s) in this micro-batch over "
         f"all ranks; no optimizer step was taken",
         rank=rank,
-        sequence=offset + seq,
+        sequence=sequences[seq],
         position=pos,
         trainer_logprob=mine,
         rollout_logprob=theirs,

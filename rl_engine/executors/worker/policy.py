@@ -2,7 +2,8 @@
 
 Logprobs never go through full logits: `LogprobModule` (the module handed to
 `deepspeed.initialize`) runs the Hugging Face decoder to its final hidden states
-and scores them with `rl_engine.logprobs.score_targets` on the LM-head weight.
+and scores them with `rl_engine.logprobs.score_targets` (padded micro-batches) or
+`packed_score_targets` (packed rows) on the LM-head weight.
 That weight is used outside the LM-head module's own forward, so under ZeRO-3 it
 is registered as an external parameter of the wrapper
 (`deepspeed.zero.register_external_parameter`): DeepSpeed gathers it for the
@@ -18,7 +19,7 @@ from torch import nn
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.worker.distributed import Collectives
-from rl_engine.logprobs import score_targets
+from rl_engine.logprobs import packed_score_targets, score_targets
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, lm_head_parameters, patch_handle
 
@@ -34,10 +35,18 @@ class LogprobModule(nn.Module):
         """(weight (V, H), bias (V,) or None) of the policy's vocabulary projection."""
         return lm_head_parameters(self.policy)
 
-    def forward(self, input_ids, attention_mask, targets, temperature: float) -> torch.Tensor:
-        """input_ids/attention_mask (B, T), targets (B, T-1) -> fp32 logprobs (B, T-1), 0 at IGNORE_INDEX."""
-        return score_targets(
-            self.policy, input_ids, attention_mask, targets, temperature=temperature
+    def forward(
+        self, input_ids, attention_mask, targets, temperature: float, positions=None, segments=None
+    ) -> torch.Tensor:
+        """Padded: input_ids/attention_mask (B, T), targets (B, T-1) -> fp32 logprobs (B, T-1).
+        Packed (positions and segments given, attention_mask None): input_ids, positions,
+        segments, targets (R, N) -> (R, N). 0 at IGNORE_INDEX."""
+        if positions is None:
+            return score_targets(
+                self.policy, input_ids, attention_mask, targets, temperature=temperature
+            )
+        return packed_score_targets(
+            self.policy, input_ids, positions, segments, targets, temperature=temperature
         )
 
 

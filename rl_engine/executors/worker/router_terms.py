@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from rl_engine.algorithms import expert_counts, load_balancing_loss, load_statistics
-from rl_engine.executors.worker.batch import TrainBatch
+from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.patching import RoutingRecorder, moe_layers, router_settings
 
 
@@ -48,13 +48,14 @@ class RouterTerms:
     def active(self) -> bool:
         return bool(self.layers)
 
-    def start(self, micro: list[TrainBatch], all_reduce: Callable) -> None:
-        """Zero the step's sums; with an auxiliary loss, count the step's real tokens on all ranks."""
+    def start(self, micro: list[MicroBatch | None], all_reduce: Callable) -> None:
+        """Zero the step's sums; count the step's real tokens on all ranks (None: an empty
+        micro-batch, which another rank has more of)."""
         if not self.active:
             return
         self.counts = torch.zeros(len(self.layers), self.num_experts, dtype=torch.float64)
         self.aux = torch.zeros(1, dtype=torch.float64)
-        local = sum(float(mb.attention_mask.sum()) for mb in micro)
+        local = sum(float(mb.batch.attention_mask.sum()) for mb in micro if mb is not None)
         self.tokens = max(float(all_reduce(torch.tensor([local], dtype=torch.float64))[0]), 1.0)
 
     @contextmanager
@@ -66,11 +67,12 @@ class RouterTerms:
         with RoutingRecorder(self.policy, detach=self.coef == 0) as recorder:
             yield recorder
 
-    def loss(self, recorder: RoutingRecorder | None, mb: TrainBatch, scale: int):
-        """This micro-batch's auxiliary-loss term (to add to its loss), or None; counts its load."""
-        if recorder is None:
+    def loss(self, recorder: RoutingRecorder | None, mb: MicroBatch | None, scale: int):
+        """This micro-batch's auxiliary-loss term (to add to its loss), or None; counts its load.
+        An empty micro-batch (None) routes only its dummy row: no term, no load."""
+        if recorder is None or mb is None:
             return None
-        mask = mb.attention_mask.reshape(-1).bool()
+        mask = forward_token_mask(mb)
         logits = [torch.cat([c.logits for c in recorder.calls[name]]) for name in self.layers]
         indices = [torch.cat([c.indices for c in recorder.calls[name]]) for name in self.layers]
         self.counts += expert_counts(indices, self.num_experts, mask)
@@ -87,3 +89,11 @@ class RouterTerms:
         out = {f"router/{name}": value for name, value in stats.items()}
         out["router/aux_loss"] = float(all_reduce(self.aux)[0])
         return out
+
+
+def forward_token_mask(mb: MicroBatch) -> torch.Tensor:
+    """(tokens,) bool: the real tokens among the rows the router saw, in their order: the
+    padded (b, T) layout flattened, or the packed rows (padding at their ends)."""
+    if mb.packed is not None:
+        return (mb.packed.positions >= 0).reshape(-1)
+    return mb.batch.attention_mask.reshape(-1).bool()

@@ -31,15 +31,18 @@ from rl_engine.parity import (
 class StepCorrections:
     """One step's rollout corrections; build it inside the step, before any backward.
 
-    `forward(mb)`: the micro-batch's (b, T-1) fp32 trainer logprobs; `all_reduce`: the
-    ranks' sum (every rank builds this object: the normaliser is a collective).
+    `micro`: the step's micro-batches in the padded view (None: an empty micro-batch that
+    only keeps this rank in step with the others); `forward(index)`: micro-batch `index`'s
+    (b, T-1) fp32 trainer logprobs (run for the empty ones too: under ZeRO-3 a forward is a
+    collective); `all_reduce`: the ranks' sum (every rank builds this object: the
+    normaliser is a collective).
     """
 
     def __init__(
         self,
         algo: AlgorithmConfig,
-        micro: list[TrainBatch],
-        forward: Callable[[TrainBatch], torch.Tensor],
+        micro: list[TrainBatch | None],
+        forward: Callable[[int], torch.Tensor],
         all_reduce: Callable[[torch.Tensor], torch.Tensor],
     ):
         self.algo = algo
@@ -51,8 +54,12 @@ class StepCorrections:
         """Mask modes: every micro-batch's correction from a no-grad forward; else None each."""
         if not self.algo.rollout_correction.endswith("_mask"):
             return [None] * len(micro)
+        early = []
         with torch.no_grad():
-            return [Corrected.of(self.algo, mb, forward(mb)) for mb in micro]
+            for index, mb in enumerate(micro):
+                logp = forward(index)
+                early.append(None if mb is None else Corrected.of(self.algo, mb, logp))
+        return early
 
     def _step_units(self, micro, all_reduce) -> float:
         """The loss normaliser over every micro-batch and rank (what is dropped is not counted)."""
@@ -60,6 +67,7 @@ class StepCorrections:
         local = sum(
             aggregation_units(mb.response_mask, aggregation) if c is None else c.units(aggregation)
             for mb, c in zip(micro, self._early)
+            if mb is not None
         )
         units = float(all_reduce(torch.tensor([local], dtype=torch.float64))[0])
         return max(units, 1.0)  # everything dropped: a zero loss, not 0 / 0

@@ -2,8 +2,10 @@
 
 Micro-batches and ranks hold unequal token counts, yet the step must minimise the
 loss of the whole batch: each micro-batch's aggregated loss is weighted by its share
-of the global normaliser (`aggregation_units`), then multiplied by
-gradient_accumulation_steps x world_size to undo DeepSpeed's own averaging.
+of the global normaliser (`aggregation_units`), then multiplied by DeepSpeed's
+gradient_accumulation_steps x world_size to undo DeepSpeed's own averaging. So
+`token-mean` is over all the step's valid tokens and the seq-mean modes over its
+sequences, however the sequences were split into micro-batches (or packed).
 
 Rollout correction (`algorithm.rollout_correction`, docs/rollouts.md): with a mode
 other than 'none' the PPO ratio is taken against the trainer's own logprobs before
@@ -77,7 +79,7 @@ def micro_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss to backpropagate, record (6,) fp64 CPU) of one micro-batch.
 
-    `units`: the global normaliser of the step; `scale`: gradient_accumulation_steps x world_size;
+    `units`: the global normaliser of the step; `scale`: DeepSpeed's gradient_accumulation_steps x world_size;
     `corrected`: None without rollout correction (mode 'none').
     """
     mask = mb.response_mask

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from rl_engine.kernels.common.segments import sequences_of
+
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float64, torch.float16)
 
 
@@ -29,7 +31,9 @@ def _check_positions(name: str, pos: torch.Tensor, shape: tuple[int, int], devic
         raise ValueError(f"{name} is on {pos.device}, but q is on {device}")
 
 
-def validate(q, k, v, q_positions, k_positions, scale, kv_index=None) -> float:
+def validate(
+    q, k, v, q_positions, k_positions, scale, kv_index=None, q_segments=None, k_segments=None
+) -> float:
     """Raise ValueError naming the offending tensor; return the softmax scale."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -63,6 +67,7 @@ def validate(q, k, v, q_positions, k_positions, scale, kv_index=None) -> float:
     _check_positions("q_positions", q_positions, (B, Tq), q.device)
     if k_positions is not None:
         _check_positions("k_positions", k_positions, (B, Tk), q.device)
+    _check_segments(q_segments, k_segments, k_positions, kv_index, (B, Tq), (B, Tk), q.device)
     if scale is None:
         return D**-0.5 if D > 0 else 1.0
     if isinstance(scale, torch.Tensor):
@@ -78,6 +83,27 @@ def _check_kv_index(kv_index, B: int, S: int, k_positions, device) -> None:
         raise ValueError("kv_index needs the aligned layout (k_positions=None)")
     if B and not (0 <= int(kv_index.min()) and int(kv_index.max()) < S):
         raise ValueError(f"kv_index must lie in [0, {S}) (k's batch size)")
+
+
+def _check_segments(q_segments, k_segments, k_positions, kv_index, q_shape, k_shape, device):
+    """Packed rows: both segment tensors or neither, next to k_positions (no aligned cache)."""
+    if q_segments is None and k_segments is None:
+        return
+    if q_segments is None or k_segments is None:
+        given, missing = (
+            ("q_segments", "k_segments") if k_segments is None else ("k_segments", "q_segments")
+        )
+        raise ValueError(
+            f"{given} is given but {missing} is None: packed rows need both (the segment of "
+            "every query and of every key slot)"
+        )
+    if kv_index is not None or k_positions is None:
+        raise ValueError(
+            "q_segments / k_segments need k_positions (packed rows give every key slot its "
+            "position) and no kv_index (an aligned KV cache holds one sequence per row)"
+        )
+    _check_positions("q_segments", q_segments, q_shape, device)
+    _check_positions("k_segments", k_segments, k_shape, device)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -108,13 +134,35 @@ def _aligned_sequence(x, kp, L: int, cdt):
     return out
 
 
-def attention_backward(grad_out, q, k, v, q_positions, k_positions, scale):
+def _backward_sequences(q_positions, k_positions, q_segments, k_segments):
+    """(row b, query columns, that sequence's k_positions or None) of every sequence.
+
+    Without segments a sequence is a row (all its columns); with them, one (row,
+    segment) pair: its own query columns, and the row's k_positions with every
+    slot of another segment emptied (-1).
+    """
+    B, Tq = q_positions.shape
+    if q_segments is None:
+        cols = torch.arange(Tq, device=q_positions.device)
+        for b in range(B):
+            yield b, cols, None if k_positions is None else k_positions[b].long()
+        return
+    seqs = sequences_of(q_positions, q_segments, k_positions, k_segments)
+    for s, b in enumerate(seqs.row.tolist()):
+        cols = (seqs.q_seq[b] == s).nonzero().squeeze(1)
+        yield b, cols, torch.where(seqs.k_seq[b] == s, k_positions[b].long(), -1)
+
+
+def attention_backward(
+    grad_out, q, k, v, q_positions, k_positions, scale, q_segments=None, k_segments=None
+):
     """Plain masked softmax attention gradients, one sequence and query chunk at a time.
 
     Not invariant (it need not be), but deterministic: fixed shapes and a fixed
     accumulation order for a given input. Keys are first put by position, so a
     chunk only touches the keys up to its last query (causality). Padding
-    queries and key slots no query sees get exact zeros.
+    queries and key slots no query sees get exact zeros. A sequence is a row,
+    or with segments one (row, segment) pair of a packed row.
     Returns (dq, dk, dv) in the compute dtype.
     """
     B, Hq, Tq, D = q.shape
@@ -124,26 +172,26 @@ def attention_backward(grad_out, q, k, v, q_positions, k_positions, scale):
     dq = torch.zeros(q.shape, dtype=cdt, device=q.device)
     dk = torch.zeros(k.shape, dtype=cdt, device=q.device)
     dv = torch.zeros(v.shape, dtype=cdt, device=q.device)
-    for b in range(B):
-        L = int(q_positions[b].max()) + 1  # positions any query of b sees
+    for b, cols, kp in _backward_sequences(q_positions, k_positions, q_segments, k_segments):
+        L = int(q_positions[b, cols].max()) + 1  # positions any query of the sequence sees
         if L <= 0:
             continue
-        kp = None if k_positions is None else k_positions[b].long()
         kb = _aligned_sequence(k[b], kp, L, cdt)  # (Hkv, L, D)
         vb = _aligned_sequence(v[b], kp, L, cdt)
         dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
         kpos = torch.arange(L, device=q.device)
         chunk = max(1, _BWD_CHUNK_ELEMS // (Hq * L))
-        for c0 in range(0, Tq, chunk):
-            qpos = q_positions[b, c0 : c0 + chunk].long()  # (C,)
+        for c0 in range(0, cols.numel(), chunk):
+            cc = cols[c0 : c0 + chunk]  # (C,) query columns of this chunk
+            qpos = q_positions[b, cc].long()  # (C,)
             n = int(qpos.max()) + 1  # keys this chunk can see
             if n <= 0:
                 continue
             C = qpos.numel()
             # group heads stacked as rows: (Hkv, G*C, D); padding queries: zero rows
             live = (qpos >= 0)[None, :, None]
-            qc = torch.where(live, q[b, :, c0 : c0 + C].to(cdt), 0.0).reshape(Hkv, G * C, D)
-            go = torch.where(live, grad_out[b, :, c0 : c0 + C].to(cdt), 0.0).reshape(Hkv, G * C, D)
+            qc = torch.where(live, q[b][:, cc].to(cdt), 0.0).reshape(Hkv, G * C, D)
+            go = torch.where(live, grad_out[b][:, cc].to(cdt), 0.0).reshape(Hkv, G * C, D)
             kc, vc = kb[:, :n], vb[:, :n]
             allowed = (kpos[None, :n] <= qpos[:, None]) & (qpos[:, None] >= 0)
             allowed = allowed.repeat(G, 1)  # (G*C, n)
@@ -155,7 +203,7 @@ def attention_backward(grad_out, q, k, v, q_positions, k_positions, scale):
             p = p / torch.where(den > 0, den, torch.ones_like(den))  # (Hkv, G*C, n)
             delta = (go * (p @ vc)).sum(-1, keepdim=True)
             ds = torch.where(allowed, p * (go @ vc.transpose(1, 2) - delta), 0.0) * scale
-            dq[b, :, c0 : c0 + C] = (ds @ kc).view(Hq, C, D)
+            dq[b][:, cc] = (ds @ kc).view(Hq, C, D)
             dkb[:, :n] += ds.transpose(1, 2) @ qc
             dvb[:, :n] += p.transpose(1, 2) @ go
         if kp is None:
@@ -172,28 +220,35 @@ def attention_backward(grad_out, q, k, v, q_positions, k_positions, scale):
 
 def invariant_attention_function(attention_forward, module: str, backward=attention_backward):
     """`_InvariantAttention` of the backend `module`: its forward
-    `attention_forward(q, k, v, q_positions, k_positions, scale, kv_index)` (output in
-    q.dtype); backward `backward(grad_out, q, k, v, q_positions, k_positions, scale)`
-    (default: the shared chunked `attention_backward`)."""
+    `attention_forward(q, k, v, q_positions, k_positions, scale, kv_index, q_segments,
+    k_segments)` (output in q.dtype); backward `backward(grad_out, q, k, v, q_positions,
+    k_positions, scale, q_segments, k_segments)` (default: the shared chunked
+    `attention_backward`)."""
 
     class _InvariantAttention(torch.autograd.Function):
         """kv_index is always None here when gradients are needed (see run_attention)."""
 
         @staticmethod
-        def forward(ctx, q, k, v, q_positions, k_positions, scale, kv_index=None):
-            ctx.save_for_backward(q, k, v, q_positions, k_positions)
+        def forward(
+            ctx, q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments
+        ):
+            ctx.save_for_backward(q, k, v, q_positions, k_positions, q_segments, k_segments)
             ctx.scale = scale
-            return attention_forward(q, k, v, q_positions, k_positions, scale, kv_index)
+            return attention_forward(
+                q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments
+            )
 
         @staticmethod
         @torch.autograd.function.once_differentiable
         def backward(ctx, grad_out):
-            q, k, v, q_positions, k_positions = ctx.saved_tensors
+            q, k, v, q_positions, k_positions, q_segments, k_segments = ctx.saved_tensors
             if q.numel() == 0 or k.numel() == 0:
                 dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
             else:
-                dq, dk, dv = backward(grad_out, q, k, v, q_positions, k_positions, ctx.scale)
-            return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
+                dq, dk, dv = backward(
+                    grad_out, q, k, v, q_positions, k_positions, ctx.scale, q_segments, k_segments
+                )
+            return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), *([None] * 6)
 
     _InvariantAttention.__module__ = module
     _InvariantAttention.__qualname__ = "_InvariantAttention"
@@ -201,14 +256,24 @@ def invariant_attention_function(attention_forward, module: str, backward=attent
 
 
 def run_attention(
-    function, q, k, v, q_positions, k_positions, scale, kv_index, check_device=None
+    function,
+    q,
+    k,
+    v,
+    q_positions,
+    k_positions,
+    scale,
+    kv_index,
+    check_device=None,
+    q_segments=None,
+    k_segments=None,
 ) -> torch.Tensor:
     """Validate, then `function.apply`; `check_device(name, tensor)` is the backend's device check.
 
     With gradients, cached keys are gathered per row first (the backward works on
     per-row keys), so `function` sees kv_index=None then.
     """
-    scale = validate(q, k, v, q_positions, k_positions, scale, kv_index)
+    scale = validate(q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments)
     if check_device is not None:
         check_device("q", q)
     if (
@@ -217,4 +282,6 @@ def run_attention(
         and (q.requires_grad or k.requires_grad or v.requires_grad)
     ):  # the backward works on per-row keys
         k, v, kv_index = k.index_select(0, kv_index), v.index_select(0, kv_index), None
-    return function.apply(q, k, v, q_positions, k_positions, scale, kv_index)
+    return function.apply(
+        q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments
+    )

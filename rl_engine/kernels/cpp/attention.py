@@ -18,17 +18,34 @@ same bits, and a decode query costs O(p * D) instead of a 16-row tile. Keys
 past p never reach a row's result (their lanes are -inf before the max, and
 p @ v stops at p), so garbage there, even inf or nan, cannot leak.
 
+Packed rows (q_segments / k_segments): the C++ kernel takes *runs*, each a
+stretch of consecutive queries of one sequence and the slot of that sequence's
+position 0 in a kv row (`_packed_layout`). Keys stay where they are when each
+sequence's positions 0..n-1 sit in consecutive slots (a packed row); otherwise
+they are first scattered to one aligned row per sequence. Either way a row's
+keys are packed from its sequence's position 0, so its bits are those of the
+same query in a padded row or a decode step.
+
 Backward: torch's SDPA backward on a recomputed forward (see
-attention_backward): deterministic and accurate, not invariant (it need not be).
-fp64 (gradcheck) and fp16 go through the native op.
+attention_backward; packed rows: `sequence_backward`, sequences of similar
+length side by side): deterministic and accurate, not invariant (it need not
+be). fp64 (gradcheck) and fp16 go through the native op.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from rl_engine.kernels.common.attention import invariant_attention_function, run_attention
+from rl_engine.kernels.common.segments import (
+    Sequences,
+    check_distinct_positions,
+    sequence_lengths,
+    sequences_of,
+)
 from rl_engine.kernels.cpp._extension import current_isa, extension
 from rl_engine.kernels.native.attention import attention as native_attention
 
@@ -45,15 +62,21 @@ def _aligned_keys(x: torch.Tensor, k_positions: torch.Tensor, length: int) -> to
     return out
 
 
-def attention_backward(grad_out, q, k, v, q_positions, k_positions, scale):
+def attention_backward(
+    grad_out, q, k, v, q_positions, k_positions, scale, q_segments=None, k_segments=None
+):
     """(dq, dk, dv) in fp32: torch's SDPA backward on the keys laid out by position.
 
     Gradients need not be batch-invariant, only accurate and deterministic, so
     the forward is recomputed with `F.scaled_dot_product_attention` (causal
     mask from the positions) and differentiated by autograd. Padding queries
     attend to key 0 (any finite row) with a zero output gradient, so they add
-    exactly nothing; slots no query sees get zero gradients.
+    exactly nothing; slots no query sees get zero gradients. Packed rows:
+    `sequence_backward`.
     """
+    if q_segments is not None:
+        layout = _packed_layout(q_positions, q_segments, k_positions, k_segments)
+        return sequence_backward(grad_out, q, k, v, q_positions, k_positions, scale, layout.seqs)
     q_positions = q_positions.long()
     length = max(int(q_positions.max()) + 1, 1)  # positions any query sees
     B, Hkv, Tk, D = k.shape
@@ -99,10 +122,13 @@ def _check_distinct_positions(q_positions: torch.Tensor) -> None:
         raise ValueError("q_positions: a sequence has the same position twice")
 
 
-def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
+def attention_forward(
+    q, k, v, q_positions, k_positions, scale, kv_index, q_segments=None, k_segments=None
+):
     """fp32 (B, Hq, Tq, D): every valid query row through the fixed-order row kernel."""
-    B = q.shape[0]
     q_positions = q_positions.long()
+    if q_segments is not None:
+        return _packed_forward(q, k, v, q_positions, k_positions, q_segments, k_segments, scale)
     if q_positions.shape[1] > 1:
         _check_distinct_positions(q_positions)
     if k_positions is not None:
@@ -113,32 +139,233 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
             f"q_positions: a query at position {int(q_positions.max())} needs that many keys "
             f"plus one, but k holds {k.shape[2]} (aligned layout: slot j = position j)"
         )
-    rows = kv_index.long() if kv_index is not None else torch.arange(B, device=q.device)
+    rows = kv_index.long() if kv_index is not None else torch.arange(q.shape[0], device=q.device)
+    return _run_kernel(q, k, v, q_positions, rows, scale)
+
+
+def _packed_forward(q, k, v, q_positions, k_positions, q_segments, k_segments, scale):
+    """Packed rows: the kernel's runs, keys in place or first laid out per sequence."""
+    layout = _packed_layout(q_positions, q_segments, k_positions, k_segments)
+    if layout.seqs.count == 0:
+        return torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    if not layout.in_place:
+        k, v = (_keys_by_sequence(t, k_positions, layout) for t in (k, v))
+    rows = torch.zeros(0, dtype=torch.long, device=q.device)  # the runs name the kv rows
+    return _run_kernel(q, k, v, q_positions, rows, scale, layout.runs)
+
+
+def _run_kernel(q, k, v, q_positions, rows, scale, runs=None):
+    """The C++ kernel on contiguous fp32 or bf16 inputs (bf16 widened exactly inside it)."""
     if k.dtype == v.dtype == torch.bfloat16:  # widened (exactly) while the kernel packs them
         k, v = k.contiguous(), v.contiguous()
     else:
         k, v = k.float().contiguous(), v.float().contiguous()
     q = q.contiguous() if q.dtype == torch.bfloat16 else q.float().contiguous()
-    return extension().attention(q, k, v, q_positions, rows, scale, current_isa())
+    return extension().attention(q, k, v, q_positions, rows, scale, current_isa(), runs)
 
 
-def _forward(q, k, v, q_positions, k_positions, scale, kv_index):
+# ----------------------------------------------------------------------------- packed rows
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """How the kernel reads one packed call: its sequences and runs (see `_packed_layout`)."""
+
+    seqs: Sequences
+    lengths: torch.Tensor
+    """(count,) int64: positions each sequence's queries see."""
+    runs: torch.Tensor
+    """(n, 5) int64: (q row, first column, count, kv row, slot of position 0) per run."""
+    in_place: bool
+    """Each sequence's keys 0..length-1 sit in consecutive slots of its row (read there);
+    else the kv row of a run is its sequence in `_keys_by_sequence`'s copy."""
+
+
+_LAST_LAYOUT: list = [None, None]  # (a stamp of each of the four tensors, PackedLayout)
+
+
+def _stamp(t: torch.Tensor):
+    """What tells that `t` is unchanged: its version counter, or for an inference tensor
+    (which has none) a copy of its values."""
+    return t.clone() if t.is_inference() else t._version
+
+
+def _unchanged(t: torch.Tensor, entry) -> bool:
+    held, stamp = entry
+    if t is not held:
+        return False
+    return torch.equal(t, stamp) if t.is_inference() else t._version == stamp
+
+
+def _packed_layout(q_positions, q_segments, k_positions, k_segments) -> PackedLayout:
+    """The runs of a packed call, computed once for the same four tensors (every layer of a
+    forward and its backward pass the same ones): same objects, unchanged (`_unchanged`)."""
+    tensors = (q_positions, q_segments, k_positions, k_segments)
+    key, cached = _LAST_LAYOUT
+    if key is not None and all(_unchanged(t, entry) for t, entry in zip(tensors, key)):
+        return cached
+    layout = _build_packed_layout(*tensors)
+    _LAST_LAYOUT[:] = [tuple((t, _stamp(t)) for t in tensors), layout]
+    return layout
+
+
+def _build_packed_layout(q_positions, q_segments, k_positions, k_segments) -> PackedLayout:
+    """Runs = maximal stretches of consecutive columns of one row whose queries belong to one
+    sequence; in place when every sequence's key slot minus key position is one constant s0
+    and all of its positions 0..length-1 are there."""
+    q_positions, k_positions = q_positions.long(), k_positions.long()
+    seqs = sequences_of(q_positions, q_segments, k_positions, k_segments)
+    lengths = sequence_lengths(q_positions, seqs)
+    if seqs.count == 0:
+        return PackedLayout(seqs, lengths, torch.zeros((0, 5), dtype=torch.long), True)
+    check_distinct_positions(q_positions, seqs)
+    qb, qt = (seqs.q_seq >= 0).nonzero(as_tuple=True)  # row-major order
+    sid = seqs.q_seq[qb, qt]
+    start = torch.ones_like(qb, dtype=torch.bool)
+    start[1:] = (qb[1:] != qb[:-1]) | (qt[1:] != qt[:-1] + 1) | (sid[1:] != sid[:-1])
+    first = start.nonzero().squeeze(1)
+    counts = torch.diff(first, append=first.new_tensor([qb.numel()]))
+    run_seq = sid[first]
+    kb, kt = (seqs.k_seq >= 0).nonzero(as_tuple=True)
+    kseq, kpos = seqs.k_seq[kb, kt], k_positions[kb, kt]
+    seen = kpos < lengths[kseq]  # key slots some query of their sequence reads
+    kseq, kpos, offset = kseq[seen], kpos[seen], (kt - k_positions[kb, kt])[seen]
+    lo = torch.full((seqs.count,), torch.iinfo(torch.long).max).scatter_reduce_(
+        0, kseq, offset, "amin"
+    )
+    hi = torch.full((seqs.count,), -1, dtype=torch.long).scatter_reduce_(0, kseq, offset, "amax")
+    present = torch.bincount(kseq, minlength=seqs.count)
+    in_place = bool(((lo == hi) & (present == lengths)).all())
+    kv_row, slot0 = (seqs.row[run_seq], lo[run_seq]) if in_place else (run_seq, 0 * run_seq)
+    runs = torch.stack([qb[first], qt[first], counts, kv_row, slot0], 1)
+    return PackedLayout(seqs, lengths, runs, in_place)
+
+
+def _keys_by_sequence(x: torch.Tensor, k_positions, layout: PackedLayout) -> torch.Tensor:
+    """(count, Hkv, L, D): each sequence's keys (or values) at slot = position; missing ones 0."""
+    seqs = layout.seqs
+    kb, kt = (seqs.k_seq >= 0).nonzero(as_tuple=True)
+    kseq, kpos = seqs.k_seq[kb, kt], k_positions.long()[kb, kt]
+    return _by_position(x, kb, kt, kseq, kpos, int(layout.lengths.max()), seqs.count)
+
+
+def _by_position(x, rows, cols, seq, pos, L: int, count: int) -> torch.Tensor:
+    """Entries (rows, cols) of x (B, H, T, D) moved to (count, H, L, D) at (seq, pos); the rest 0.
+
+    Entries at pos >= L are dropped."""
+    out = torch.zeros((count, x.shape[1], L, x.shape[3]), dtype=x.dtype, device=x.device)
+    keep = pos < L
+    out.permute(0, 2, 1, 3)[seq[keep], pos[keep]] = x.permute(0, 2, 1, 3)[rows[keep], cols[keep]]
+    return out
+
+
+def _length_groups(lengths: list[int]) -> list[list[int]]:
+    """Sequences (indices, longest first) in groups whose lengths lie within a factor 2.
+
+    A group is computed side by side, right-padded to its longest sequence: at
+    most half of a group is padding, and there are at most log2(longest) groups.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and 2 * lengths[i] >= lengths[groups[-1][0]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def sequence_backward(grad_out, q, k, v, q_positions, k_positions, scale, seqs: Sequences):
+    """(dq, dk, dv) in fp32 of packed rows: SDPA's backward, one group of sequences at a time.
+
+    The sequences of a `_length_groups` group are laid out side by side by
+    position (row = sequence, column = position: aligned and right-padded), so
+    plain causal attention (`is_causal`) is exactly each sequence's own
+    attention; padded query rows get a zero output gradient and add nothing,
+    and no real query sees a padded key. Deterministic for a given input; the
+    groups (and so the rounding) depend on the lengths that share a call.
+    """
+    q_positions, k_positions = q_positions.long(), k_positions.long()
+    lengths = sequence_lengths(q_positions, seqs)
+    qb, qt = (seqs.q_seq >= 0).nonzero(as_tuple=True)
+    qseq, qpos = seqs.q_seq[qb, qt], q_positions[qb, qt]
+    kb, kt = (seqs.k_seq >= 0).nonzero(as_tuple=True)
+    kseq, kpos = seqs.k_seq[kb, kt], k_positions[kb, kt]
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+    dv = torch.zeros_like(dk)
+    where = torch.full((seqs.count,), -1, dtype=torch.long, device=q.device)
+    for group in _length_groups(lengths.tolist()):
+        members = torch.tensor(group, device=q.device)
+        where.fill_(-1)
+        where[members] = torch.arange(len(group), device=q.device)
+        L = int(lengths[group[0]])
+        qsel, ksel = (
+            (where[qseq] >= 0).nonzero().squeeze(1),
+            (where[kseq] >= 0).nonzero().squeeze(1),
+        )
+        qi, ki = (
+            (qb[qsel], qt[qsel], where[qseq[qsel]], qpos[qsel]),
+            (
+                kb[ksel],
+                kt[ksel],
+                where[kseq[ksel]],
+                kpos[ksel],
+            ),
+        )
+        n = len(group)
+        with torch.enable_grad():
+            leaves = [
+                _by_position(t.detach().float(), *idx, L, n).requires_grad_(True)
+                for t, idx in ((q, qi), (k, ki), (v, ki))
+            ]
+            out = F.scaled_dot_product_attention(
+                *leaves, is_causal=True, scale=scale, enable_gqa=True
+            )
+            go = _by_position(grad_out.float(), *qi, L, n)
+            gq, gk, gv = torch.autograd.grad(out, leaves, go)
+        rows, cols, seq, pos = qi
+        dq.permute(0, 2, 1, 3)[rows, cols] = gq.permute(0, 2, 1, 3)[seq, pos]
+        rows, cols, seq, pos = ki
+        keep = pos < L
+        rows, cols, seq, pos = rows[keep], cols[keep], seq[keep], pos[keep]
+        dk.permute(0, 2, 1, 3)[rows, cols] = gk.permute(0, 2, 1, 3)[seq, pos]
+        dv.permute(0, 2, 1, 3)[rows, cols] = gv.permute(0, 2, 1, 3)[seq, pos]
+    return dq, dk, dv
+
+
+def _forward(q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments):
     if q.numel() == 0:
         return q.new_zeros(q.shape)
     if q.shape[-1] > 256:
         raise ValueError(f"q has head dim {q.shape[-1]}; the cpp backend supports up to 256")
-    return attention_forward(q, k, v, q_positions, k_positions, scale, kv_index).to(q.dtype)
+    out = attention_forward(
+        q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments
+    )
+    return out.to(q.dtype)
 
 
 _InvariantAttention = invariant_attention_function(_forward, __name__, backward=attention_backward)
 
 
-def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None) -> torch.Tensor:
+def attention(
+    q,
+    k,
+    v,
+    *,
+    q_positions,
+    k_positions=None,
+    scale=None,
+    kv_index=None,
+    q_segments=None,
+    k_segments=None,
+) -> torch.Tensor:
     """Batch-invariant causal GQA attention; the contract of the native op.
 
     q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D); q_positions: (B, Tq) int;
     k_positions: (B, Tk) int or None (aligned KV-cache layout); kv_index: (B,)
-    int or None (rows of (S, Hkv, Tk, D) caches). Returns (B, Hq, Tq, D) in q.dtype.
+    int or None (rows of (S, Hkv, Tk, D) caches); q_segments (B, Tq) / k_segments
+    (B, Tk) int or None (packed rows, with k_positions). Returns (B, Hq, Tq, D) in q.dtype.
     """
     if q.dtype not in KERNEL_DTYPES or q.device.type != "cpu":
         return native_attention(
@@ -149,5 +376,18 @@ def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=No
             k_positions=k_positions,
             scale=scale,
             kv_index=kv_index,
+            q_segments=q_segments,
+            k_segments=k_segments,
         )
-    return run_attention(_InvariantAttention, q, k, v, q_positions, k_positions, scale, kv_index)
+    return run_attention(
+        _InvariantAttention,
+        q,
+        k,
+        v,
+        q_positions,
+        k_positions,
+        scale,
+        kv_index,
+        q_segments=q_segments,
+        k_segments=k_segments,
+    )

@@ -2,7 +2,8 @@
 
 Contract
 --------
-``attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None)``
+``attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None,
+q_segments=None, k_segments=None)``
 
 - ``q``: (B, Hq, Tq, D); ``k``, ``v``: (B, Hkv, Tk, D); ``Hq % Hkv == 0`` and query
   head ``h`` reads kv head ``h // (Hq // Hkv)``. fp32, bf16 (or fp64, for gradcheck);
@@ -16,14 +17,19 @@ Contract
   sequence; negative = padding query, whose output row is exactly 0.
 - ``k_positions``: integer (B, Tk) or None. Position held by each key slot,
   negative = empty slot. None = aligned (KV-cache) layout: slot j holds position j.
+- ``q_segments`` (B, Tq) / ``k_segments`` (B, Tk): integer or None (both or
+  neither, with k_positions): packed rows. A sequence is then a (row, segment)
+  pair and a query attends only to keys of its own segment.
 - Causal: the query at position p attends to positions 0..p of its sequence
   (which must all be present once). Statistics and accumulation in fp32
   (fp64 for fp64 inputs); output in ``q.dtype``.
 
 Invariance: the output row of (sequence, head, position p) is bitwise the same
 whatever the batch composition, the padding (left / right / any Tk, any finite
-garbage in empty or past-the-end slots), prefill vs decode vs chunked prefill,
-and the intra-op thread count.
+garbage in empty or past-the-end slots), the packing (alone or packed with other
+sequences in a row), prefill vs decode vs chunked prefill, and the intra-op
+thread count. Packed rows change the bookkeeping only: tiles and key blocks
+belong to sequences (common/segments.py), never to rows.
 
 Algorithm
 ---------
@@ -71,6 +77,7 @@ from rl_engine.kernels.common.attention import attention_backward as _backward  
 from rl_engine.kernels.common.attention import compute_dtype as _compute_dtype
 from rl_engine.kernels.common.attention import invariant_attention_function, run_attention
 from rl_engine.kernels.common.attention import validate as _validate  # noqa: F401
+from rl_engine.kernels.common.segments import Sequences, sequence_lengths, sequences_of
 
 # Query tile rows and key block length (positions). BLOCK_K must be a multiple
 # of BLOCK_Q, and both are part of the numerics: changing them changes the bits.
@@ -82,52 +89,66 @@ assert BLOCK_K % BLOCK_Q == 0
 # ----------------------------------------------------------------------------- forward
 
 
-def _plan_tiles(q_positions: torch.Tensor):
+def _plan_tiles(q_positions: torch.Tensor, seqs: Sequences | None = None):
     """Group the valid queries into (sequence, tile) pairs.
 
     Returns (qb, qcol, row, inv, tile_b, tile_t): for every valid query its
-    sequence, column in q and row in its tile, the index of its tile; for every
-    tile its sequence and tile number. Tiles are sorted by tile number
+    batch row, column in q and row in its tile, the index of its tile; for every
+    tile its sequence and tile number. A sequence is a batch row, or with
+    `seqs` (packed rows) one of seqs' sequences. Tiles are sorted by tile number
     descending, so neighbours see about as many key blocks (little padding
     when they share a batched step).
     """
-    B = q_positions.shape[0]
     pos = q_positions.long()
     qb, qcol = (pos >= 0).nonzero(as_tuple=True)  # (N,)
     p = pos[qb, qcol]
+    S = pos.shape[0] if seqs is None else seqs.count
+    sid = qb if seqs is None else seqs.q_seq[qb, qcol]  # (N,) sequence of each query
     tile = p // BLOCK_Q
     max_tile = int(tile.max())
-    key = (max_tile - tile) * B + qb
+    key = (max_tile - tile) * S + sid
     uniq, inv = torch.unique(key, return_inverse=True)  # ascending key = descending tile
     # Two queries of one sequence at one position would share a tile row.
     if torch.unique(key * BLOCK_Q + p % BLOCK_Q).numel() != p.numel():
         raise ValueError("q_positions: a sequence has the same position twice")
-    tile_b = uniq % B
-    tile_t = max_tile - uniq // B
+    tile_b = uniq % S
+    tile_t = max_tile - uniq // S
     return qb, qcol, p % BLOCK_Q, inv, tile_b, tile_t
 
 
 def _key_blocks(
-    x, k_positions, nblk: int, seq_len: torch.Tensor, cdt, *, heads_first: bool = False
+    x,
+    k_positions,
+    nblk: int,
+    seq_len: torch.Tensor,
+    cdt,
+    *,
+    heads_first: bool = False,
+    k_seq: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Keys or values by position, cut in blocks: (B * nblk, Hkv, BLOCK_K, D) in cdt.
+    """Keys or values by position, cut in blocks: (S * nblk, Hkv, BLOCK_K, D) in cdt.
 
     Block i of sequence b is row b * nblk + i and holds positions
-    [i * BLOCK_K, (i + 1) * BLOCK_K). Positions >= seq_len[b] (past the last
-    query of b: never visible) are zeroed, so that garbage there, even inf or
-    nan, cannot leak through a 0 weight. heads_first (aligned layout only):
-    (B * Hkv * nblk, BLOCK_K, D) instead, block i of (b, h) at (b * Hkv + h) * nblk + i,
-    the layout of the decode path.
+    [i * BLOCK_K, (i + 1) * BLOCK_K). A sequence is a batch row (S = B), or with
+    k_seq (packed rows: the sequence of every key slot, -1 = none) one of
+    seq_len's S sequences. Positions >= seq_len[b] (past the last query of b:
+    never visible) are zeroed, so that garbage there, even inf or nan, cannot
+    leak through a 0 weight. heads_first (aligned layout only): (B * Hkv * nblk,
+    BLOCK_K, D) instead, block i of (b, h) at (b * Hkv + h) * nblk + i, the
+    layout of the decode path.
     """
     B, Hkv, Tk, D = x.shape
     L = nblk * BLOCK_K
     if k_positions is not None:
-        buf = torch.zeros((B, nblk, Hkv, BLOCK_K, D), dtype=cdt, device=x.device)
+        S = seq_len.shape[0]
+        buf = torch.zeros((S, nblk, Hkv, BLOCK_K, D), dtype=cdt, device=x.device)
         kp = k_positions.long()
-        sb, slot = ((kp >= 0) & (kp < seq_len[:, None])).nonzero(as_tuple=True)
-        p = kp[sb, slot]
-        buf[sb, p // BLOCK_K, :, p % BLOCK_K] = x.transpose(1, 2)[sb, slot].to(cdt)  # (N, Hkv, D)
-        return buf.view(B * nblk, Hkv, BLOCK_K, D)
+        seq = torch.arange(B, device=x.device)[:, None].expand(B, Tk) if k_seq is None else k_seq
+        visible = (seq >= 0) & (kp >= 0) & (kp < seq_len[seq.clamp(min=0)])
+        sb, slot = visible.nonzero(as_tuple=True)
+        p, sid = kp[sb, slot], seq[sb, slot]
+        buf[sid, p // BLOCK_K, :, p % BLOCK_K] = x.transpose(1, 2)[sb, slot].to(cdt)  # (N, Hkv, D)
+        return buf.view(S * nblk, Hkv, BLOCK_K, D)
     if heads_first:
         buf = torch.empty((B, Hkv, nblk, BLOCK_K, D), dtype=cdt, device=x.device)
         dst = buf
@@ -201,13 +222,15 @@ def _tile_groups(nb: list[int], cell_elems: int):
     return groups
 
 
-def _forward(q, k, v, q_positions, k_positions, scale):
+def _forward(q, k, v, q_positions, k_positions, scale, seqs: Sequences | None = None):
     """Invariant forward: (B, Hq, Tq, D) in the compute dtype (fp32, fp64).
 
     For every query tile and every key block it can see (a "cell"), one
     fixed-shape GEMM gives the scores; the row max over all cells is exact in
     any order; p = exp(s - max); each cell's row sums and p @ v (again a
     fixed-shape GEMM) are then summed over the tile's blocks by _tree_sum_.
+    Tiles and key blocks belong to sequences: batch rows, or `seqs` (packed
+    rows), whose tiles and blocks are then exactly those of the sequence alone.
     """
     B, Hq, Tq, D = q.shape
     Hkv = k.shape[1]
@@ -216,13 +239,17 @@ def _forward(q, k, v, q_positions, k_positions, scale):
     if not bool((q_positions >= 0).any()):
         return torch.zeros(q.shape, dtype=cdt, device=q.device)
 
-    qb, qcol, row, inv, tile_b, tile_t = _plan_tiles(q_positions)
+    qb, qcol, row, inv, tile_b, tile_t = _plan_tiles(q_positions, seqs)
     NT = tile_b.numel()
     nb = (tile_t // _RATIO + 1).tolist()  # key blocks each tile sees, descending
     nblk = nb[0]
-    seq_len = q_positions.long().amax(1) + 1  # (B,) positions any query of b can see
-    kblk = _key_blocks(k, k_positions, nblk, seq_len, cdt)  # (B*nblk, Hkv, BK, D)
-    vblk = _key_blocks(v, k_positions, nblk, seq_len, cdt)
+    if seqs is None:
+        seq_len = q_positions.long().amax(1) + 1  # (B,) positions any query of b can see
+    else:
+        seq_len = sequence_lengths(q_positions, seqs)  # (S,)
+    k_seq = None if seqs is None else seqs.k_seq
+    kblk = _key_blocks(k, k_positions, nblk, seq_len, cdt, k_seq=k_seq)  # (S*nblk, Hkv, BK, D)
+    vblk = _key_blocks(v, k_positions, nblk, seq_len, cdt, k_seq=k_seq)
 
     # Query tiles, pre-scaled, heads of a kv group stacked: (NT, Hkv, G*BQ, D).
     # Rows are moved as whole (Hq, D) slabs: index_select / index_copy_ are far
@@ -383,8 +410,13 @@ def _decode_forward(q, k, v, q_positions, kv_index, scale):
 # ----------------------------------------------------------------------------- autograd
 
 
-def _forward_any(q, k, v, q_positions, k_positions, scale, kv_index):
-    """Dispatch: decode path (Tq == 1, aligned keys) or the general tiled forward."""
+def _forward_any(q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments):
+    """Dispatch: decode path (Tq == 1, aligned keys), packed rows, or the general tiled forward."""
+    if q_segments is not None:
+        seqs = sequences_of(q_positions, q_segments, k_positions, k_segments)
+        if seqs.count == 0:
+            return torch.zeros(q.shape, dtype=_compute_dtype(q.dtype), device=q.device)
+        return _forward(q, k, v, q_positions, k_positions, scale, seqs)
     if k_positions is None and q.shape[2] == 1:
         if not bool((q_positions >= 0).any()):
             return torch.zeros(q.shape, dtype=_compute_dtype(q.dtype), device=q.device)
@@ -394,23 +426,49 @@ def _forward_any(q, k, v, q_positions, k_positions, scale, kv_index):
     return _forward(q, k, v, q_positions, k_positions, scale)
 
 
-def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
+def attention_forward(
+    q, k, v, q_positions, k_positions, scale, kv_index, q_segments=None, k_segments=None
+):
     """(B, Hq, Tq, D) in q.dtype; empty q -> zeros."""
     if q.numel() == 0:
         return q.new_zeros(q.shape)
-    return _forward_any(q, k, v, q_positions, k_positions, scale, kv_index).to(q.dtype)
+    out = _forward_any(q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments)
+    return out.to(q.dtype)
 
 
 _InvariantAttention = invariant_attention_function(attention_forward, __name__)
 
 
-def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None) -> torch.Tensor:
+def attention(
+    q,
+    k,
+    v,
+    *,
+    q_positions,
+    k_positions=None,
+    scale=None,
+    kv_index=None,
+    q_segments=None,
+    k_segments=None,
+) -> torch.Tensor:
     """Batch-invariant causal GQA attention; see the module docstring for the contract.
 
     q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D); q_positions: (B, Tq) int;
     k_positions: (B, Tk) int or None (aligned KV-cache layout); kv_index: (B,)
     int or None: row b reads k[kv_index[b]], v[kv_index[b]] of (S, Hkv, Tk, D)
-    caches (aligned layout only). Returns (B, Hq, Tq, D) in q.dtype, exact
-    zeros for padding queries.
+    caches (aligned layout only); q_segments (B, Tq) / k_segments (B, Tk) int or
+    None: packed rows, a query attends only to keys of its own segment (with
+    k_positions). Returns (B, Hq, Tq, D) in q.dtype, exact zeros for padding queries.
     """
-    return run_attention(_InvariantAttention, q, k, v, q_positions, k_positions, scale, kv_index)
+    return run_attention(
+        _InvariantAttention,
+        q,
+        k,
+        v,
+        q_positions,
+        k_positions,
+        scale,
+        kv_index,
+        q_segments=q_segments,
+        k_segments=k_segments,
+    )

@@ -1,8 +1,8 @@
 """Batch-invariant causal attention (grouped-query) on the GPU, in two Triton kernels.
 
 Contract: the native op's (rl_engine/kernels/native/attention.py, docs/ops/attention.md):
-``attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None)``
-with q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) (or (S, Hkv, Tk, D) caches read
+``attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None,
+q_segments=None, k_segments=None)`` with q (B, Hq, Tq, D), k/v (B, Hkv, Tk, D) (or (S, Hkv, Tk, D) caches read
 through kv_index), per-query positions (negative = padding query, output row
 exactly 0), k_positions or the aligned layout (slot j = position j), causal,
 GQA (query head h reads kv head h // (Hq // Hkv)). fp32 statistics and
@@ -27,6 +27,11 @@ Kernel 2, one program per (tile, query head) of tiles with two or more
 splits: m = max over splits, out = sum_s acc_s exp(m_s - m) / sum_s l_s
 exp(m_s - m), splits in increasing order.
 
+Packed rows (segments): a tile belongs to one (row, segment) sequence; the
+kernels read its queries from that sequence's row (`seq_row`) and its keys
+through the sequence's slot map, so a packed token runs exactly the
+arithmetic of the same token in a padded row.
+
 Prefill and decode run the very same two kernels: a decode query sits alone in
 its tile, at the row it has in prefill, and sees the same blocks and splits;
 its row of every dot product only reads its own query row. Keys past the
@@ -50,6 +55,7 @@ from rl_engine.kernels.common.attention import (
     invariant_attention_function,
     run_attention,
 )
+from rl_engine.kernels.common.segments import Sequences, sequences_of
 from rl_engine.kernels.triton._common import INTERPRET, check_device, tl_dtype, upcast_dot
 
 # Part of the numerics: changing them changes the bits (the same for every
@@ -72,12 +78,16 @@ def _program_tile(tile_start_ptr, BLOCK_N: tl.constexpr, SPLIT_BLOCKS: tl.conste
 
 
 @triton.jit
-def _tile_rows(tile_b_ptr, tile_cols_ptr, tile, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """A tile's sequence b, its rows, the q column of each row (-1: no query), live rows, head dims."""
+def _tile_rows(
+    tile_b_ptr, seq_row_ptr, tile_cols_ptr, tile, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr
+):
+    """A tile's sequence b and the q row it lives in, its rows, the q column of each row
+    (-1: no query), live rows, head dims."""
     b = tl.load(tile_b_ptr + tile).to(tl.int64)
+    qb = tl.load(seq_row_ptr + b).to(tl.int64)
     rows = tl.arange(0, BLOCK_M)
     cols = tl.load(tile_cols_ptr + tile * BLOCK_M + rows).to(tl.int64)  # -1: no query
-    return b, rows, cols, cols >= 0, tl.arange(0, BLOCK_D)
+    return b, qb, rows, cols, cols >= 0, tl.arange(0, BLOCK_D)
 
 
 @triton.jit
@@ -95,6 +105,7 @@ def _attention_split_kernel(
     part_acc_ptr,
     part_ml_ptr,
     tile_b_ptr,
+    seq_row_ptr,
     tile_start_ptr,
     tile_cols_ptr,
     kv_row_ptr,
@@ -128,14 +139,16 @@ def _attention_split_kernel(
     tile, h, start, n_blocks, n_splits = _program_tile(tile_start_ptr, BLOCK_N, SPLIT_BLOCKS)
     split = tl.program_id(2)
     if split < n_splits:
-        b, rows, cols, live, d = _tile_rows(tile_b_ptr, tile_cols_ptr, tile, BLOCK_M, BLOCK_D)
+        b, qb, rows, cols, live, d = _tile_rows(
+            tile_b_ptr, seq_row_ptr, tile_cols_ptr, tile, BLOCK_M, BLOCK_D
+        )
         kv_b = tl.load(kv_row_ptr + b).to(tl.int64)
         hk = (h // group).to(tl.int64)
         qpos = start + rows
         last = tl.max(tl.where(live, qpos, -1), axis=0)  # last query position of the tile
         dmask = d < D
         q = tl.load(
-            _rows_at(q_ptr, b, h, cols, d, sq_b, sq_h, sq_t),
+            _rows_at(q_ptr, qb, h, cols, d, sq_b, sq_h, sq_t),
             mask=live[:, None] & dmask[None, :],
             other=0.0,
         )  # (BM, BD)
@@ -186,7 +199,7 @@ def _attention_split_kernel(
         if n_splits == 1:
             o = acc / l_i[:, None]
             tl.store(
-                _rows_at(out_ptr, b, h, cols, d, so_b, so_h, so_t),
+                _rows_at(out_ptr, qb, h, cols, d, so_b, so_h, so_t),
                 o.to(out_ptr.dtype.element_ty),
                 mask=live[:, None] & dmask[None, :],
             )
@@ -206,6 +219,7 @@ def _attention_combine_kernel(
     part_acc_ptr,
     part_ml_ptr,
     tile_b_ptr,
+    seq_row_ptr,
     tile_start_ptr,
     tile_cols_ptr,
     so_b,
@@ -221,7 +235,9 @@ def _attention_combine_kernel(
 ):
     tile, h, _, _, n_splits = _program_tile(tile_start_ptr, BLOCK_N, SPLIT_BLOCKS)
     if n_splits > 1:
-        b, rows, cols, live, d = _tile_rows(tile_b_ptr, tile_cols_ptr, tile, BLOCK_M, BLOCK_D)
+        _, qb, rows, cols, live, d = _tile_rows(
+            tile_b_ptr, seq_row_ptr, tile_cols_ptr, tile, BLOCK_M, BLOCK_D
+        )
         base = ((tile * tl.num_programs(1) + h) * n_split_max).to(tl.int64)
         m = tl.full((BLOCK_M,), float("-inf"), dtype=ACC)
         for s in range(0, n_splits):
@@ -239,23 +255,24 @@ def _attention_combine_kernel(
             acc = acc + acc_s * w[:, None]
         o = acc / l_sum[:, None]
         tl.store(
-            _rows_at(out_ptr, b, h, cols, d, so_b, so_h, so_t),
+            _rows_at(out_ptr, qb, h, cols, d, so_b, so_h, so_t),
             o.to(out_ptr.dtype.element_ty),
             mask=live[:, None] & (d[None, :] < D),
         )
 
 
-def _plan_tiles(q_positions: torch.Tensor):
+def _plan_tiles(q_positions: torch.Tensor, seqs: Sequences | None = None):
     """Valid queries grouped into (sequence, tile) pairs.
 
     Returns (tile_b (NT,), tile_start (NT,), tile_cols (NT, BLOCK_M)) int32:
-    each tile's sequence, first position, and the q column of each of its rows
-    (-1 where no query holds that position). Only speed depends on the order
-    of the tiles. Decode (Tq == 1) makes the same tiles, one per row (a padding
-    row's tile has no query), without torch.unique.
+    each tile's sequence (a batch row, or with `seqs` one of its sequences),
+    first position, and the q column of each of its rows (-1 where no query
+    holds that position). Only speed depends on the order of the tiles. Decode
+    (Tq == 1) makes the same tiles, one per row (a padding row's tile has no
+    query), without torch.unique.
     """
     pos = q_positions.long()
-    if pos.shape[1] == 1:  # decode: one tile per row, planned without host syncs
+    if pos.shape[1] == 1 and seqs is None:  # decode: one tile per row, planned without host syncs
         p = pos[:, 0].clamp(min=0)  # (B,)
         rows = torch.arange(pos.shape[0], device=pos.device)
         tile_cols = torch.full((pos.shape[0], BLOCK_M), -1, dtype=torch.int32, device=pos.device)
@@ -263,8 +280,9 @@ def _plan_tiles(q_positions: torch.Tensor):
         return rows.to(torch.int32), (p // BLOCK_M * BLOCK_M).to(torch.int32), tile_cols
     qb, qcol = (pos >= 0).nonzero(as_tuple=True)  # (N,)
     p = pos[qb, qcol]
+    sid = qb if seqs is None else seqs.q_seq[qb, qcol]
     n_tiles = int(p.max()) // BLOCK_M + 1
-    key = qb * n_tiles + p // BLOCK_M
+    key = sid * n_tiles + p // BLOCK_M
     uniq, inv = torch.unique(key, return_inverse=True)
     row = p % BLOCK_M
     if torch.unique(inv * BLOCK_M + row).numel() != p.numel():
@@ -276,17 +294,24 @@ def _plan_tiles(q_positions: torch.Tensor):
     return tile_b, tile_start, tile_cols
 
 
-def _slot_map(k_positions: torch.Tensor, length: int) -> torch.Tensor:
-    """(B, length) int32: the key slot that holds each position, -1 where none does."""
-    B = k_positions.shape[0]
+def _slot_map(k_positions: torch.Tensor, length: int, seqs: Sequences | None = None):
+    """(S, length) int32: the key slot that holds each position of each sequence, -1 where
+    none does. A sequence is a batch row (S = B), or one of `seqs`' sequences."""
     kp = k_positions.long()
-    slots = torch.full((B, length), -1, dtype=torch.int32, device=kp.device)
-    sb, slot = ((kp >= 0) & (kp < length)).nonzero(as_tuple=True)
-    slots[sb, kp[sb, slot]] = slot.to(torch.int32)
+    S = kp.shape[0] if seqs is None else seqs.count
+    slots = torch.full((S, length), -1, dtype=torch.int32, device=kp.device)
+    visible = (kp >= 0) & (kp < length)
+    if seqs is not None:
+        visible &= seqs.k_seq >= 0
+    sb, slot = visible.nonzero(as_tuple=True)
+    sid = sb if seqs is None else seqs.k_seq[sb, slot]
+    slots[sid, kp[sb, slot]] = slot.to(torch.int32)
     return slots
 
 
-def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
+def attention_forward(
+    q, k, v, q_positions, k_positions, scale, kv_index, q_segments=None, k_segments=None
+):
     """(B, Hq, Tq, D) in q.dtype; exact zeros for padding queries."""
     B, Hq, Tq, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
@@ -295,17 +320,21 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     if q.numel() == 0 or not bool((q_positions >= 0).any()):
         return out
-    tile_b, tile_start, tile_cols = _plan_tiles(q_positions)
+    seqs = None
+    if q_segments is not None:  # packed rows: a tile belongs to one (row, segment) sequence
+        seqs = sequences_of(q_positions, q_segments, k_positions, k_segments)
+    tile_b, tile_start, tile_cols = _plan_tiles(q_positions, seqs)
     NT = tile_b.numel()
     max_start = int(tile_start.max())
     n_split_max = triton.cdiv(max_start // BLOCK_N + 1, SPLIT_BLOCKS)
-    kv_row = (
-        kv_index.to(torch.int32)
-        if kv_index is not None
-        else torch.arange(B, dtype=torch.int32, device=q.device)
-    )
+    rows = torch.arange(B, dtype=torch.int32, device=q.device)
+    seq_row = rows if seqs is None else seqs.row.to(torch.int32)  # q row of each sequence
+    if kv_index is not None:
+        kv_row = kv_index.to(torch.int32)
+    else:
+        kv_row = seq_row
     if k_positions is not None:
-        slots = _slot_map(k_positions, max_start + BLOCK_M)
+        slots = _slot_map(k_positions, max_start + BLOCK_M, seqs)
         slot_len = slots.shape[1]
     else:
         slots, slot_len = tile_b, 0  # unused: aligned layout
@@ -319,7 +348,7 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
     else:  # unused; fp32 all the same, so that every call runs one compiled kernel
         part_acc = part_ml = torch.empty(1, dtype=acc_dtype, device=q.device)
     # what both kernels take: the output, the split partials, the tile plan, the tile constants
-    tiles = (out, part_acc, part_ml, tile_b, tile_start, tile_cols)
+    tiles = (out, part_acc, part_ml, tile_b, seq_row, tile_start, tile_cols)
     meta = dict(
         ACC=tl_dtype(acc_dtype),
         BLOCK_M=BLOCK_M,
@@ -358,8 +387,29 @@ def attention_forward(q, k, v, q_positions, k_positions, scale, kv_index):
 _InvariantAttention = invariant_attention_function(attention_forward, __name__)
 
 
-def attention(q, k, v, *, q_positions, k_positions=None, scale=None, kv_index=None) -> torch.Tensor:
+def attention(
+    q,
+    k,
+    v,
+    *,
+    q_positions,
+    k_positions=None,
+    scale=None,
+    kv_index=None,
+    q_segments=None,
+    k_segments=None,
+) -> torch.Tensor:
     """Batch-invariant causal GQA attention: the native op's contract and arguments (see the module docstring)."""
     return run_attention(
-        _InvariantAttention, q, k, v, q_positions, k_positions, scale, kv_index, check_device
+        _InvariantAttention,
+        q,
+        k,
+        v,
+        q_positions,
+        k_positions,
+        scale,
+        kv_index,
+        check_device,
+        q_segments=q_segments,
+        k_segments=k_segments,
     )

@@ -257,13 +257,13 @@ static void dispatch_values(int nd, const float* const* e, const int64_t* p, con
   weighted_values_rows<ND>(e, p, l, out, count, v, ldk, dtail);
 }
 
-// q row (query i, head g) at q + g * ldq_head + i * D, same addressing for out;
+// q row (query i, head g) at q + g * ldq_head + i * D, out row at out + g * ldo_head + i * D;
 // kt: the keys of one kv head packed by attention_pack_keys (at least
 // round_up(max pos + 1, 16) positions); v: rows of D (row stride D) of that
 // kv head. scratch: R * (D + L) floats (see the binding).
 void attention_block(const float* q, int64_t ldq_head, int G, int nq, const int64_t* pos,
                      const float* kt, const float* v, int64_t Tk, int64_t D, float scale,
-                     float* out, float* scratch) {
+                     float* out, int64_t ldo_head, float* scratch) {
   (void)Tk;  // the packed keys hold every position a row reads (the binding checked Tk)
   int64_t pmax = -1;
   for (int i = 0; i < nq; ++i) pmax = pos[i] > pmax ? pos[i] : pmax;
@@ -291,7 +291,7 @@ void attention_block(const float* q, int64_t ldq_head, int G, int nq, const int6
       rows[live] = r;
       p[live] = pos[i];
       e[live] = S + r * L;
-      o[live] = out + g * ldq_head + i * D;
+      o[live] = out + g * ldo_head + i * D;
       ++live;
     }
   }

@@ -205,19 +205,60 @@ const AttentionPacking& attention_packing_for(const std::string& isa) {
 }
 }  // namespace
 
-// Causal GQA attention. First the keys each sequence reads (positions
-// 0..max p of its kv row) are packed, per (sequence, kv head), into fp32
-// 16-key blocks [D][16] (bf16 values are widened there too; data movement
-// only). Then a task is (sequence, kv head, a pair of query blocks): blocks i
-// and nb-1-i share a task so that threads get about equal work in a causal
-// prefill. Blocks only group rows; each row's arithmetic is its own.
+// One run of queries of one sequence: queries t0..t0+nq-1 of q row b; the
+// query at position p reads the keys at slots s0 + 0..p of kv row r (the
+// sequence's position 0 is slot s0). A padded batch is one run per row
+// (t0 = 0, nq = Tq, r = kv_rows[b], s0 = 0); a packed row is one run per sequence.
+struct AttentionRun {
+  int64_t b, t0, nq, r, s0;
+};
+
+std::vector<AttentionRun> attention_runs(const c10::optional<at::Tensor>& runs_opt,
+                                         const at::Tensor& kv_rows, int64_t B, int64_t Tq,
+                                         int64_t S, int64_t Tk) {
+  std::vector<AttentionRun> runs;
+  if (!runs_opt.has_value() || !runs_opt->defined() || runs_opt->numel() == 0) {
+    TORCH_CHECK(kv_rows.scalar_type() == at::kLong && kv_rows.numel() == B,
+                "kv_rows must be int64 with one entry per q row");
+    const at::Tensor rows = kv_rows.contiguous();
+    const int64_t* rp = rows.data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      TORCH_CHECK(rp[b] >= 0 && rp[b] < S, "kv row ", rp[b], " outside [0, ", S, ")");
+      if (Tq > 0) runs.push_back({b, 0, Tq, rp[b], 0});
+    }
+    return runs;
+  }
+  const at::Tensor t = runs_opt->contiguous();
+  TORCH_CHECK(t.dim() == 2 && t.size(1) == 5 && t.scalar_type() == at::kLong,
+              "runs must be an int64 (n, 5) tensor of (q row, first column, count, kv row, "
+              "first key slot)");
+  const int64_t* p = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t.size(0); ++i) {
+    const AttentionRun run{p[5 * i], p[5 * i + 1], p[5 * i + 2], p[5 * i + 3], p[5 * i + 4]};
+    TORCH_CHECK(run.b >= 0 && run.b < B && run.t0 >= 0 && run.nq >= 1 && run.t0 + run.nq <= Tq,
+                "run ", i, ": queries [", run.t0, ", ", run.t0 + run.nq, ") of q row ", run.b,
+                " outside q (", B, " rows of ", Tq, ")");
+    TORCH_CHECK(run.r >= 0 && run.r < S && run.s0 >= 0 && run.s0 <= Tk, "run ", i, ": kv row ",
+                run.r, " slot ", run.s0, " outside k (", S, " rows of ", Tk, ")");
+    runs.push_back(run);
+  }
+  return runs;
+}
+
+// Causal GQA attention over runs of queries (see AttentionRun). First the keys
+// each run reads (positions 0..its largest p) are packed, per (run, kv head),
+// into fp32 16-key blocks [D][16] aligned at the sequence's position 0 (bf16
+// values are widened there too; data movement only). Then a task is (run, a
+// pair of its query blocks, kv head): blocks i and nb-1-i share a task so that
+// threads get about equal work in a causal prefill, and threads claim tasks
+// dynamically. Blocks only group rows; each row's arithmetic is its own, so
+// a query gets the same bits in a padded row, a packed row or a decode step.
 // q (B, Hq, Tq, D) fp32 or bf16 (widened per block, exactly), k and v (S, Hkv,
-// Tk, D) both fp32 or both bf16; all contiguous. Output fp32. Query (b, t) at
-// position p = q_positions[b, t] reads positions 0..p of row kv_rows[b] of k,
-// v; p < 0 is padding (output 0).
+// Tk, D) both fp32 or both bf16; all contiguous. Output fp32; queries with
+// p < 0 and queries outside every run are 0.
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& q_positions, const at::Tensor& kv_rows, double scale,
-                     const std::string& isa) {
+                     const std::string& isa, const c10::optional<at::Tensor>& runs_opt) {
   TORCH_CHECK(q.dim() == 4 && q.is_contiguous() &&
                   (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
               "q must be a contiguous 4-D float32 or bfloat16 tensor");
@@ -228,51 +269,61 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   }
   TORCH_CHECK(k.scalar_type() == v.scalar_type(), "k and v must have the same dtype");
   TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same shape");
-  TORCH_CHECK(q_positions.scalar_type() == at::kLong && kv_rows.scalar_type() == at::kLong,
-              "q_positions and kv_rows must be int64");
+  TORCH_CHECK(q_positions.scalar_type() == at::kLong, "q_positions must be int64");
   const int64_t B = q.size(0), Hq = q.size(1), Tq = q.size(2), D = q.size(3);
   const int64_t S = k.size(0), Hkv = k.size(1), Tk = k.size(2);
   TORCH_CHECK(k.size(3) == D && Hkv > 0 && Hq % Hkv == 0, "k/v heads or head dim mismatch");
   TORCH_CHECK(D >= 1 && D <= 256, "head dim must be in [1, 256], got ", D);
   TORCH_CHECK(Hq / Hkv <= 256, "at most 256 query heads per kv head, got ", Hq / Hkv);
-  const at::Tensor pos = q_positions.contiguous(), rows = kv_rows.contiguous();
+  TORCH_CHECK(q_positions.dim() == 2 && q_positions.size(0) == B && q_positions.size(1) == Tq,
+              "q_positions must be (B, Tq)");
+  const std::vector<AttentionRun> runs = attention_runs(runs_opt, kv_rows, B, Tq, S, Tk);
+  const int64_t NR = (int64_t)runs.size();
+  const at::Tensor pos = q_positions.contiguous();
   const int64_t* pp = pos.data_ptr<int64_t>();
-  const int64_t* rp = rows.data_ptr<int64_t>();
-  int64_t max_pos = -1;
-  std::vector<int64_t> nblk(B), kt_off(B + 1, 0);  // packed 16-key blocks of sequence b
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(rp[b] >= 0 && rp[b] < S, "kv row ", rp[b], " outside [0, ", S, ")");
+  int64_t max_pos = -1, covered = 0, max_nq = 1;
+  std::vector<int64_t> nblk(NR), kt_off(NR + 1, 0);  // packed 16-key blocks of run i
+  for (int64_t i = 0; i < NR; ++i) {
+    const AttentionRun& run = runs[i];
     int64_t mb = -1;
-    for (int64_t t = 0; t < Tq; ++t) mb = std::max(mb, pp[b * Tq + t]);
+    for (int64_t t = 0; t < run.nq; ++t) mb = std::max(mb, pp[run.b * Tq + run.t0 + t]);
+    TORCH_CHECK(run.s0 + mb < Tk, "a query at position ", mb, " needs ", mb + 1,
+                " keys from slot ", run.s0, ", but k holds ", Tk);
     max_pos = std::max(max_pos, mb);
-    nblk[b] = (mb + 1 + 15) / 16;
-    kt_off[b + 1] = kt_off[b] + Hkv * nblk[b] * D * 16;
+    covered += run.nq;
+    max_nq = std::max(max_nq, run.nq);
+    nblk[i] = (mb + 1 + 15) / 16;
+    kt_off[i + 1] = kt_off[i] + Hkv * nblk[i] * D * 16;
   }
-  TORCH_CHECK(max_pos < Tk, "a query at position ", max_pos, " needs ", max_pos + 1,
-              " keys, but k holds ", Tk);
   const Kernels& kern = kernels_for(isa);
   const AttentionPacking& packing = attention_packing_for(isa);
   const at::TensorOptions f32 = q.options().dtype(at::kFloat);
   if (max_pos < 0) return at::zeros(q.sizes(), f32);
-  at::Tensor out = at::empty(q.sizes(), f32);  // every row is written by its task
+  // every row of a run is written by its task; rows outside every run stay 0
+  at::Tensor out = covered == B * Tq ? at::empty(q.sizes(), f32) : at::zeros(q.sizes(), f32);
   const bool bf16 = k.scalar_type() == at::kBFloat16;
   const int G = (int)(Hq / Hkv);
   const int64_t QB = std::max<int64_t>(1, std::min<int64_t>(16, 256 / G));  // queries per block
   const int64_t L = (max_pos + 1 + 15) / 16 * 16;
-  const int64_t nb = (Tq + QB - 1) / QB, pairs = (nb + 1) / 2;
-  // One query block per (sequence, kv head) (decode, short prefill): its one
-  // task packs the keys (and widens bf16 values) into its thread's scratch,
-  // where they stay in cache. Otherwise that is done once into buffers all
-  // tasks share.
-  const bool shared_pack = nb > 1;
-  const int64_t rows_max = std::min(QB, Tq) * G;  // rows of one block (G for a decode)
+  // (run, pair of query blocks) entries; a task is an entry and a kv head
+  std::vector<std::pair<int64_t, int64_t>> entries;
+  bool shared_pack = false;
+  for (int64_t i = 0; i < NR; ++i) {
+    const int64_t nb = (runs[i].nq + QB - 1) / QB;
+    shared_pack |= nb > 1;
+    for (int64_t j = 0; j < (nb + 1) / 2; ++j) entries.emplace_back(i, j);
+  }
+  // Every run one query block (decode, short sequences): its task packs the
+  // keys (and widens bf16 values and queries) into its thread's scratch, where
+  // they stay in cache. Otherwise that is done once into buffers all tasks share.
+  const int64_t rows_max = std::min(QB, max_nq) * G;  // rows of one block (G for a decode)
   const bool q_bf16 = q.scalar_type() == at::kBFloat16;
   const int64_t q_own = q_bf16 && !shared_pack ? rows_max * D : 0;  // the queries, widened
   const int64_t per_thread =
       rows_max * (D + L) + q_own + (shared_pack ? 0 : L * D * (bf16 ? 2 : 1));
   at::Tensor scratch = at::empty({at::get_num_threads(), per_thread}, f32);
-  at::Tensor packed = at::empty({shared_pack ? kt_off[B] : 0}, f32);
-  at::Tensor widened = at::empty({shared_pack && bf16 ? kt_off[B] : 0}, f32);
+  at::Tensor packed = at::empty({shared_pack ? kt_off[NR] : 0}, f32);
+  at::Tensor widened = at::empty({shared_pack && bf16 ? kt_off[NR] : 0}, f32);
   at::Tensor q_wide = at::empty({shared_pack && q_bf16 ? q.numel() : 0}, f32);
   float* qwp = q_wide.data_ptr<float>();
   const void* qp = q.data_ptr();
@@ -281,7 +332,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   float* ktp = packed.data_ptr<float>();
   float* vwp = widened.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  // Keys 0..n-1 of (kv row offset koff) into kt; bf16 values 0..n-1 into vw.
+  // Keys 0..n-1 from element offset koff into kt; bf16 values 0..n-1 into vw.
   auto prepare = [&](int64_t koff, int64_t n, float* kt, float* vw) {
     if (bf16) {
       packing.pack_bf16(static_cast<const uint16_t*>(kp) + koff, n, D, kt);
@@ -290,52 +341,66 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       packing.pack_f32(static_cast<const float*>(kp) + koff, n, D, kt);
     }
   };
+  auto key_offset = [&](const AttentionRun& run, int64_t h) {
+    return ((run.r * Hkv + h) * Tk + run.s0) * D;
+  };
   if (shared_pack) {
-    at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, NR * Hkv, 1, [&](int64_t begin, int64_t end) {
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t b = task / Hkv, h = task % Hkv;
-        const int64_t off = kt_off[b] + h * nblk[b] * D * 16;
-        prepare((rp[b] * Hkv + h) * Tk * D, std::min(nblk[b] * 16, Tk), ktp + off, vwp + off);
-        if (q_bf16) {  // the G heads of this kv head, all positions
-          const int64_t qh = (b * Hq + h * G) * Tq * D;
-          packing.widen_bf16(static_cast<const uint16_t*>(qp) + qh, G * Tq * D, qwp + qh);
-        }
+        const int64_t i = task / Hkv, h = task % Hkv;
+        const AttentionRun& run = runs[i];
+        const int64_t off = kt_off[i] + h * nblk[i] * D * 16;
+        prepare(key_offset(run, h), std::min(nblk[i] * 16, Tk - run.s0), ktp + off, vwp + off);
       }
     });
-  }
-  at::parallel_for(0, B * Hkv * pairs, 1, [&](int64_t begin, int64_t end) {
-    float* scr = scratch.data_ptr<float>() + at::get_thread_num() * per_thread;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / (Hkv * pairs), h = (task / pairs) % Hkv, i = task % pairs;
-      const int64_t koff = (rp[b] * Hkv + h) * Tk * D;
-      const int64_t off = kt_off[b] + h * nblk[b] * D * 16;
-      const float* kt = ktp + off;
-      const float* vf = bf16 ? vwp + off : static_cast<const float*>(vp) + koff;
-      // The G heads of this kv head as fp32 rows [g][Tq][D].
-      const int64_t qh = (b * Hq + h * G) * Tq * D;
-      const float* qf = q_bf16 ? qwp + qh : static_cast<const float*>(qp) + qh;
-      if (!shared_pack) {
-        float* own_k = scr + rows_max * (D + L) + q_own;
-        float* own_v = own_k + L * D;
-        prepare(koff, std::min(nblk[b] * 16, Tk), own_k, own_v);
-        kt = own_k;
-        if (bf16) vf = own_v;
-        if (q_bf16) {  // one block: Tq <= QB, so G * Tq * D fits in q_own
-          float* own_q = scr + rows_max * (D + L);
-          packing.widen_bf16(static_cast<const uint16_t*>(qp) + qh, G * Tq * D, own_q);
-          qf = own_q;
+    if (q_bf16) {  // the G heads of each kv head, all positions
+      at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t qh = (task / Hkv * Hq + task % Hkv * G) * Tq * D;
+          packing.widen_bf16(static_cast<const uint16_t*>(qp) + qh, G * Tq * D, qwp + qh);
         }
+      });
+    }
+  }
+  parallel_tasks((int64_t)entries.size() * Hkv, [&](int64_t task) {
+    float* scr = scratch.data_ptr<float>() + at::get_thread_num() * per_thread;
+    const int64_t ri = entries[task / Hkv].first, i = entries[task / Hkv].second;
+    const int64_t h = task % Hkv;
+    const AttentionRun& run = runs[ri];
+    const int64_t koff = key_offset(run, h);
+    const int64_t off = kt_off[ri] + h * nblk[ri] * D * 16;
+    const float* kt = ktp + off;
+    const float* vf = bf16 ? vwp + off : static_cast<const float*>(vp) + koff;
+    // The G heads of this kv head as fp32 rows [g][..][D]; column t at qf + t * D.
+    const int64_t qh = (run.b * Hq + h * G) * Tq * D;
+    const float* qf = (q_bf16 ? qwp + qh : static_cast<const float*>(qp) + qh) + run.t0 * D;
+    int64_t ldq = Tq * D;
+    if (!shared_pack) {
+      float* own_k = scr + rows_max * (D + L) + q_own;
+      float* own_v = own_k + L * D;
+      prepare(koff, std::min(nblk[ri] * 16, Tk - run.s0), own_k, own_v);
+      kt = own_k;
+      if (bf16) vf = own_v;
+      if (q_bf16) {  // one block: nq <= QB, so G * nq * D fits in q_own
+        float* own_q = scr + rows_max * (D + L);
+        for (int g = 0; g < G; ++g)
+          packing.widen_bf16(static_cast<const uint16_t*>(qp) + qh + g * Tq * D + run.t0 * D,
+                             run.nq * D, own_q + g * run.nq * D);
+        qf = own_q;
+        ldq = run.nq * D;
       }
-      const int64_t blocks[2] = {i, nb - 1 - i};
-      for (int u = 0; u < (blocks[0] == blocks[1] ? 1 : 2); ++u) {
-        const int64_t t0 = blocks[u] * QB, nq = std::min(QB, Tq - t0);
-        const int64_t qoff = ((b * Hq + h * G) * Tq + t0) * D;
-        for (int64_t t = 0; t < nq; ++t)  // padding queries: exact zeros
-          if (pp[b * Tq + t0 + t] < 0)
-            for (int g = 0; g < G; ++g) std::fill_n(op + qoff + g * Tq * D + t * D, D, 0.0f);
-        kern.attention_block(qf + t0 * D, Tq * D, G, (int)nq, pp + b * Tq + t0, kt, vf, Tk, D,
-                             (float)scale, op + qoff, scr);
-      }
+    }
+    const int64_t nb = (run.nq + QB - 1) / QB;
+    const int64_t blocks[2] = {i, nb - 1 - i};
+    for (int u = 0; u < (blocks[0] == blocks[1] ? 1 : 2); ++u) {
+      const int64_t t0 = blocks[u] * QB, nq = std::min(QB, run.nq - t0);  // within the run
+      const int64_t col = run.t0 + t0;
+      const int64_t qoff = ((run.b * Hq + h * G) * Tq + col) * D;
+      for (int64_t t = 0; t < nq; ++t)  // padding queries: exact zeros
+        if (pp[run.b * Tq + col + t] < 0)
+          for (int g = 0; g < G; ++g) std::fill_n(op + qoff + g * Tq * D + t * D, D, 0.0f);
+      kern.attention_block(qf + t0 * D, ldq, G, (int)nq, pp + run.b * Tq + col, kt, vf, Tk, D,
+                           (float)scale, op + qoff, Tq * D, scr);
     }
   });
   return out;
@@ -349,5 +414,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu", &silu, "fixed-order SiLU");
   m.def("moe_experts", &moe_experts,
         "mixture-of-experts experts: grouped fixed-order GEMMs, SiLU gate, HF-order combine");
-  m.def("attention", &attention, "fixed-order causal GQA attention forward");
+  m.def("attention", &attention, "fixed-order causal GQA attention forward",
+        pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("q_positions"),
+        pybind11::arg("kv_rows"), pybind11::arg("scale"), pybind11::arg("isa"),
+        pybind11::arg("runs") = pybind11::none());
 }

@@ -15,7 +15,7 @@
   void silu_bf16(const uint16_t* x, uint16_t* y, int64_t n);                                   \
   void attention_block(const float* q, int64_t ldq_head, int G, int nq, const int64_t* pos,   \
                        const float* k, const float* v, int64_t Tk, int64_t D, float scale,     \
-                       float* out, float* scratch);                                            \
+                       float* out, int64_t ldo_head, float* scratch);                          \
   }
 
 RL_DECLARE_KERNELS(rl_avx2)

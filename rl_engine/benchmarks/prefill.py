@@ -1,0 +1,75 @@
+"""`rl-engine bench rollout --case prefill`: the engine's multi-prompt prefill, packed vs padded.
+
+A patched RolloutEngine (SmolLM2-135M-shaped model, random init, batch_invariant
+on) prefills 8 prompts and samples one token (`max_new_tokens=1`: the prefill
+forward and one LM-head call, no decode), once with every multi-prompt prefill
+right-padded and once packed into one row (`rl_engine.rollout.engine.PACK_PREFILL`
+forced to inf / 0 in this process). Prompt-length mixes: all equal, mildly and
+widely spread, one long prompt with short ones. Best of `repeats` interleaved
+runs. The engine's default packs when the padded batch would compute more than
+PACK_PREFILL times the real tokens; the table's padded/real column shows where
+each mix falls.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import rl_engine.rollout.engine as engine_module
+from rl_engine.patching import apply_batch_invariant
+from rl_engine.rollout import RolloutEngine, SamplingParams
+
+MIXES = {
+    "8 x 128 (equal)": [128] * 8,
+    "96..160 (mild)": [96, 104, 112, 120, 136, 144, 152, 160],
+    "16..256 (wide)": [16, 48, 80, 112, 144, 176, 208, 256],
+    "1 x 512 + 7 x 32": [512] + [32] * 7,
+}
+
+
+def _prefill_seconds(engine, prompts, threshold: float) -> float:
+    engine_module.PACK_PREFILL = threshold
+    start = time.perf_counter()
+    engine.generate(prompts, SamplingParams(max_new_tokens=1, seed=0))
+    return time.perf_counter() - start
+
+
+def main(*, quick: bool = False, dtype: torch.dtype = torch.bfloat16) -> str:
+    from rl_engine.benchmarks.packing import _model
+
+    layers, repeats = (4, 2) if quick else (30, 3)
+    model = _model(layers).to(dtype)
+    apply_batch_invariant(model)
+    engine = RolloutEngine(model, device="cpu", max_batch_size=8, progress=False)
+    g = torch.Generator().manual_seed(0)
+    default = engine_module.PACK_PREFILL
+    rows = []
+    try:
+        for name, lengths in MIXES.items():
+            prompts = [torch.randint(3, 49152, (n,), generator=g).tolist() for n in lengths]
+            _prefill_seconds(engine, prompts, 0.0)  # warm-up
+            padded, packed = [], []
+            for _ in range(repeats):
+                padded.append(_prefill_seconds(engine, prompts, float("inf")))
+                packed.append(_prefill_seconds(engine, prompts, 0.0))
+            ratio = len(lengths) * max(lengths) / sum(lengths)
+            rows.append(
+                f"| {name} | {ratio:.2f} | {min(padded) * 1e3:.0f} | {min(packed) * 1e3:.0f} | "
+                f"{min(packed) / min(padded):.2f}x | {'packed' if ratio > default else 'padded'} |"
+            )
+    finally:
+        engine_module.PACK_PREFILL = default
+    lines = [
+        f"RolloutEngine prefill of 8 prompts + 1 sampled token, SmolLM2-135M-shaped ({layers} "
+        f"layers, random init), {str(dtype).removeprefix('torch.')}, batch_invariant on, threads "
+        f"{torch.get_num_threads()}, best of {repeats} interleaved",
+        "",
+        "| prompt lengths | padded / real tokens | padded ms | packed ms | packed / padded | default |",
+        "|---|---:|---:|---:|---:|---|",
+        *rows,
+    ]
+    table = "\n".join(lines)
+    print(table)
+    return table
