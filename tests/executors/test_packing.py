@@ -2,7 +2,7 @@
 
 Chain (torch.equal): the RolloutEngine's logprobs == the worker's packed logprobs
 (`trainer.packing`, with and without `trainer.max_tokens_per_micro_batch`) == its
-padded logprobs, for the four dense families in fp32 and bf16 (one rank, ZeRO-0;
+padded logprobs, for the four dense and the four MoE families in fp32 and bf16 (one rank, ZeRO-0;
 ZeRO 1-3 and two ranks: tests/executors/test_worker_matrix.py runs every cell
 packed, and the 2-rank ZeRO-3 job below runs ranks with different micro-batch
 counts). The loss does not depend on the packing: one step under three budgets
@@ -29,8 +29,13 @@ from rl_engine.packing import plan_micro_batches
 from tests.executors.cell import cell_config, generate, rollout_engine, to_batch
 from tests.executors.launch import run_ranks
 
-FAMILIES = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral")
-QUICK = {("tiny-llama", "float32"), ("tiny-qwen3", "bfloat16")}  # the rest: slow
+FAMILIES = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral") + (
+    "tiny-qwen3-moe",  # mixture of experts: routed tokens of a packed row, as of a padded one
+    "tiny-qwen2-moe",
+    "tiny-mixtral",
+    "tiny-olmoe",
+)
+QUICK = {("tiny-llama", "float32"), ("tiny-qwen3", "bfloat16"), ("tiny-qwen2-moe", "float32")}
 BUDGET = 24  # tokens: the cells' sequences hold 6 to 15, so 2 or 3 share a micro-batch
 
 

@@ -24,7 +24,12 @@ import torch
 import torch.nn.functional as F
 
 from rl_engine.kernels import get_op
-from tests.invariance import assert_equal_across_threads, garbage_like, probe_batches
+from tests.invariance import (
+    assert_equal_across_threads,
+    garbage_like,
+    probe_batches,
+    skip_if_refused,
+)
 
 BACKENDS = ["cpp", "native"]
 DTYPES = [torch.float32, torch.bfloat16]
@@ -160,6 +165,7 @@ def test_router_matches_the_hf_router(family):
 @pytest.mark.parametrize("renormalize", [True, False])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_router_gradcheck_fp64(backend, renormalize):
+    skip_if_refused(backend, torch.float64)
     router = get_op("moe_router", "cpu", backend=backend)
     hidden = _randn(5, 7, dtype=torch.float64, seed=12).requires_grad_()
     weight = _randn(6, 7, dtype=torch.float64, seed=13).requires_grad_()
@@ -275,6 +281,7 @@ def test_platform_assumption_grouped_mm_raises_for_odd_bf16_widths():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_experts_gradcheck_fp64(backend):
+    skip_if_refused(backend, torch.float64)
     experts = get_op("moe_experts", "cpu", backend=backend)
     gate_up, down = (t.double().requires_grad_() for t in _experts_weights(torch.float32, 4, 6, 3))
     hidden = _randn(5, 6, dtype=torch.float64, seed=17).requires_grad_()
