@@ -14,13 +14,14 @@ from typing import Any
 
 import torch
 
-from rl_engine.algorithms import AGGREGATIONS, CORRECTION_MODES
+from rl_engine.algorithms import ADVANTAGE_ESTIMATORS, AGGREGATIONS, CORRECTION_MODES, RATIO_LEVELS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PARITY_MODES = ("strict", "report", "off")
 DEVICES = ("cpu", "cuda")
 ALGORITHMS = ("grpo",)  # PPO with a value model is later work: no choice that would be ignored
 PLACEMENTS = ("pack", "spread", "strict_spread")
+PARITY_SCOPES = ("first", "all")
 
 
 def _fail(name: str, requirement: str, value: Any) -> None:
@@ -131,6 +132,18 @@ class TrainerConfig:
     count x the longest) and at most micro_batch_size sequences, assigned by a balanced plan
     that depends on the lengths only; the number of micro-batches then varies per step. A
     sequence longer than N is a BatchError naming both numbers."""
+    mini_batch_size: int = 0
+    """Sequences per optimizer step, over all ranks (0 = the whole step: one update per RL step,
+    as before). The step's batch splits into sequences_per_step / mini_batch_size mini-batches,
+    each rank taking its rows of each; every mini-batch is one optimizer step (its own
+    accumulation boundary and loss normaliser). The ratio's old logprobs are the rollout's."""
+    epochs: int = 1
+    """Passes over the step's batch: epochs x mini-batches optimizer steps per RL step."""
+    parity_scope: str = "all"
+    """Which sequences parity checks, always on a forward of the pre-update policy: 'first'
+    (the first mini-batch's, from its training forward: free) or 'all' (also one no-grad
+    scoring pass over the other mini-batches before the first update). One mini-batch: the
+    same, at no cost. algorithm.rollout_correction other than 'none' always runs the pass."""
     lr: float = 1e-5
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -156,6 +169,9 @@ class TrainerConfig:
         _int("trainer.micro_batch_size", self.micro_batch_size, 1)
         _choice("trainer.packing", self.packing, (True, False))
         _int("trainer.max_tokens_per_micro_batch", self.max_tokens_per_micro_batch, 0)
+        _int("trainer.mini_batch_size", self.mini_batch_size, 0)
+        _int("trainer.epochs", self.epochs, 1)
+        _choice("trainer.parity_scope", self.parity_scope, PARITY_SCOPES)
         _number("trainer.lr", self.lr, low=0.0, low_open=True)
         _number("trainer.weight_decay", self.weight_decay, low=0.0)
         _number("trainer.grad_clip", self.grad_clip, low=0.0)
@@ -178,7 +194,18 @@ class AlgorithmConfig:
     """Policy-gradient loss."""
 
     name: str = "grpo"
-    """'grpo': clipped surrogate on group-normalised advantages (the only choice today)."""
+    """The loss family: 'grpo', the clipped surrogate without a critic (the only choice today)."""
+    advantage: str | None = None
+    """Advantage estimator (rl_engine.algorithms.compute_advantages): 'grpo', 'rloo',
+    'reinforce_pp', 'reinforce_pp_baseline' or 'gae' (needs a critic). null: 'grpo' under
+    name 'grpo'."""
+    gamma: float = 1.0
+    """Discount of 'reinforce_pp' returns and of 'gae'."""
+    lam: float = 1.0
+    """GAE's lambda."""
+    ratio_level: str = "token"
+    """'token': the per-token PPO ratio; 'sequence': GSPO's length-normalised sequence ratio,
+    clipped per sequence (pair it with loss_aggregation 'seq-mean-token-mean', as GSPO does)."""
     clip_eps: float = 0.2
     """Lower clip range of the ratio: clip(r, 1 - clip_eps, ...)."""
     clip_eps_high: float | None = None
@@ -199,6 +226,18 @@ class AlgorithmConfig:
 
     def __post_init__(self) -> None:
         _choice("algorithm.name", self.name, ALGORITHMS)
+        if self.advantage is None:
+            self.advantage = "grpo"
+        _choice("algorithm.advantage", self.advantage, ADVANTAGE_ESTIMATORS)
+        if self.advantage == "gae":
+            raise ValueError(
+                "algorithm.advantage 'gae' needs a critic (per-token values), and "
+                f"algorithm.name {self.name!r} has none; pick grpo, rloo, reinforce_pp or "
+                "reinforce_pp_baseline"
+            )
+        _number("algorithm.gamma", self.gamma, low=0.0, high=1.0)
+        _number("algorithm.lam", self.lam, low=0.0, high=1.0)
+        _choice("algorithm.ratio_level", self.ratio_level, RATIO_LEVELS)
         _number("algorithm.clip_eps", self.clip_eps, low=0.0, high=0.999999)
         if self.clip_eps_high is not None:
             _number("algorithm.clip_eps_high", self.clip_eps_high, low=0.0)
@@ -438,6 +477,7 @@ class RunConfig:
             )
         self._check_prompt_source()
         self._check_token_budget()
+        self._check_mini_batches()
 
     def _check_prompt_source(self) -> None:
         """data.train_files / reward.function replace rollout.task: setting both is ambiguous."""
@@ -467,6 +507,29 @@ class RunConfig:
             raise ValueError(
                 f"trainer.max_tokens_per_micro_batch = {budget} is less than rollout.max_new_tokens"
                 f" + 1 = {longest}: a full-length completion with its prompt could never fit"
+            )
+
+    def _check_mini_batches(self) -> None:
+        """trainer.mini_batch_size must split the step evenly over the ranks (and micro-batches)."""
+        mini, per_step = self.trainer.mini_batch_size, self.sequences_per_step
+        if not mini:
+            return
+        ranks, micro = self.trainer.num_ranks, self.trainer.micro_batch_size
+        if mini > per_step or per_step % mini:
+            raise ValueError(
+                f"trainer.mini_batch_size = {mini} must divide rollout.prompts_per_step x "
+                f"rollout.samples_per_prompt = {per_step} sequences per step"
+            )
+        if mini % ranks:
+            raise ValueError(
+                f"trainer.mini_batch_size = {mini} must be a multiple of trainer.num_ranks = "
+                f"{ranks} (each rank takes mini_batch_size / num_ranks sequences of each)"
+            )
+        if not self.trainer.max_tokens_per_micro_batch and (mini // ranks) % micro:
+            raise ValueError(
+                f"trainer.mini_batch_size / trainer.num_ranks = {mini // ranks} must be a "
+                f"multiple of trainer.micro_batch_size = {micro} (or set "
+                "trainer.max_tokens_per_micro_batch)"
             )
 
     @property
@@ -500,13 +563,25 @@ class RunConfig:
         return per_step // ranks
 
     @property
+    def mini_batches_per_step(self) -> int:
+        """Optimizer steps per epoch of an RL step: sequences_per_step / trainer.mini_batch_size."""
+        mini = self.trainer.mini_batch_size
+        return self.sequences_per_step // mini if mini else 1
+
+    @property
+    def mini_batch_per_rank(self) -> int:
+        """Sequences of one rank in one mini-batch (the whole shard without mini-batches)."""
+        return self.sequences_per_rank // self.mini_batches_per_step
+
+    @property
     def gradient_accumulation_steps(self) -> int:
-        """DeepSpeed's gradient_accumulation_steps: micro-batches per rank per step,
-        sequences_per_rank / micro_batch_size. With a token budget the count varies per step
-        and the worker marks each step's last micro-batch itself: then 1 (DeepSpeed divides the
-        loss by this number; the worker's loss scale undoes it either way).
+        """DeepSpeed's gradient_accumulation_steps: micro-batches per rank per optimizer step,
+        mini_batch_per_rank / micro_batch_size (without mini-batches: the whole shard). With a
+        token budget the count varies per mini-batch and the worker marks each one's last
+        micro-batch itself: then 1 (DeepSpeed divides the loss by this number; the worker's loss
+        scale undoes it either way).
         """
-        per_rank = self.sequences_per_rank
+        per_rank = self.mini_batch_per_rank
         if self.trainer.max_tokens_per_micro_batch:
             return 1
         return per_rank // self.trainer.micro_batch_size

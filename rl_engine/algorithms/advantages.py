@@ -7,7 +7,10 @@ Pure torch: no model, tokenizer or DeepSpeed knowledge.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
+
+from rl_engine.algorithms.estimators import grpo_advantages
 
 
 def group_normalized_advantages(
@@ -36,10 +39,5 @@ def group_normalized_advantages(
         raise ValueError(
             f"number of rewards N={n} is not a multiple of samples_per_prompt={samples_per_prompt}"
         )
-    groups = rewards.detach().float().view(-1, samples_per_prompt)
-    centered = groups - groups.mean(dim=1, keepdim=True)
-    if normalize_std:
-        # A group of one has no spread; correction=0 gives std 0 (and advantage 0), not NaN.
-        std = groups.std(dim=1, keepdim=True, correction=1 if samples_per_prompt > 1 else 0)
-        centered = centered / (std + eps)
-    return centered.reshape(n)
+    groups = torch.arange(n, device=rewards.device) // samples_per_prompt
+    return grpo_advantages(rewards.detach().float(), groups, normalize_std, eps)

@@ -16,8 +16,8 @@ The result is a per-token advantage shaped like `mask`, 0 off the mask, fp32; wi
 | `gae` | A_t = sum_l (gamma lam)^l delta_{t+l}, delta_t = r_t + gamma V_{t+1} - V_t, raw | Schulman et al. 2016 (GAE) |
 
 Conventions (they decide the numbers, so they are part of the contract):
-- A group of one has no peers: `grpo` and `rloo` give it 0 (no learning signal), like a
-  group whose rewards are all equal.
+- A group of one has no peers: `grpo`, `rloo` and `reinforce_pp_baseline` give it 0 (no
+  learning signal; its baseline is its own reward), like a group whose rewards are all equal.
 - `whiten` (REINFORCE++ only) is (x - mean) / sqrt(var + 1e-8) over all completion tokens of
   the batch, with the unbiased variance: token-weighted, as REINFORCE++ normalises over the
   global batch. `grpo`, `rloo` and `gae` are never whitened here.
@@ -88,17 +88,27 @@ def compute_advantages(
 def grpo_advantages(
     rewards: Tensor, group_index: Tensor, normalize_std: bool = True, eps: float = 1e-6
 ) -> Tensor:
-    """(B,) GRPO: (r_i - mean_g) / (std_g + eps) with the unbiased std; 0 for a group of one."""
+    """(B,) GRPO: (r_i - mean_g) / (std_g + eps) with the unbiased std; 0 for a group of one.
+
+    Groups of one size are stacked as rows of one (G, n) matrix, in the order of their first
+    member, and reduced along the rows, so a batch's advantages do not depend on how its
+    groups are interleaved. A group whose rewards are all equal gets exactly 0.
+    """
     out = torch.zeros_like(rewards)
-    for members in _groups(group_index):
-        group = rewards[members].view(1, -1)  # (1, n)
+    members = _groups_in_order(group_index)
+    for size in sorted({m.numel() for m in members}):
+        rows = torch.stack([m for m in members if m.numel() == size])  # (G, n) indices
+        group = rewards[rows]
         centered = group - group.mean(dim=1, keepdim=True)
+        # all rewards equal: exactly 0 (the rounded mean of n copies of x need not be x, and
+        # centered / (std + eps) would then turn rounding noise into an advantage)
+        centered = torch.where((group == group[:, :1]).all(dim=1, keepdim=True), 0.0, centered)
         if normalize_std:
             # a group of one has no spread: correction 0 gives std 0 and advantage 0, not NaN
-            std = group.std(dim=1, keepdim=True, correction=1 if group.shape[1] > 1 else 0)
+            std = group.std(dim=1, keepdim=True, correction=1 if size > 1 else 0)
             # all rewards equal: centered is 0, and stays 0 even with eps = 0
             centered = torch.where(std + eps > 0, centered / (std + eps), 0.0)
-        out[members] = centered.view(-1)
+        out[rows.reshape(-1)] = centered.reshape(-1)
     return out
 
 
@@ -184,6 +194,12 @@ def _groups(group_index: Tensor) -> list[Tensor]:
     return [
         (group_index == g).nonzero(as_tuple=True)[0] for g in torch.unique(group_index).tolist()
     ]
+
+
+def _groups_in_order(group_index: Tensor) -> list[Tensor]:
+    """Indices of each group's members (ascending), groups in order of their first member."""
+    groups = _groups(group_index)
+    return sorted(groups, key=lambda m: int(m[0]))
 
 
 def _per_token(per_sequence: Tensor, mask: Tensor | None) -> Tensor:

@@ -165,17 +165,56 @@ def test_overlong_penalty_hand_computed():
         overlong_penalty(lengths, max_length=20, buffer=21, factor=1.0)
 
 
-def test_grpo_equals_the_batch_layout_helper_bit_for_bit():
-    """compute_advantages('grpo') on consecutive groups == group_normalized_advantages (today's
-    TrainBatch path), so switching the worker to the estimator changes no run's numbers."""
+def _grouped_arithmetic(rewards, size, normalize_std=True, eps=1e-6):
+    """GRPO in the (G, n) layout, as TrainBatch computed it before the estimators."""
+    groups = rewards.view(-1, size)
+    centered = groups - groups.mean(dim=1, keepdim=True)
+    if normalize_std:
+        std = groups.std(dim=1, keepdim=True, correction=1 if size > 1 else 0)
+        centered = centered / (std + eps)
+    return centered.reshape(-1)
+
+
+def test_grpo_keeps_the_grouped_arithmetic_bit_for_bit():
+    """compute_advantages('grpo') on groups of one size, consecutive or interleaved, has the
+    bits of the (G, n) arithmetic TrainBatch used before, so no run's numbers change; only a
+    group whose rewards are all equal is exactly 0 where that arithmetic left rounding noise."""
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        size, count = (int(v) for v in torch.randint(1, 17, (2,), generator=gen))
+        rewards = torch.rand(count * size, generator=gen)
+        if trial % 2:
+            rewards = rewards.round(decimals=1)
+        groups = torch.arange(count * size) // size
+        perm = torch.randperm(count * size, generator=gen)
+        equal = (rewards.view(count, size) == rewards.view(count, size)[:, :1]).all(1)
+        equal = equal.repeat_interleave(size)
+        for normalize_std in (True, False):
+            expected = torch.where(equal, 0.0, _grouped_arithmetic(rewards, size, normalize_std))
+            got = compute_advantages("grpo", rewards, groups, normalize_std=normalize_std)
+            assert torch.equal(got, expected)
+            # interleaved rows: TrainBatch's order, groups by first row, members ascending
+            r, g = rewards[perm], groups[perm]
+            order = torch.cat([(g == k).nonzero()[:, 0] for k in dict.fromkeys(g.tolist())])
+            want = torch.empty_like(r)
+            equal_row = (r[order].view(count, size) == r[order].view(count, size)[:, :1]).all(1)
+            want[order] = torch.where(
+                equal_row.repeat_interleave(size),
+                0.0,
+                _grouped_arithmetic(r[order], size, normalize_std),
+            )
+            got = compute_advantages("grpo", r, g, normalize_std=normalize_std)
+            assert torch.equal(got, want)
+
+
+def test_grpo_all_equal_group_is_exactly_zero_where_the_plain_arithmetic_is_not():
+    # 7 x 2/3: the rounded mean is not 2/3, and (r - mean) / (std + eps) makes that noise 3.6e-3
+    rewards = torch.cat([torch.full((7,), 2.0 / 3.0), torch.arange(7.0)])
+    groups = torch.arange(14) // 7
+    assert _grouped_arithmetic(rewards, 7)[:7].abs().max() > 1e-3  # the negative control
+    adv = compute_advantages("grpo", rewards, groups)
+    assert torch.equal(adv[:7], torch.zeros(7))
+    assert torch.equal(adv[7:], _grouped_arithmetic(rewards, 7)[7:])
     from rl_engine.algorithms import group_normalized_advantages
 
-    gen = torch.Generator().manual_seed(0)
-    for size in (2, 3, 8):
-        rewards = torch.rand(6 * size, generator=gen).round(decimals=1)
-        groups = torch.arange(6 * size) // size
-        for normalize_std in (True, False):
-            assert torch.equal(
-                compute_advantages("grpo", rewards, groups, normalize_std=normalize_std),
-                group_normalized_advantages(rewards, size, normalize_std=normalize_std),
-            )
+    assert torch.equal(group_normalized_advantages(rewards, 7), adv)

@@ -99,15 +99,19 @@ def step_sampling(config: RunConfig, step: int, eos_token_id):
 
 
 def train_batch(config: RunConfig, completions: list[Completion], rewards: list[float], eos):
-    """The step's TrainBatch (advantages normalised within each prompt's group), padded with EOS."""
+    """The step's TrainBatch, padded with EOS; its advantages are `algorithm.advantage`'s
+    (rl_engine.algorithms.compute_advantages) over the prompts' groups."""
     from rl_engine.executors.worker.batch import TrainBatch
 
+    algo = config.algorithm
     return TrainBatch.from_completions(
         completions,
         rewards,
         samples_per_prompt=config.rollout.samples_per_prompt,
         pad_token_id=eos if isinstance(eos, int) else 0,
-        normalize_std=config.algorithm.normalize_std,
+        normalize_std=algo.normalize_std,
+        advantage=algo.advantage,
+        gamma=algo.gamma,
     )
 
 

@@ -6,7 +6,8 @@ Layout (B sequences, T columns, right padding):
     attention_mask  (B, T)    int64  1 on real tokens
     response_mask   (B, T-1)  bool   position t scores a completion token (token t+1)
     rollout_logprobs(B, T-1)  fp32   the rollout engine's logprob of token t+1; 0 off the mask
-    advantages      (B,)      fp32   group-normalised (GRPO) per sequence
+    advantages      (B,) or (B, T-1)  fp32   one per sequence (broadcast over its completion
+                                     tokens) or per token, aligned with response_mask
     rewards         (B,)      fp32
     logprob_temperature  float       the T of the rollout logprobs, log_softmax(logits / T)
     weight_version       int | None  the policy version that sampled the batch (None: unknown)
@@ -24,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rl_engine.algorithms import group_normalized_advantages
+from rl_engine.algorithms import compute_advantages
 from rl_engine.executors.worker.errors import BatchError
 
 _TENSORS = (
@@ -45,7 +46,7 @@ class TrainBatch:
     attention_mask: torch.Tensor  # (B, T) int64
     response_mask: torch.Tensor  # (B, T-1) bool
     rollout_logprobs: torch.Tensor  # (B, T-1) fp32
-    advantages: torch.Tensor  # (B,) fp32
+    advantages: torch.Tensor  # (B,) or (B, T-1) fp32
     rewards: torch.Tensor  # (B,) fp32
     logprob_temperature: float = 1.0
     weight_version: int | None = None
@@ -72,12 +73,16 @@ class TrainBatch:
         pad_token_id: int | None = None,
         normalize_std: bool = True,
         vocab_size: int | None = None,
+        advantage: str = "grpo",
+        gamma: float = 1.0,
     ) -> TrainBatch:
         """Lay out rollout `Completion`s (rows in the given order) with their rewards.
 
         GRPO groups are the completions sharing a `prompt_index` (in any order); each group
         must have `samples_per_prompt` members when given, else all groups the same size.
-        Advantages are `group_normalized_advantages` within each group. `pad_token_id` fills
+        Advantages are `compute_advantages(advantage, ...)` over the groups (`grpo`, `rloo`:
+        one per sequence, (B,); `reinforce_pp`, `reinforce_pp_baseline`: per token, (B, T-1),
+        whitened over the batch's completion tokens). `pad_token_id` fills
         the right padding (pass the tokenizer's pad id or the model's `config.eos_token_id`).
         With `vocab_size`, token ids are checked against it here too (the worker always checks).
         """
@@ -92,13 +97,20 @@ class TrainBatch:
             raise BatchError(f"rewards must be finite, got {rewards_t.tolist()}")
         width = max(len(c.prompt_ids) + len(c.token_ids) for c in completions)
         rows = [_layout(c, width, pad_token_id) for c in completions]
+        response_mask = torch.stack([r[2] for r in rows])
         batch = cls(
             input_ids=torch.stack([r[0] for r in rows]),
             attention_mask=torch.stack([r[1] for r in rows]),
-            response_mask=torch.stack([r[2] for r in rows]),
+            response_mask=response_mask,
             rollout_logprobs=torch.stack([r[3] for r in rows]),
             advantages=_grouped_advantages(
-                completions, rewards_t, samples_per_prompt, normalize_std
+                completions,
+                rewards_t,
+                samples_per_prompt,
+                advantage=advantage,
+                mask=response_mask,
+                normalize_std=normalize_std,
+                gamma=gamma,
             ),
             rewards=rewards_t,
             logprob_temperature=_one_value(completions, "logprob_temperature"),
@@ -182,6 +194,9 @@ class TrainBatch:
             attention_mask=self.attention_mask[:, :width],
             response_mask=self.response_mask[:, : width - 1],
             rollout_logprobs=self.rollout_logprobs[:, : width - 1],
+            advantages=self.advantages
+            if self.advantages.dim() == 1
+            else self.advantages[:, : width - 1],
         )
 
 
@@ -196,8 +211,14 @@ def _one_value(completions, name: str):
     return values[0]
 
 
-def _grouped_advantages(completions, rewards, samples_per_prompt, normalize_std):
-    """GRPO advantages within each group of completions sharing a prompt_index; rows keep their order."""
+# estimators whose advantage is one number per sequence: the batch keeps them (B,)
+_PER_SEQUENCE = ("grpo", "rloo")
+
+
+def _grouped_advantages(
+    completions, rewards, samples_per_prompt, *, advantage, mask, normalize_std, gamma
+):
+    """The estimator's advantages over the groups of completions sharing a prompt_index."""
     groups: dict[int, list[int]] = {}
     for row, c in enumerate(completions):
         groups.setdefault(c.prompt_index, []).append(row)
@@ -209,12 +230,15 @@ def _grouped_advantages(completions, rewards, samples_per_prompt, normalize_std)
             f"every prompt needs samples_per_prompt={expected} completions; prompt_index -> count "
             f"differs for {wrong}"
         )
-    order = torch.tensor([row for rows in groups.values() for row in rows])
-    advantages = torch.empty_like(rewards)
-    advantages[order] = group_normalized_advantages(
-        rewards[order], expected, normalize_std=normalize_std
+    group_index = torch.tensor([c.prompt_index for c in completions], dtype=torch.long)
+    options = {"normalize_std": normalize_std} if advantage == "grpo" else {"gamma": gamma}
+    return compute_advantages(
+        advantage,
+        rewards,
+        group_index,
+        mask=None if advantage in _PER_SEQUENCE else mask,
+        **options,
     )
-    return advantages
 
 
 def _check_completions(completions, rewards) -> None:
@@ -265,18 +289,20 @@ def _check_shapes(batch: TrainBatch) -> None:
         raise BatchError(
             f"input_ids must be (B, T) with T >= 2, got shape {tuple(batch.input_ids.shape)}"
         )
+    per_token = batch.advantages.dim() == 2
     expected = {
         "attention_mask": (b, t),
         "response_mask": (b, t - 1),
         "rollout_logprobs": (b, t - 1),
-        "advantages": (b,),
+        "advantages": (b, t - 1) if per_token else (b,),
         "rewards": (b,),
     }
     for name, shape in expected.items():
         actual = tuple(getattr(batch, name).shape)
         if actual != shape:
+            what = f"{(b,)} or {(b, t - 1)}" if name == "advantages" else f"{shape}"
             raise BatchError(
-                f"TrainBatch.{name} must have shape {shape} (input_ids is {(b, t)}), got {actual}"
+                f"TrainBatch.{name} must have shape {what} (input_ids is {(b, t)}), got {actual}"
             )
     if batch.input_ids.dtype != torch.long:
         raise BatchError(f"TrainBatch.input_ids must be int64, got {batch.input_ids.dtype}")

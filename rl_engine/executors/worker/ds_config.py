@@ -58,7 +58,8 @@ def build_deepspeed_config(config: RunConfig, world_size: int) -> dict:
     micro, accum = config.trainer.micro_batch_size, config.gradient_accumulation_steps
     budget = config.trainer.max_tokens_per_micro_batch
     # With a token budget the micro-batch count varies per step: the worker marks each
-    # step's last micro-batch (set_gradient_accumulation_boundary) and DeepSpeed's count is 1.
+    # optimizer step's last micro-batch (set_gradient_accumulation_boundary) and DeepSpeed's
+    # count is 1. One optimizer step is one mini-batch (trainer.mini_batch_size).
     _fill(ds, "train_micro_batch_size_per_gpu", micro, "trainer.micro_batch_size")
     _fill(
         ds,
@@ -66,7 +67,8 @@ def build_deepspeed_config(config: RunConfig, world_size: int) -> dict:
         accum,
         "trainer.max_tokens_per_micro_batch: 1, the worker sets each step's boundary"
         if budget
-        else "sequences_per_step / (micro_batch_size x num_ranks)",
+        else "sequences per optimizer step (trainer.mini_batch_size, default the whole step) / "
+        "(micro_batch_size x num_ranks)",
     )
     _fill(
         ds,
@@ -74,7 +76,7 @@ def build_deepspeed_config(config: RunConfig, world_size: int) -> dict:
         micro * accum * world_size,
         "trainer.micro_batch_size x num_ranks under a token budget"
         if budget
-        else "rollout.prompts_per_step x samples_per_prompt",
+        else "trainer.mini_batch_size, or rollout.prompts_per_step x samples_per_prompt",
     )
     _fill(ds, "gradient_clipping", float(config.trainer.grad_clip), "trainer.grad_clip")
     zero = ds.setdefault("zero_optimization", {})

@@ -99,6 +99,7 @@ def micro_loss(
             clip_eps_high=algo.clip_eps_high,
             aggregation=algo.loss_aggregation,
             is_weights=None if weights is None else weights[rows],
+            ratio_level=algo.ratio_level,
         )
         clipped = stats["clip_fraction"] * loss_mask.sum()
         if ref_logp is not None:
