@@ -9,6 +9,7 @@ the rank(s) and why. The shards must also agree on `logprob_temperature`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.distributed import Collectives
@@ -16,21 +17,23 @@ from rl_engine.executors.worker.errors import BatchError
 from rl_engine.executors.worker.micro_batches import MicroBatch, plan
 
 
-def agree_on_batch(comm: Collectives, check: Callable[[], list[MicroBatch]]) -> list[MicroBatch]:
-    """`check()` on this rank (its micro-batches), once every rank's check has passed.
+def agree_on_batch(
+    comm: Collectives, check: Callable[[], list[list[MicroBatch]]]
+) -> list[list[MicroBatch | None]]:
+    """`check()` on this rank (its mini-batches' micro-batches), once every rank's check has passed.
 
-    Also agreed: the micro-batch count. A rank with fewer micro-batches than another gets
-    `None` entries appended (empty micro-batches: they still run a forward and a backward,
-    so that every rank takes part in the same collectives).
+    Also agreed: the micro-batch count of each mini-batch. A rank with fewer micro-batches in
+    one than another gets `None` entries appended there (empty micro-batches: they still run a
+    forward and a backward, so that every rank takes part in the same collectives).
     """
     try:
-        micro, report = check(), None
+        minis, report = check(), None
     except Exception as err:  # any type: the other ranks must hear of it, not wait
-        micro = None
+        minis = None
         report = str(err) if isinstance(err, BatchError) else f"{type(err).__name__}: {err}"
-    temperature = None if micro is None else micro[0].batch.logprob_temperature
-    count = 0 if micro is None else len(micro)
-    reports = comm.all_gather((report, temperature, count))
+    temperature = None if minis is None else minis[0][0].batch.logprob_temperature
+    counts = None if minis is None else [len(m) for m in minis]
+    reports = comm.all_gather((report, temperature, counts))
     bad = [(rank, text) for rank, (text, _, _) in enumerate(reports) if text is not None]
     if bad:
         raise BatchError(
@@ -46,8 +49,8 @@ def agree_on_batch(comm: Collectives, check: Callable[[], list[MicroBatch]]) -> 
             + "); one step's shards must come from one batch, sampled at one temperature",
             ranks=tuple(r for r, t in enumerate(temps) if t != temps[0]),
         )
-    most = max(n for _, _, n in reports)
-    return micro + [None] * (most - len(micro))
+    most = [max(c[j] for _, _, c in reports) for j in range(len(minis))]
+    return [micro + [None] * (n - len(micro)) for micro, n in zip(minis, most)]
 
 
 def micro_batches(
@@ -56,36 +59,63 @@ def micro_batches(
     vocab_size: int,
     micro_batch_size: int,
     device,
-    sequences: int | None = None,
-    weight_version: int | None = None,
     packing: bool = False,
     max_tokens: int = 0,
 ) -> list[MicroBatch]:
-    """This rank's validated micro-batches on `device` (`micro_batches.plan`); raises BatchError.
+    """The validated micro-batches of `batch` on `device` (`micro_batches.plan`); raises BatchError."""
+    if not isinstance(batch, TrainBatch):
+        raise BatchError(f"batch must be a TrainBatch, got {type(batch).__name__}")
+    batch.validate(vocab_size)
+    return _planned(batch.to(device), micro_batch_size, max_tokens, packing)
 
-    For a training step (`sequences` given: the shard's expected size) the shard must hold
-    exactly that many sequences with a scored token in every micro-batch; with
-    `weight_version` (parity 'strict') a batch sampled by another version is stale.
+
+def step_mini_batches(
+    batch,
+    *,
+    vocab_size: int,
+    micro_batch_size: int,
+    device,
+    sequences: int,
+    mini_batch: int,
+    weight_version: int | None = None,
+    packing: bool = False,
+    max_tokens: int = 0,
+) -> list[list[MicroBatch]]:
+    """A training step's shard as mini-batches of `mini_batch` consecutive rows, each planned
+    into micro-batches on `device`; raises BatchError.
+
+    The shard must hold exactly `sequences` sequences with a scored token in every
+    micro-batch; with `weight_version` (parity 'strict') a batch sampled by another version is
+    stale. `MicroBatch.sequences` are rows of the whole shard.
     """
     if not isinstance(batch, TrainBatch):
         raise BatchError(f"batch must be a TrainBatch, got {type(batch).__name__}")
     batch.validate(vocab_size)
-    layout = dict(micro_batch_size=micro_batch_size, max_tokens=max_tokens, packing=packing)
-    if sequences is not None:
-        _check_step_shard(batch, sequences, weight_version, micro_batch_size, max_tokens)
+    _check_step_shard(batch, sequences, weight_version, micro_batch_size, max_tokens)
+    batch, minis = batch.to(device), []
+    for start in range(0, sequences, mini_batch):
+        micro = _planned(
+            batch._rows(slice(start, start + mini_batch)), micro_batch_size, max_tokens, packing
+        )
+        micro = [replace(mb, sequences=tuple(start + s for s in mb.sequences)) for mb in micro]
+        for index, mb in enumerate(micro):
+            if not bool(mb.batch.response_mask.any()):
+                where = f" of mini-batch {len(minis)}" if mini_batch < sequences else ""
+                raise BatchError(
+                    f"micro-batch {index}{where} (sequences {_listed(mb.sequences)}) "
+                    "scores no completion token"
+                )
+        minis.append(micro)
+    return minis
+
+
+def _planned(batch, micro_batch_size: int, max_tokens: int, packing: bool) -> list[MicroBatch]:
     try:
-        micro = plan(batch.to(device), **layout)
+        return plan(
+            batch, micro_batch_size=micro_batch_size, max_tokens=max_tokens, packing=packing
+        )
     except ValueError as err:  # a sequence longer than the token budget
         raise BatchError(f"{err} (trainer.max_tokens_per_micro_batch = {max_tokens})") from None
-    if sequences is None:
-        return micro
-    for index, mb in enumerate(micro):
-        if not bool(mb.batch.response_mask.any()):
-            raise BatchError(
-                f"micro-batch {index} (sequences {_listed(mb.sequences)}) "
-                "scores no completion token"
-            )
-    return micro
 
 
 def _check_step_shard(batch, sequences, weight_version, micro_batch_size, max_tokens) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -23,7 +24,11 @@ from rl_engine.config import RunConfig
 from rl_engine.devices import check_device
 from rl_engine.executors.worker import checkpoints
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.batch_checks import agree_on_batch, micro_batches
+from rl_engine.executors.worker.batch_checks import (
+    agree_on_batch,
+    micro_batches,
+    step_mini_batches,
+)
 from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_deepspeed
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
 from rl_engine.executors.worker.errors import BatchError, ParityError, parity_error
@@ -36,7 +41,7 @@ from rl_engine.executors.worker.policy import (
     release_zero3_parameters,
 )
 from rl_engine.executors.worker.router_terms import RouterTerms
-from rl_engine.executors.worker.step_corrections import StepCorrections
+from rl_engine.executors.worker.step_corrections import StepCorrections, needs_scoring_pass
 from rl_engine.executors.worker.step_loss import (
     RECORD_SIZE,
     TOKENS,
@@ -58,6 +63,14 @@ from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
 __all__ = ["BatchError", "DeepSpeedTrainingWorker", "ParityError", "build_deepspeed_config"]
 
 logger = logging.getLogger(__name__)
+
+
+class MicroSlot(NamedTuple):
+    """Where a training forward sits in the step: epoch, mini-batch, micro-batch."""
+
+    epoch: int
+    mini: int
+    micro: int
 
 
 class DeepSpeedTrainingWorker:
@@ -119,85 +132,151 @@ class DeepSpeedTrainingWorker:
     # -------------------------------------------------------------- the step
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One optimizer step on this rank's shard; returns metrics all-reduced over ranks.
+        """One RL step on this rank's shard: `trainer.epochs` passes over its mini-batches, one
+        optimizer step each; returns metrics all-reduced over ranks.
 
         Metrics: loss (policy loss + kl_coef x kl), policy_loss, clip_fraction, kl (k3 to the
         reference policy, 0 without one), entropy (an ESTIMATE: minus the mean logprob of the
         sampled completion tokens), tokens, grad_norm, lr, step, weight_version,
-        skipped_update (1 when a non-finite loss or gradient on any rank skipped the update
-        on all ranks; then skip_reason says why) and, unless parity is 'off',
-        parity/{exact_match_fraction, max_abs_diff, mean_abs_diff, kl, num_tokens}: the
-        trainer's logprobs of this step's first forward vs the rollout's, before the update;
+        skipped_update (how many updates a non-finite loss or gradient on any rank skipped,
+        on all ranks; then skip_reason says why), updates (optimizer steps taken or skipped)
+        and, unless parity is 'off', parity/{exact_match_fraction, max_abs_diff,
+        mean_abs_diff, kl, num_tokens}: the trainer's logprobs of the pre-update policy vs the
+        rollout's (`trainer.parity_scope`: the first mini-batch's, or every sequence);
         correction/{ratio_mean, ratio_min, ratio_max, truncated_fraction, masked_fraction,
         masked_sequence_fraction, k3_kl, trainer_ppl, rollout_ppl}: the importance ratio
         trainer / rollout and what `algorithm.rollout_correction` truncated or dropped;
         for a mixture-of-experts policy router/{aux_loss, max_load_share,
         max_load_share_worst_layer, load_entropy} (rl_engine/executors/worker/router_terms.py).
+        With several updates, loss, policy_loss, kl and router/aux_loss are means over the
+        updates, clip_fraction and entropy over every training forward's tokens, and grad_norm
+        is the last update's.
 
         A bad shard on any rank: BatchError on every rank, before any forward. parity 'strict':
-        a mismatch in any micro-batch (checked before its backward) raises ParityError on every
-        rank, no update taken. After an exception that follows a backward, the worker refuses
-        further steps (gradients are left inside DeepSpeed).
+        a mismatch in any checked micro-batch (checked before its backward) raises ParityError
+        on every rank, no update taken. After an exception that follows a backward, the worker
+        refuses further steps (gradients are left inside DeepSpeed).
         """
         self._require_usable()
-        micro = agree_on_batch(self.comm, lambda: self._micro_batches(batch, step=True))
+        minis = agree_on_batch(self.comm, lambda: self._mini_batches(batch))
         # engine.backward divides by DeepSpeed's gradient_accumulation_steps: undone here
         scale = self.engine.gradient_accumulation_steps() * self.world_size
         sums = torch.zeros(RECORD_SIZE, dtype=torch.float64)
         parity = torch.zeros(NUM_SUMS, dtype=torch.float64)
-        norm, last = None, len(micro) - 1
+        norm, outcomes = None, []
+        self._ref_logp = {}
         self.engine.train()
         with self._recoverable():
+            scored, parity = self._scoring_pass(minis)  # before any update: parity and proximal
             corrections = StepCorrections(
                 self.config.algorithm,
-                [None if mb is None else mb.batch for mb in micro],
-                lambda index: self._forward(micro[index]),
+                [[None if mb is None else mb.batch for mb in micro] for micro in minis],
+                scored,
                 self.comm.all_reduce,
             )
-            self.router.start(micro, self.comm.all_reduce)
-            for index, mb in enumerate(micro):
-                # Micro-batch counts vary per step: DeepSpeed reduces gradients and may update
-                # after the step's last one only, on every rank at once (the count is agreed).
-                self.engine.set_gradient_accumulation_boundary(index == last)
-                loss, record, mb_parity = self._micro_loss(index, mb, corrections, scale)
-                sums, parity = sums + record, merge_sums(parity, mb_parity)
-                self._backward_taken = True
-                self.engine.backward(loss)
-                if index == last:  # the accumulation boundary: step() may update
-                    norm = self._stage0_grad_norm()  # before step() clips and clears the grads
-                    self.guard.arm(force_skip=not bool(torch.isfinite(sums[:TOKENS]).all()))
-                self.engine.step()
-        return self._finish_step(sums, parity, norm, corrections)
+            self.router.start(minis, self.comm.all_reduce)
+            for epoch in range(self.config.trainer.epochs):
+                for j, micro in enumerate(minis):
+                    record, norm = self._update(epoch, j, micro, corrections, scale, norm)
+                    sums, parity = sums + record[0], merge_sums(parity, record[1])
+                    outcomes.append(self.guard.outcome)
+        return self._finish_step(sums, parity, norm, corrections, outcomes)
 
-    def _micro_loss(self, index: int, mb: MicroBatch | None, corrections, scale: int):
-        """(loss to backpropagate, record, parity sums) of micro-batch `index`.
+    def _update(self, epoch: int, j: int, micro, corrections, scale: int, norm):
+        """One optimizer step on mini-batch `j`: its micro-batches' forwards and backwards, the
+        accumulation boundary on its last one. Returns ((record, parity sums), grad norm)."""
+        sums = torch.zeros(RECORD_SIZE, dtype=torch.float64)
+        parity = torch.zeros(NUM_SUMS, dtype=torch.float64)
+        last = len(micro) - 1
+        for i, mb in enumerate(micro):
+            # Micro-batch counts vary per mini-batch: DeepSpeed reduces gradients and may update
+            # after its last one only, on every rank at once (the count is agreed).
+            self.engine.set_gradient_accumulation_boundary(i == last)
+            loss, record, mb_parity = self._micro_loss(
+                MicroSlot(epoch, j, i), mb, corrections, scale
+            )
+            sums, parity = sums + record, merge_sums(parity, mb_parity)
+            self._backward_taken = True
+            self.engine.backward(loss)
+            if i == last:  # the accumulation boundary: step() may update
+                norm = self._stage0_grad_norm()  # before step() clips and clears the grads
+                self.guard.arm(force_skip=not bool(torch.isfinite(sums[:TOKENS]).all()))
+            self.engine.step()
+        return (sums, parity), norm
 
-        An empty micro-batch (None: another rank has more) runs a forward on a two-token
-        dummy row and backpropagates zero, taking part in every collective of a real one.
+    def _scoring_pass(self, minis) -> tuple[dict, torch.Tensor]:
+        """The no-grad forward of the mini-batches whose training forward comes after an update,
+        where parity (`trainer.parity_scope: all`) or the rollout correction needs their
+        pre-update logprobs; mask corrections need every mini-batch's. Returns (logprobs by
+        (mini-batch, micro-batch), parity sums). Nothing to do with one mini-batch."""
+        algo, scope = self.config.algorithm, self.config.trainer.parity_scope
+        checks = self.config.parity != "off" and scope == "all"
+        logps, parity = {}, torch.zeros(NUM_SUMS, dtype=torch.float64)
+        with torch.no_grad():
+            for j, micro in enumerate(minis):
+                check = checks and j > 0
+                if not (check or needs_scoring_pass(algo, j)):
+                    continue
+                for i, mb in enumerate(micro):
+                    logp = self._forward(mb)  # every rank runs as many forwards (ZeRO-3)
+                    if mb is not None:
+                        logps[(j, i)] = logp
+                    if j > 0 and self.config.parity != "off":  # checked here, not after an update
+                        parity = merge_sums(parity, self._check_parity(mb, logp))
+        return logps, parity
+
+    def _micro_loss(self, slot: MicroSlot, mb: MicroBatch | None, corrections, scale: int):
+        """(loss to backpropagate, record, parity sums) of the micro-batch at `slot`.
+
+        Its forward is checked for parity when it is the step's first of these tokens (the
+        first mini-batch in the first epoch: no update has happened yet). An empty
+        micro-batch (None: another rank has more) runs a forward on a two-token dummy row and
+        backpropagates zero, taking part in every collective of a real one.
         """
+        pre_update = slot.epoch == 0 and slot.mini == 0
         with self.router.recording() as routing:  # MoE policies: router logits, experts
-            logp = self._forward(mb)  # (b, T-1) fp32, the step's first forward of these tokens
+            logp = self._forward(mb)  # (b, T-1) fp32
+        no_parity = torch.zeros(NUM_SUMS, dtype=torch.float64)
         if mb is None:
-            parity = self._check_parity(None, logp)  # zeros, after the same collective
+            parity = self._check_parity(None, logp) if pre_update else no_parity
             return logp.sum() * 0.0, torch.zeros(RECORD_SIZE, dtype=torch.float64), parity
-        parity = self._check_parity(mb, logp.detach())
-        corrected = corrections.take(index, mb.batch, logp)
-        ref_logp = self._reference_logp(mb)
+        parity = self._check_parity(mb, logp.detach()) if pre_update else no_parity
+        key = (slot.mini, slot.micro)
+        corrected = corrections.take(key, mb.batch, logp if pre_update else None)
+        ref_logp = self._reference_logp(key, mb)
         loss, record = micro_loss(
-            self.config.algorithm, mb.batch, logp, ref_logp, corrections.units, scale, corrected
+            self.config.algorithm,
+            mb.batch,
+            logp,
+            ref_logp,
+            corrections.units[slot.mini],
+            scale,
+            corrected,
         )
-        aux = self.router.loss(routing, mb, scale)
+        aux = self.router.loss(routing, mb, scale, slot.mini)
         return (loss if aux is None else loss + aux), record, parity
 
-    def _micro_batches(self, batch, *, step: bool) -> list[MicroBatch]:
+    def _mini_batches(self, batch) -> list[list[MicroBatch]]:
         strict, trainer = self.config.parity == "strict", self.config.trainer
+        return step_mini_batches(
+            batch,
+            vocab_size=self.vocab_size,
+            micro_batch_size=trainer.micro_batch_size,
+            device=self.device,
+            sequences=self.config.sequences_per_rank,
+            mini_batch=self.config.mini_batch_per_rank,
+            weight_version=self.weight_version if strict else None,
+            packing=trainer.packing,
+            max_tokens=trainer.max_tokens_per_micro_batch,
+        )
+
+    def _micro_batches(self, batch) -> list[MicroBatch]:
+        trainer = self.config.trainer
         return micro_batches(
             batch,
             vocab_size=self.vocab_size,
             micro_batch_size=trainer.micro_batch_size,
             device=self.device,
-            sequences=self.config.sequences_per_rank if step else None,
-            weight_version=self.weight_version if step and strict else None,
             packing=trainer.packing,
             max_tokens=trainer.max_tokens_per_micro_batch,
         )
@@ -234,11 +313,14 @@ class DeepSpeedTrainingWorker:
                 raise parity_error(self.rank, logp, view, rows, mismatches)
         return sums
 
-    def _reference_logp(self, mb: MicroBatch) -> torch.Tensor | None:
+    def _reference_logp(self, key: tuple[int, int], mb: MicroBatch) -> torch.Tensor | None:
+        """The frozen reference's logprobs of micro-batch `key`, computed once per step."""
         if self.reference is None:
             return None
-        with torch.no_grad():
-            return self._forward(mb, self.reference)
+        if key not in self._ref_logp:
+            with torch.no_grad():
+                self._ref_logp[key] = self._forward(mb, self.reference)
+        return self._ref_logp[key]
 
     def _stage0_grad_norm(self) -> float | None:
         """Plain ZeRO-0 fp32 keeps the averaged grads in .grad and DeepSpeed does not report their norm."""
@@ -248,24 +330,27 @@ class DeepSpeedTrainingWorker:
         return grad_norm(self.module)
 
     def _finish_step(
-        self, sums, parity, stage0_norm: float | None, corrections: StepCorrections
+        self, sums, parity, stage0_norm: float | None, corrections: StepCorrections, outcomes
     ) -> dict[str, float]:
         sums, parity = self.comm.all_reduce(sums), reduce_sums(parity, self.comm.all_reduce)
         correction = corrections.metrics(self.comm.all_reduce)
-        skipped = self.guard.outcome != "stepped"  # None: DeepSpeed skipped it on every rank
-        self.weight_version += 0 if skipped else 1
+        # an outcome of None: DeepSpeed skipped that update on every rank
+        skipped = sum(outcome != "stepped" for outcome in outcomes)
+        self.weight_version += len(outcomes) - skipped
         norm = self.engine.get_global_grad_norm()
         norm = stage0_norm if norm is None else norm
         metrics = step_metrics(
             sums,
             None if self.config.parity == "off" else MismatchMetrics.from_sums(parity),
             skipped,
+            updates=len(outcomes),
+            epochs=self.config.trainer.epochs,
             grad_norm=float("nan") if norm is None else float(norm),
             lr=float(self.engine.get_lr()[0]),
             step=self.global_step,
             weight_version=self.weight_version,
             **correction,
-            **self.router.metrics(self.comm.all_reduce),
+            **self.router.metrics(self.comm.all_reduce, len(outcomes)),
         )
         self._log_step(metrics)
         return metrics
@@ -308,7 +393,7 @@ class DeepSpeedTrainingWorker:
         (every rank calls it with the same number of micro-batches).
         """
         self._require_usable()
-        micro = agree_on_batch(self.comm, lambda: self._micro_batches(batch, step=False))
+        micro = agree_on_batch(self.comm, lambda: [self._micro_batches(batch)])[0]
         self.engine.eval()
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
         with self._recoverable():

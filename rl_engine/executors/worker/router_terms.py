@@ -5,7 +5,7 @@ Each micro-batch's first forward records the policy's routing
 chosen experts, rows = the micro-batch's tokens). With
 `algorithm.router_aux_loss_coef` > 0 the load-balancing loss of those logits
 over the real tokens (rl_engine/algorithms/router.py: HF's formula) joins the
-micro-batch's loss, weighted by its share of the step's real tokens on all
+micro-batch's loss, weighted by its share of its mini-batch's real tokens on all
 ranks: the step minimises policy loss + coef x the token-weighted mean of its
 micro-batches' auxiliary losses (`router/aux_loss`). The expert load is summed
 over micro-batches and ranks: `router/max_load_share` (the most loaded
@@ -48,15 +48,19 @@ class RouterTerms:
     def active(self) -> bool:
         return bool(self.layers)
 
-    def start(self, micro: list[MicroBatch | None], all_reduce: Callable) -> None:
-        """Zero the step's sums; count the step's real tokens on all ranks (None: an empty
-        micro-batch, which another rank has more of)."""
+    def start(self, minis: list[list[MicroBatch | None]], all_reduce: Callable) -> None:
+        """Zero the step's sums; count each mini-batch's real tokens on all ranks (None: an
+        empty micro-batch, which another rank has more of)."""
         if not self.active:
             return
         self.counts = torch.zeros(len(self.layers), self.num_experts, dtype=torch.float64)
         self.aux = torch.zeros(1, dtype=torch.float64)
-        local = sum(float(mb.batch.attention_mask.sum()) for mb in micro if mb is not None)
-        self.tokens = max(float(all_reduce(torch.tensor([local], dtype=torch.float64))[0]), 1.0)
+        local = [
+            sum(float(mb.batch.attention_mask.sum()) for mb in micro if mb is not None)
+            for micro in minis
+        ]
+        total = all_reduce(torch.tensor(local, dtype=torch.float64))
+        self.tokens = [max(float(t), 1.0) for t in total]
 
     @contextmanager
     def recording(self) -> Iterator[RoutingRecorder | None]:
@@ -67,27 +71,31 @@ class RouterTerms:
         with RoutingRecorder(self.policy, detach=self.coef == 0) as recorder:
             yield recorder
 
-    def loss(self, recorder: RoutingRecorder | None, mb: MicroBatch | None, scale: int):
-        """This micro-batch's auxiliary-loss term (to add to its loss), or None; counts its load.
-        An empty micro-batch (None) routes only its dummy row: no term, no load."""
+    def loss(
+        self, recorder: RoutingRecorder | None, mb: MicroBatch | None, scale: int, mini: int = 0
+    ):
+        """This micro-batch's auxiliary-loss term (to add to its loss), weighted by its share of
+        mini-batch `mini`'s tokens, or None; counts its load. An empty micro-batch (None) routes
+        only its dummy row: no term, no load."""
         if recorder is None or mb is None:
             return None
         mask = forward_token_mask(mb)
         logits = [torch.cat([c.logits for c in recorder.calls[name]]) for name in self.layers]
         indices = [torch.cat([c.indices for c in recorder.calls[name]]) for name in self.layers]
         self.counts += expert_counts(indices, self.num_experts, mask)
-        share = float(mask.sum()) / self.tokens
+        share = float(mask.sum()) / self.tokens[mini]
         aux = load_balancing_loss(logits, indices, self.num_experts, mask)
         self.aux += float(aux.detach()) * share  # reported with any coefficient, 0 included
         return None if self.coef == 0 else self.coef * aux * share * scale
 
-    def metrics(self, all_reduce: Callable) -> dict[str, float]:
-        """router/* metrics of the step (sums over ranks); {} for a dense policy."""
+    def metrics(self, all_reduce: Callable, updates: int = 1) -> dict[str, float]:
+        """router/* metrics of the step (sums over ranks; aux_loss the mean over its `updates`
+        optimizer steps, the load over every training forward); {} for a dense policy."""
         if not self.active:
             return {}
         stats = load_statistics(all_reduce(self.counts))
         out = {f"router/{name}": value for name, value in stats.items()}
-        out["router/aux_loss"] = float(all_reduce(self.aux)[0])
+        out["router/aux_loss"] = float(all_reduce(self.aux)[0]) / updates
         return out
 
 

@@ -1,12 +1,16 @@
 """A step's rollout-correction bookkeeping (`algorithm.rollout_correction`, docs/rollouts.md).
 
-`StepCorrections` gives `train_step` what it needs in a few calls: the loss
-normaliser over every micro-batch and rank (`units`), each micro-batch's
-`Corrected` for `micro_loss` (`take`), and the step's correction/* metrics
-(`metrics`). Mask modes drop tokens, and a dropped token leaves the step's global
-denominator, so their corrections come from a no-grad forward of every
-micro-batch before the first backward; other modes take each micro-batch's
-correction from its own forward.
+`StepCorrections` gives `train_step` what it needs in a few calls: each mini-batch's loss
+normaliser over its micro-batches and every rank (`units`), each micro-batch's `Corrected`
+for `micro_loss` (`take`), and the step's correction/* metrics (`metrics`).
+
+A correction is always taken against the trainer's logprobs BEFORE the step's first update:
+from the step's scoring pass (a no-grad forward before any backward) where one ran, else from
+the micro-batch's first training forward (the first mini-batch of the first epoch), and kept
+for every later epoch. Mask modes drop tokens, and a dropped token leaves its mini-batch's
+denominator, so they need the scoring pass over every micro-batch; the other modes need it
+over the mini-batches after the first (their training forwards come after an update). Each
+micro-batch is counted in the metrics once.
 """
 
 from __future__ import annotations
@@ -28,64 +32,81 @@ from rl_engine.parity import (
 )
 
 
+def needs_scoring_pass(algo: AlgorithmConfig, mini: int) -> bool:
+    """Whether the correction of mini-batch `mini` needs the step's scoring pass."""
+    mode = algo.rollout_correction
+    return mode.endswith("_mask") or (mode != "none" and mini > 0)
+
+
 class StepCorrections:
     """One step's rollout corrections; build it inside the step, before any backward.
 
-    `micro`: the step's micro-batches in the padded view (None: an empty micro-batch that
-    only keeps this rank in step with the others); `forward(index)`: micro-batch `index`'s
-    (b, T-1) fp32 trainer logprobs (run for the empty ones too: under ZeRO-3 a forward is a
-    collective); `all_reduce`: the ranks' sum (every rank builds this object: the
-    normaliser is a collective).
+    `minis`: the step's mini-batches of micro-batches in the padded view (None: an empty
+    micro-batch that only keeps this rank in step with the others); `scored`: the scoring
+    pass's (b, T-1) fp32 logprobs by (mini-batch, micro-batch); `all_reduce`: the ranks' sum
+    (every rank builds this object: the normalisers are a collective).
     """
 
     def __init__(
         self,
         algo: AlgorithmConfig,
-        micro: list[TrainBatch | None],
-        forward: Callable[[int], torch.Tensor],
+        minis: list[list[TrainBatch | None]],
+        scored: dict[tuple[int, int], torch.Tensor],
         all_reduce: Callable[[torch.Tensor], torch.Tensor],
     ):
         self.algo = algo
-        self._early = self._before_backward(micro, forward)
-        self.units = self._step_units(micro, all_reduce)
         self._sums = empty_correction_sums()
+        self._taken: dict[tuple[int, int], Corrected] = {}
+        for key in sorted(scored):
+            mb = minis[key[0]][key[1]]
+            if mb is not None:
+                self._count(key, mb, Corrected.of(algo, mb, scored[key]))
+        self.units = self._mini_batch_units(minis, all_reduce)
 
-    def _before_backward(self, micro, forward) -> list[Corrected | None]:
-        """Mask modes: every micro-batch's correction from a no-grad forward; else None each."""
-        if not self.algo.rollout_correction.endswith("_mask"):
-            return [None] * len(micro)
-        early = []
-        with torch.no_grad():
-            for index, mb in enumerate(micro):
-                logp = forward(index)
-                early.append(None if mb is None else Corrected.of(self.algo, mb, logp))
-        return early
+    def _mini_batch_units(self, minis, all_reduce) -> list[float]:
+        """Each mini-batch's loss normaliser over its micro-batches and every rank (mask modes:
+        what is dropped is not counted); one all-reduce for all of them."""
+        aggregation, masking = self.algo.loss_aggregation, self.algo.rollout_correction
+        local = []
+        for j, micro in enumerate(minis):
+            units = 0.0
+            for i, mb in enumerate(micro):
+                if mb is None:
+                    continue
+                early = self._taken.get((j, i)) if masking.endswith("_mask") else None
+                units += (
+                    aggregation_units(mb.response_mask, aggregation)
+                    if early is None
+                    else early.units(aggregation)
+                )
+            local.append(units)
+        total = all_reduce(torch.tensor(local, dtype=torch.float64))
+        return [max(float(u), 1.0) for u in total]  # everything dropped: a zero loss, not 0 / 0
 
-    def _step_units(self, micro, all_reduce) -> float:
-        """The loss normaliser over every micro-batch and rank (what is dropped is not counted)."""
-        aggregation = self.algo.loss_aggregation
-        local = sum(
-            aggregation_units(mb.response_mask, aggregation) if c is None else c.units(aggregation)
-            for mb, c in zip(micro, self._early)
-            if mb is not None
-        )
-        units = float(all_reduce(torch.tensor([local], dtype=torch.float64))[0])
-        return max(units, 1.0)  # everything dropped: a zero loss, not 0 / 0
+    def take(
+        self, key: tuple[int, int], mb: TrainBatch, logp: torch.Tensor | None
+    ) -> Corrected | None:
+        """Micro-batch `key`'s correction for `micro_loss` (None under mode 'none').
 
-    def take(self, index: int, mb: TrainBatch, logp: torch.Tensor) -> Corrected | None:
-        """Micro-batch `index`'s correction for `micro_loss` (None under mode 'none'), counted in the metrics.
-
-        `logp`: its logprobs from the step's first forward (used unless a mask mode computed
-        the correction before the backward).
+        `logp`: its logprobs from a forward before the step's first update (counted in the
+        metrics), or None for a forward after one (then the kept correction is used).
         """
-        corrected = self._early[index] or Corrected.of(self.algo, mb, logp.detach())
+        if key not in self._taken and logp is not None:
+            self._count(key, mb, Corrected.of(self.algo, mb, logp.detach()))
+        if self.algo.rollout_correction == "none":
+            return None
+        if key not in self._taken:
+            raise RuntimeError(f"no pre-update correction for micro-batch {key}")  # a worker bug
+        return self._taken[key]
+
+    def _count(self, key, mb: TrainBatch, corrected: Corrected) -> None:
+        self._taken[key] = corrected
         self._sums = merge_correction_sums(
             self._sums,
             correction_sums(
                 corrected.proximal, mb.rollout_logprobs, mb.response_mask, corrected.correction
             ),
         )
-        return None if self.algo.rollout_correction == "none" else corrected
 
     def metrics(self, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
         """correction/* over every rank (collective)."""

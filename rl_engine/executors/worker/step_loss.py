@@ -121,18 +121,27 @@ def micro_loss(
 
 
 def step_metrics(
-    sums: torch.Tensor, parity: MismatchMetrics | None, skipped: bool, **extra
+    sums: torch.Tensor,
+    parity: MismatchMetrics | None,
+    skipped: int,
+    *,
+    updates: int = 1,
+    epochs: int = 1,
+    **extra,
 ) -> dict[str, float]:
-    """The step's metrics from the all-reduced record sums (see `train_step`)."""
+    """The step's metrics from the all-reduced record sums over its `updates` optimizer steps
+    and `epochs` passes (see `train_step`): loss terms are means over the updates, per-token
+    figures over every training forward's tokens, `tokens` those of the batch."""
     tokens = max(float(sums[TOKENS]), 1.0)
     metrics = {
-        "loss": float(sums[LOSS]),
-        "policy_loss": float(sums[POLICY_LOSS]),
+        "loss": float(sums[LOSS]) / updates,
+        "policy_loss": float(sums[POLICY_LOSS]) / updates,
         "clip_fraction": float(sums[CLIPPED]) / tokens,
-        "kl": float(sums[KL]),
+        "kl": float(sums[KL]) / updates,
         "entropy": float(sums[NEG_LOGP]) / tokens,
-        "tokens": int(sums[TOKENS]),
+        "tokens": int(sums[TOKENS]) // epochs,
         **extra,
+        "updates": int(updates),
         "skipped_update": int(skipped),
     }
     if skipped:
