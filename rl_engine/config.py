@@ -89,6 +89,13 @@ class RolloutConfig:
     """Rollout file or folder of step_N.jsonl files to train on instead of generating (docs/rollouts.md)."""
     save: bool = False
     """Write each step's completions and rewards to <output_dir>/rollouts/step_N.jsonl."""
+    filter_groups: bool = False
+    """DAPO's dynamic sampling: drop the groups whose rewards are all equal (no learning
+    signal) and generate groups for more prompts until prompts_per_step groups are kept."""
+    filter_groups_max_tries: int = 4
+    """Most generation rounds of prompts_per_step prompts one step makes under filter_groups
+    (the first included). A step still short after them is filled with the dropped groups in
+    order (counted in rollout/filter_filled)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -107,6 +114,8 @@ class RolloutConfig:
         if self.source is not None:
             _text("rollout.source", self.source)
         _choice("rollout.save", self.save, (True, False))
+        _choice("rollout.filter_groups", self.filter_groups, (True, False))
+        _int("rollout.filter_groups_max_tries", self.filter_groups_max_tries, 1)
 
 
 def _default_deepspeed() -> dict:
@@ -189,6 +198,14 @@ class TrainerConfig:
         return max(1, int(self.weight_sync_bucket_mb * 2**20))
 
 
+def _check_overlong(value: Any) -> None:
+    name = "algorithm.overlong_penalty"
+    if not isinstance(value, dict) or set(value) != {"buffer", "factor"}:
+        _fail(name, "null or a mapping {buffer: int, factor: number}", value)
+    _int(f"{name}.buffer", value["buffer"], 1)
+    _number(f"{name}.factor", value["factor"], low=0.0)
+
+
 @dataclass(kw_only=True, slots=True)
 class AlgorithmConfig:
     """Policy-gradient loss."""
@@ -223,6 +240,10 @@ class AlgorithmConfig:
     router_aux_loss_coef: float = 0.0
     """Weight of the load-balancing loss of a mixture-of-experts policy (HF's formula, from the
     invariant router logits; 0 = none). A dense model with a coefficient > 0 is refused."""
+    overlong_penalty: dict | None = None
+    """DAPO's soft overlong punishment, added to each completion's reward: {buffer: C (int),
+    factor: F} gives 0 up to rollout.max_new_tokens - C tokens, then down to -F linearly over
+    the last C (rl_engine.algorithms.overlong_penalty). null: off."""
 
     def __post_init__(self) -> None:
         _choice("algorithm.name", self.name, ALGORITHMS)
@@ -247,6 +268,8 @@ class AlgorithmConfig:
         _choice("algorithm.rollout_correction", self.rollout_correction, CORRECTION_MODES)
         _number("algorithm.correction_threshold", self.correction_threshold, low=1.0, low_open=True)
         _number("algorithm.router_aux_loss_coef", self.router_aux_loss_coef, low=0.0)
+        if self.overlong_penalty is not None:
+            _check_overlong(self.overlong_penalty)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -478,6 +501,7 @@ class RunConfig:
         self._check_prompt_source()
         self._check_token_budget()
         self._check_mini_batches()
+        self._check_dapo()
 
     def _check_prompt_source(self) -> None:
         """data.train_files / reward.function replace rollout.task: setting both is ambiguous."""
@@ -507,6 +531,20 @@ class RunConfig:
             raise ValueError(
                 f"trainer.max_tokens_per_micro_batch = {budget} is less than rollout.max_new_tokens"
                 f" + 1 = {longest}: a full-length completion with its prompt could never fit"
+            )
+
+    def _check_dapo(self) -> None:
+        """The overlong buffer lies within the completion limit; filtering needs generation."""
+        penalty, limit = self.algorithm.overlong_penalty, self.rollout.max_new_tokens
+        if penalty is not None and penalty["buffer"] > limit:
+            raise ValueError(
+                f"algorithm.overlong_penalty.buffer = {penalty['buffer']} is more than "
+                f"rollout.max_new_tokens = {limit}"
+            )
+        if self.rollout.filter_groups and self.rollout.source is not None:
+            raise ValueError(
+                "rollout.filter_groups samples more prompts, which rollout.source cannot: "
+                "set one of them"
             )
 
     def _check_mini_batches(self) -> None:

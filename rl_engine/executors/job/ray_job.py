@@ -156,7 +156,7 @@ class _Job:
         evaluation = self.evaluate(step, clock, before=True)  # the initial policy, into row 0
         with clock.phase("rollout"):  # engines + rewards, or the next groups of rollout.source
             completions, rewards, rollout_metrics = self.rollouts(
-                step, lambda prompts: self.generate(prompts, step, clock), clock
+                step, lambda prompts, attempt=0: self.generate(prompts, step, clock, attempt), clock
             )
         with clock.phase("batch"):
             batch = train_batch(self.config, completions, rewards, self.info["eos_token_id"])
@@ -189,8 +189,8 @@ class _Job:
                 updates=self.version,
             )
 
-    def generate(self, prompts: list[list[int]], step: int, clock: StepClock):
-        sampling = step_sampling(self.config, step, self.info["eos_token_id"])
+    def generate(self, prompts: list[list[int]], step: int, clock: StepClock, attempt: int = 0):
+        sampling = step_sampling(self.config, step, self.info["eos_token_id"], attempt)
         completions, seconds = generate_on_engines(self.engines, prompts, sampling)
         clock.add("generate_compute", seconds)
         return completions

@@ -9,10 +9,20 @@ and all lines one `logprob_temperature` (the trainer scores at it). A
 completion's reward is the file's, or the task's when its line has none; the
 file's `weight_version`s are dropped (they count another trainer's updates). With `rollout.save` every step's completions and
 rewards go to `output_dir/rollouts/step_N.jsonl`.
+
+DAPO's rules: `algorithm.overlong_penalty` adds the soft overlong punishment to every
+completion's reward; `rollout.filter_groups` drops the groups whose rewards are all equal
+and runs more generation rounds of `prompts_per_step` prompts until that many groups are
+kept, at most `rollout.filter_groups_max_tries` rounds (then the dropped groups fill the
+rest, in order: `rollout/filter_filled`). Round 0 is the step as it would be unfiltered;
+round k draws a built-in task's prompts from `prompt_key(step, k)` and samples with seeds
+from (seed, step, k), and a dataset's prompts are the stream's next ones (its cursor is
+checkpointed), so a resumed run repeats every round.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -25,7 +35,8 @@ from rl_engine.rollout.files import parse_rollouts
 
 log = logging.getLogger("rl_engine.job")
 
-Generate = Callable[[list[list[int]]], list[Completion]]  # prompts -> completions, prompt-major
+# (prompts[, attempt]) -> completions, prompt-major; attempt > 0: a later round of the step
+Generate = Callable[..., list[Completion]]
 
 
 class StepRollouts:
@@ -48,22 +59,89 @@ class StepRollouts:
         self.save_dir = Path(config.output_dir) / "rollouts" if config.rollout.save else None
 
     def __call__(self, step: int, generate: Generate, clock=None):
-        metrics: dict[str, float] = {}
-        if self.groups is None:
-            records = self.prompts.take(step, self.config.rollout.prompts_per_step)
-            metrics.update(self.prompts.metrics(records))
-            completions = generate([r.prompt_ids for r in records])
+        if self.groups is not None:
+            completions = self._from_source(step)
+            rewards, metrics = self._rewards(None, completions, step, clock)
+            rewards, shaping = self._shaped(completions, rewards)
+            metrics.update(shaping)
+        elif self.config.rollout.filter_groups:
+            completions, rewards, metrics = self._filtered(step, generate, clock)
         else:
-            completions, records = self._from_source(step), None
-        started = time.perf_counter()
-        rewards, reward_metrics = self._rewards(records, completions, step)
-        if clock is not None:
-            clock.add("reward", time.perf_counter() - started)
-        metrics.update(reward_metrics)
+            completions, rewards, metrics = self._attempt(step, 0, generate, clock)
         if self.save_dir is not None:
             saved = [replace(c, reward=r) for c, r in zip(completions, rewards)]
             write_rollouts(self.save_dir / f"step_{step}.jsonl", saved)
         return completions, rewards, metrics
+
+    def _attempt(self, step: int, attempt: int, generate: Generate, clock):
+        """One generation round: the prompts of (step, attempt), their completions and rewards
+        (shaped). Round 0 is the step itself; later rounds (filter_groups) draw other prompts
+        and sampling seeds, all a function of (seed, step, attempt) or of the stream cursor."""
+        key = prompt_key(step, attempt)
+        records = self.prompts.take(key, self.config.rollout.prompts_per_step)
+        metrics = dict(self.prompts.metrics(records))
+        prompts = [r.prompt_ids for r in records]
+        completions = generate(prompts) if attempt == 0 else generate(prompts, attempt)
+        rewards, reward_metrics = self._rewards(records, completions, key, clock)
+        rewards, shaping = self._shaped(completions, rewards)
+        return completions, rewards, {**metrics, **reward_metrics, **shaping}
+
+    def _filtered(self, step: int, generate: Generate, clock):
+        """DAPO's dynamic sampling: rounds of prompts_per_step prompts until as many groups with
+        unequal rewards are kept (at most rollout.filter_groups_max_tries rounds; then the
+        dropped groups fill the rest, in order). Groups keep their round order, renumbered."""
+        r = self.config.rollout
+        kept, dropped, metrics, tries = [], [], {}, 0
+        while len(kept) < r.prompts_per_step and tries < r.filter_groups_max_tries:
+            completions, rewards, round_metrics = self._attempt(step, tries, generate, clock)
+            tries += 1
+            _merge_round_metrics(metrics, round_metrics)
+            for group in _groups_of(completions, rewards):
+                values = [reward for _, reward in group]
+                (kept if max(values) > min(values) else dropped).append(group)
+        filled = max(r.prompts_per_step - len(kept), 0)
+        chosen = (kept + dropped[:filled])[: r.prompts_per_step]
+        completions = [
+            replace(c, prompt_index=i) for i, group in enumerate(chosen) for c, _ in group
+        ]
+        rewards = [reward for group in chosen for _, reward in group]
+        metrics.update(
+            {
+                "rollout/filter_tries": float(tries),
+                "rollout/filter_dropped": float(len(dropped)),
+                "rollout/filter_filled": float(filled),
+            }
+        )
+        if filled:
+            log.warning(
+                "step %d: rollout.filter_groups kept %d of %d groups after %d tries "
+                "(rollout.filter_groups_max_tries); %d groups with equal rewards fill the rest",
+                step,
+                len(kept),
+                r.prompts_per_step,
+                tries,
+                filled,
+            )
+        return completions, rewards, metrics
+
+    def _shaped(self, completions: list[Completion], rewards: list[float]):
+        """Rewards plus algorithm.overlong_penalty (when set) and its mean as a metric."""
+        penalty = self.config.algorithm.overlong_penalty
+        if penalty is None:
+            return rewards, {}
+        import torch
+
+        from rl_engine.algorithms import overlong_penalty
+
+        lengths = torch.tensor([len(c.token_ids) for c in completions])
+        shaping = overlong_penalty(
+            lengths,
+            max_length=self.config.rollout.max_new_tokens,
+            buffer=penalty["buffer"],
+            factor=float(penalty["factor"]),
+        ).tolist()
+        shaped = [reward + extra for reward, extra in zip(rewards, shaping)]
+        return shaped, {"reward/overlong_penalty": sum(shaping) / len(shaping)}
 
     def _from_source(self, step: int) -> list[Completion]:
         """Groups [step * P, (step + 1) * P) of the source (modulo its size), renumbered 0..P-1."""
@@ -74,8 +152,9 @@ class StepRollouts:
         picked = [self.groups[(first + i) % len(self.groups)] for i in range(per_step)]
         return [replace(c, prompt_index=i) for i, group in enumerate(picked) for c in group]
 
-    def _rewards(self, records, completions: list[Completion], step: int):
+    def _rewards(self, records, completions: list[Completion], step: int, clock=None):
         """The rollout file's rewards where it has them, the scorer's for the rest."""
+        started = time.perf_counter()
         missing = [i for i, c in enumerate(completions) if c.reward is None]
         rewards = [c.reward for c in completions]
         metrics: dict[str, float] = {}
@@ -87,14 +166,46 @@ class StepRollouts:
             scored, metrics = self.scorer.score(records, [completions[i] for i in missing], step)
             for i, reward in zip(missing, scored):
                 rewards[i] = reward
-        return rewards, metrics
+        if clock is not None:
+            clock.add("reward", time.perf_counter() - started)
+        return rewards, dict(metrics)
 
 
-def step_sampling(config: RunConfig, step: int, eos_token_id):
-    """The step's SamplingParams: the config's, seeded from (seed, step) so a resumed run repeats it."""
+def prompt_key(step: int, attempt: int) -> int:
+    """The key a built-in task draws a round's prompts (and rewards) from: the step itself for
+    round 0, else a negative 63-bit hash of (step, attempt), never a step's own key."""
+    if attempt == 0:
+        return step
+    digest = hashlib.blake2b(f"filter/{step}/{attempt}".encode(), digest_size=8).digest()
+    return -(int.from_bytes(digest, "little") >> 1) - 1
+
+
+def _groups_of(completions: list[Completion], rewards: list[float]):
+    """[(completion, reward), ...] per prompt, in order of the prompts' first completion."""
+    groups: dict[int, list] = {}
+    for c, reward in zip(completions, rewards):
+        groups.setdefault(c.prompt_index, []).append((c, reward))
+    return list(groups.values())
+
+
+def _merge_round_metrics(total: dict, round_metrics: dict) -> None:
+    """Counts (errors, timeouts, filtered) add up over the rounds; other figures keep round 0's."""
+    for key, value in round_metrics.items():
+        if key.endswith(("errors", "timeouts")) and key in total:
+            total[key] += value
+        else:
+            total.setdefault(key, value)
+
+
+def step_sampling(config: RunConfig, step: int, eos_token_id, attempt: int = 0):
+    """The step's SamplingParams: the config's, seeded from (seed, step) so a resumed run repeats
+    it; a later generation round of the step (rollout.filter_groups) from (seed, step, attempt)."""
     from rl_engine.rollout import SamplingParams
 
     seed = config.seed * 100_003 + step
+    if attempt:
+        text = f"filter/{config.seed}/{step}/{attempt}"
+        seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
     return SamplingParams.from_config(config.rollout, seed=seed, eos_token_id=eos_token_id)
 
 
