@@ -215,3 +215,20 @@ def test_sequence_ratio_level_is_gspo_in_the_worker(cell_batch):
     }
     assert metrics["policy_loss"] == pytest.approx(expected["sequence"], rel=1e-5, abs=1e-7)
     assert abs(expected["sequence"] - expected["token"]) > 1e-3  # the levels differ here
+
+
+def test_shards_of_mini_batches_are_the_ranks_rows_of_each():
+    """Mini-batch j is rows [j M, (j + 1) M) of the step whatever the world size."""
+    import dataclasses
+
+    comps, rewards = two_groups()
+    more = [dataclasses.replace(c, prompt_index=c.prompt_index + 2) for c in comps]
+    comps, rewards = comps + more, rewards + [3.0, 1.0, 0.0, 0.0]
+    batch = TrainBatch.from_completions(comps, rewards, pad_token_id=0, advantage="reinforce_pp")
+    rows = {r: batch.shard(r, 2, mini_batches=2) for r in (0, 1)}
+    for rank, expected in ((0, [0, 1, 4, 5]), (1, [2, 3, 6, 7])):
+        assert torch.equal(rows[rank].rewards, batch.rewards[expected])
+        assert torch.equal(rows[rank].advantages, batch.advantages[expected])
+    assert torch.equal(batch.shard(1, 2, mini_batches=1).rewards, batch.rewards[4:])
+    with pytest.raises(ValueError, match="over 2 ranks x 3 mini-batches"):
+        batch.shard(0, 2, mini_batches=3)

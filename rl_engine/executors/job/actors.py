@@ -326,11 +326,15 @@ def generate_on_engines(engines: list[ActorInfo], prompts: list[list[int]], samp
     return completions, seconds
 
 
-def train_on_ranks(trainers: list[ActorInfo], batch) -> list[dict]:
-    """Every rank trains on its shard of `batch`; their metrics (all-reduced), rank 0 first."""
+def train_on_ranks(trainers: list[ActorInfo], batch, mini_batches: int = 1) -> list[dict]:
+    """Every rank trains on its shard of `batch` (its rows of each of the step's
+    `mini_batches`); their metrics (all-reduced), rank 0 first."""
     world = len(trainers)
     return gather(
-        [(a, a.handle.train_step.remote(batch.shard(r, world))) for r, a in enumerate(trainers)]
+        [
+            (a, a.handle.train_step.remote(batch.shard(r, world, mini_batches)))
+            for r, a in enumerate(trainers)
+        ]
     )
 
 

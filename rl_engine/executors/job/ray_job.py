@@ -161,7 +161,7 @@ class _Job:
         with clock.phase("batch"):
             batch = train_batch(self.config, completions, rewards, self.info["eos_token_id"])
         with clock.phase("train"):
-            results = train_on_ranks(self.trainers, batch)
+            results = train_on_ranks(self.trainers, batch, self.config.mini_batches_per_step)
         clock.add("train_compute", max(m.pop("time/train_compute") for m in results))
         with clock.phase("weight_sync"):  # the whole sync, senders and receivers
             # the worker's version: a skipped (non-finite) update keeps the old weights and version

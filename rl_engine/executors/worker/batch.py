@@ -157,16 +157,25 @@ class TrainBatch:
                 "response_mask selects no tokens: the batch has no completion token to train on"
             )
 
-    def shard(self, rank: int, world_size: int) -> TrainBatch:
-        """Rows [rank * B / world_size, (rank + 1) * B / world_size): this rank's contiguous block."""
+    def shard(self, rank: int, world_size: int, mini_batches: int = 1) -> TrainBatch:
+        """This rank's rows. One mini-batch: [rank * B / world_size, (rank + 1) * B / world_size),
+        a contiguous block. K mini-batches (`trainer.mini_batch_size`): the batch is K
+        consecutive blocks of M = B / K rows, and the rank takes its M / world_size rows of
+        each, in order; so mini-batch j is rows [j M, (j + 1) M) whatever the world size."""
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        if self.num_sequences % world_size != 0:
+        if mini_batches < 1 or self.num_sequences % (world_size * mini_batches) != 0:
             raise ValueError(
-                f"batch of {self.num_sequences} sequences cannot be split evenly over {world_size} ranks"
+                f"batch of {self.num_sequences} sequences cannot be split evenly over "
+                f"{world_size} ranks"
+                + (f" x {mini_batches} mini-batches" if mini_batches > 1 else "")
             )
-        size = self.num_sequences // world_size
-        return self._rows(slice(rank * size, (rank + 1) * size))
+        size = self.num_sequences // (world_size * mini_batches)
+        if mini_batches == 1:
+            return self._rows(slice(rank * size, (rank + 1) * size))
+        block = size * world_size
+        rows = [j * block + rank * size + i for j in range(mini_batches) for i in range(size)]
+        return self._index(torch.tensor(rows, dtype=torch.long))
 
     def micro_batches(self, size: int) -> list[TrainBatch]:
         """Consecutive slices of `size` sequences (the last one may be smaller)."""

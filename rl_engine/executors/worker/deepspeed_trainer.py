@@ -1,10 +1,13 @@
 """`DeepSpeedTrainingWorker`: one DeepSpeed data-parallel rank of the RL trainer.
 
 `train_step` reads top to bottom as the step: the ranks agree on their shards
-before any forward (`batch_checks`), each micro-batch is scored at the batch's
+before any forward (`batch_checks`: mini-batches of micro-batches), a no-grad scoring pass
+runs where parity or the rollout correction needs pre-update logprobs of later
+mini-batches, then for every epoch and mini-batch each micro-batch is scored at the batch's
 `logprob_temperature` (`policy.LogprobModule`), checked against the rollout's
-logprobs before the update (parity), its loss (`step_loss`) backpropagated, and
-DeepSpeed steps with every rank applying the update or none (`policy.StepGuard`).
+logprobs when no update has happened yet (parity), its loss (`step_loss`) backpropagated,
+and DeepSpeed steps at the mini-batch's end with every rank applying the update or none
+(`policy.StepGuard`).
 Rollout correction's bookkeeping: `step_corrections`. Setup: `distributed`, `ds_config`,
 `policy.prepare_policy`; weights and checkpoints: `checkpoints`; weights straight into the
 rollout engines over a process group of their own: `weight_transport`.
@@ -74,12 +77,12 @@ class MicroSlot(NamedTuple):
 
 
 class DeepSpeedTrainingWorker:
-    """One DeepSpeed rank: teacher-forced logprobs, parity check, GRPO/PPO step, weight export, checkpoints.
+    """One DeepSpeed rank: teacher-forced logprobs, parity check, GRPO/PPO updates, weight export, checkpoints.
 
     The policy is `model` when given (patched in place when `config.batch_invariant`), else
     `load_model(config.model, seed=config.seed)`; every rank must start from the same weights.
     The KL reference is a frozen deep copy of it taken before the first step. `train_step`
-    takes this rank's shard (`TrainBatch.shard(rank, world_size)`), with exactly
+    takes this rank's shard (`TrainBatch.shard(rank, world_size, mini_batches)`), with exactly
     `config.sequences_per_rank` sequences, as micro-batches padded or packed
     (`micro_batches`: `trainer.packing`, `trainer.max_tokens_per_micro_batch`). `weight_version` counts the
     optimizer updates applied (a skipped update does not count; restored by `load_checkpoint`).
