@@ -111,7 +111,7 @@ def _rows(subset):
     return CI_ROWS if subset == "ci" else ROWS
 
 
-def _row_cases(make, dt, dev, subset, width, widths=None):
+def _row_cases(make, dt, dev, subset, width):
     """The row layouts every row-wise op is launched with: row counts, a row-offset slice
     (aligned and off a 16-byte boundary), a 1-row view of a wider buffer."""
     cases = [
