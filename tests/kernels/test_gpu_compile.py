@@ -78,6 +78,27 @@ def test_every_op_compiles_for_sm_90_with_one_binary_per_group(sm90_manifest):
         assert 0 <= r["shared"] <= 227 * 1024
 
 
+@pytest.mark.triton
+@pytest.mark.slow
+def test_every_kernel_of_the_backend_is_in_the_manifest(sm90_manifest):
+    """A kernel added without launch cases would go unchecked: every `*_kernel` is compiled."""
+    import importlib
+    import pkgutil
+
+    import rl_engine.kernels.triton as backend
+
+    kernels = set()
+    for info in pkgutil.iter_modules(backend.__path__):
+        module = importlib.import_module(f"{backend.__name__}.{info.name}")
+        kernels |= {
+            name
+            for name, obj in vars(module).items()
+            if name.endswith("_kernel") and hasattr(obj, "fn")
+        }
+    assert len(kernels) >= 9
+    assert kernels == {r["kernel"] for r in sm90_manifest[1]}
+
+
 _NEGATIVE_CONTROL = r"""
 import json, runpy, sys, torch, triton
 script = runpy.run_path(sys.argv[1], run_name="compile_gpu_kernels")
