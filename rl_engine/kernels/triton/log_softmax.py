@@ -14,7 +14,7 @@ differently), so the layout is the same for every row count, offset, view
 and vocabulary. Rounding on a GPU: x / T is IEEE division (`div_rn`, as torch
 divides); exp and log are the hardware's approximations (`ex2.approx`,
 `lg2.approx`, within a few ulp; tests/gpu checks the logprobs against fp64
-within 2e-6 absolute), so the bits are this backend's own, not torch's.
+within 1e-5 absolute at V = 151936), so the bits are this backend's own, not torch's.
 fp64 logits: the temperature arrives as an fp32 scalar (Triton passes Python
 floats as fp32); T = 1 and other values exact in fp32 lose nothing.
 """
