@@ -20,6 +20,10 @@ def kernel_facts(device: str | torch.device, backend: str | None = None) -> dict
     native: the GEMM's row tile and K slice per dtype, and the outcome of its
     platform probe per dtype on this device type ("invariant", or "refused: <the
     assumptions that failed>"); asking for them runs the probe if it has not run.
+    triton: the version of its numerics, the Triton version (its compiler decides the
+    machine code), the FP-fusion setting pinned at every launch, and whether the
+    kernels are compiled or run by Triton's CPU interpreter (whose bits are its own).
+    None of them needs a GPU: the job adds the device's compute capability.
     """
     name = backend if backend is not None else list_backends(device)[0]
     facts = {"backend": name}
@@ -30,7 +34,23 @@ def kernel_facts(device: str | torch.device, backend: str | None = None) -> dict
         facts["cpp_bf16_dot"] = bf16_dot_flavour(current_isa())
     elif name == "native":
         facts.update(_native_facts(torch.device(device).type))
+    elif name == "triton":
+        facts.update(_triton_facts())
     return facts
+
+
+def _triton_facts() -> dict[str, str]:
+    import triton
+
+    from rl_engine.kernels.triton._common import INTERPRET
+    from rl_engine.kernels.triton._launch import FP_FUSION, NUMERICS_VERSION
+
+    return {
+        "triton_numerics": NUMERICS_VERSION,
+        "triton_version": triton.__version__,
+        "triton_fp_fusion": "on" if FP_FUSION else "off",
+        "triton_mode": "interpreter" if INTERPRET else "compiled",
+    }
 
 
 # The model dtypes a run config accepts (fp32, bf16): the ones a job compares facts for.

@@ -8,7 +8,10 @@ on the tensor cores, always torch.equal:
   a left-padded batch (k_positions) == the sequence alone;
 - linear_logp == lm_head + log_softmax (fused == unfused);
 - the whole chain on randomly initialised Llama / Qwen3 models of realistic
-  width in bf16: rollout-engine logprobs == teacher-forced token_logprobs.
+  width in bf16, and on a Qwen2.5-0.5B-shaped Qwen2 (vocab 151936, 24 layers):
+  rollout-engine logprobs == teacher-forced token_logprobs;
+- accuracy of the rounding the kernels use on a GPU (ex2.approx exp, IEEE
+  division and square root), against fp64 at stated tolerances.
 Negative controls: cuBLAS (F.linear) rows change with M, SDPA decode != its
 prefill row, the unpatched model's recompute != the engine's logprobs.
 """
@@ -165,8 +168,34 @@ def test_linear_logp_fused_equals_unfused():
 # ----------------------------------------------------------------------------- whole chain
 
 
+def _qwen2_0p5b_config():
+    """Qwen2.5-0.5B's shape (494 M parameters), randomly initialised."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
+        attn_implementation="sdpa",
+    )
+
+
 def _realistic(family: str):
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    if family == "qwen2_0p5b":
+        torch.manual_seed(0)
+        with torch.device(DEV):
+            return AutoModelForCausalLM.from_config(_qwen2_0p5b_config(), dtype=torch.bfloat16)
 
     common = dict(
         vocab_size=32000,
@@ -191,7 +220,7 @@ def _realistic(family: str):
         return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen2_0p5b"])
 def test_rollout_logprobs_equal_recompute_on_a_realistic_model(family):
     from rl_engine.patching import apply_batch_invariant
     from rl_engine.rollout import RolloutEngine, SamplingParams
@@ -201,8 +230,10 @@ def test_rollout_logprobs_equal_recompute_on_a_realistic_model(family):
     handle = apply_batch_invariant(model)
     assert handle.backend == "triton"
     engine = RolloutEngine(model, device=DEV, max_batch_size=4, progress=False)
-    sampling = SamplingParams(max_new_tokens=48, temperature=0.8, seed=1)
-    prompts = random_prompts(32000, (17, 300, 5, 64, 129, 33), seed=2)
+    real_size = family == "qwen2_0p5b"  # the real vocabulary and depth: fewer, shorter rollouts
+    sampling = SamplingParams(max_new_tokens=24 if real_size else 48, temperature=0.8, seed=1)
+    lengths = (17, 300, 5, 64) if real_size else (17, 300, 5, 64, 129, 33)
+    prompts = random_prompts(model.config.vocab_size, lengths, seed=2)
     completions = engine.generate(prompts, sampling)
     padded = recompute_padded(model, completions, sampling.logprob_temperature, "left")
     assert_parity(completions, padded, f"{family} bf16 on cuda")
@@ -210,3 +241,33 @@ def test_rollout_logprobs_equal_recompute_on_a_realistic_model(family):
     handle.revert()  # negative control: the plain model's recompute does not match
     plain = recompute_padded(model, completions, sampling.logprob_temperature, "left")
     assert not all(torch.equal(c.logprobs, p) for c, p in zip(completions, plain))
+
+
+# ----------------------------------------------------------------------------- rounding accuracy
+# On a GPU, tl.exp is ex2.approx.f32 (and log lg2.approx): the kernels' bits are their own,
+# not torch's. These bound the difference from the fp64 formula.
+
+
+def test_log_softmax_accuracy_against_fp64():
+    x = _randn(64, 151936, dtype=torch.float32, scale=4.0)
+    got = op("log_softmax")(x, 0.7).double()
+    ref = torch.log_softmax(x.double() / 0.7, dim=-1)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rms_norm_accuracy_against_fp64(dtype):
+    x, w = _randn(256, 4096, dtype=dtype), _randn(4096, dtype=dtype, seed=1)
+    got = op("rms_norm")(x, w, 1e-6).double()
+    x64 = x.double()
+    normed = (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype).double()
+    ref = (w.double() * normed).to(dtype).double()
+    rtol = 2**-7 if dtype == torch.bfloat16 else 2e-6  # 1 bf16 ulp / a few fp32 ulp
+    torch.testing.assert_close(got, ref, atol=0, rtol=rtol)
+
+
+@pytest.mark.parametrize("name", ["silu", "sigmoid"])
+def test_elementwise_accuracy_against_fp64(name):
+    x = _randn(1 << 20, dtype=torch.float32, scale=8.0)
+    ref = getattr(torch.nn.functional, name)(x.double())
+    torch.testing.assert_close(op(name)(x).double(), ref, atol=1e-7, rtol=2e-6)

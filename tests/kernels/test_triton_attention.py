@@ -181,3 +181,44 @@ def test_decode_padding_row_is_exactly_zero_and_leaves_the_others_alone():
     out = attention(qd, kc, vc, q_positions=torch.tensor([[39], [-1]], device=DEVICE))
     assert torch.equal(out[0, :, 0], alone[:, 39])
     assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tile_groups_do_not_change_the_bits(dtype, monkeypatch):
+    """The split partials of one group of tiles at a time: one tile a group == all at once."""
+    lengths = (200, 90)  # the first crosses a KV split (128 positions on the interpreter)
+    T = max(lengths)
+    q = _garbage((2, 4, T, 24), dtype, 1)
+    k, v = _garbage((2, 2, T, 24), dtype, 2), _garbage((2, 2, T, 24), dtype, 3)
+    pos = torch.full((2, T), -1, dtype=torch.long, device=DEVICE)
+    for i, n in enumerate(lengths):
+        pos[i, :n] = torch.arange(n, device=DEVICE)
+    whole = attention(q, k, v, q_positions=pos)
+    monkeypatch.setattr(attn_module, "PARTIALS_BYTES", 1)  # one tile per group
+    assert torch.equal(attention(q, k, v, q_positions=pos), whole)
+    monkeypatch.setattr(attn_module, "PARTIALS_BYTES", 5 * 4 * 2 * 16 * (32 + 2) * 4)  # 5 tiles
+    assert torch.equal(attention(q, k, v, q_positions=pos), whole)
+
+
+def test_split_partials_are_bounded_not_quadratic():
+    """2 sequences of 8192 tokens, 32 heads, D 128 (2.2 GB of partials with the GPU's constants
+    before the tiles were grouped, O(L^2)): the launches are only recorded, never run."""
+    from rl_engine.kernels.triton._launch import capture_launches
+
+    B, Hq, Hkv, L, D = 2, 32, 8, 8192, 128
+    q = torch.empty(B, Hq, L, D, dtype=torch.bfloat16, device=DEVICE)
+    k, v = (torch.empty(B, Hkv, L, D, dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
+    pos = torch.arange(L, device=DEVICE).expand(B, L)
+    with torch.no_grad(), capture_launches() as launches:
+        attn_module.attention_forward(q, k, v, pos, None, D**-0.5, None)
+    splits = [la for la in launches if la.variant.startswith("split")]
+    n_tiles = B * (L // attn_module.BLOCK_M)
+    assert sum(la.grid[0] for la in splits) == n_tiles  # every tile, once
+    n_split = -(-L // (attn_module.BLOCK_N * attn_module.SPLIT_BLOCKS))
+    one_tile = Hq * n_split * attn_module.BLOCK_M * (D + 2) * 4
+    for la in launches:
+        part_acc, part_ml = la.args[4:6] if la.variant.startswith("split") else la.args[1:3]
+        held = (part_acc.numel() + part_ml.numel()) * part_acc.element_size()
+        assert held <= max(attn_module.PARTIALS_BYTES, one_tile)
+        assert held * 4 < n_tiles * one_tile  # what one buffer for every tile would hold
+    assert {la.variant for la in launches} == {"split_d128", "combine_d128"}

@@ -21,6 +21,7 @@ import ray
 from rl_engine.config import RunConfig
 from rl_engine.executors.job import cluster
 from rl_engine.executors.job.faults import (
+    ActorFailure,
     ActorInfo,
     first_line,
     gather,
@@ -362,13 +363,19 @@ def connect_weight_sync(trainers: list[ActorInfo], engines: list[ActorInfo]) -> 
     )
 
 
-def sync_weights(trainers: list[ActorInfo], engines: list[ActorInfo]) -> int:
-    """The trainer ranks' current weights straight into every engine (the driver holds none);
-    returns the version the engines now serve."""
+def sync_weights(trainers: list[ActorInfo], engines: list[ActorInfo], expected: int) -> int:
+    """The trainer ranks' current weights (version `expected`) straight into every engine (the
+    driver holds none); returns the version the engines now serve. An actor's death names the
+    sync it happened in."""
     calls = [(t, t.handle.send_weights.remote()) for t in trainers]
     calls += [(e, e.handle.receive_weights.remote()) for e in engines]
-    results = gather(calls)
+    try:
+        results = gather(calls)
+    except ActorFailure as err:
+        raise ActorFailure(f"{err} (in the weight sync to version {expected})") from None
     version = int(results[0]["weight_version"])
+    if version != expected:
+        raise RuntimeError(f"the ranks sent weight version {version}, not {expected}")
     served = results[len(trainers) :]
     if any(v != version for v in served):
         raise RuntimeError(f"engines serve versions {served} after a sync of version {version}")

@@ -124,3 +124,16 @@ class Evaluator:
             len(records),
         )
         return metrics
+
+
+def run_if_due(
+    evaluator: Evaluator | None, generate, step: int, clock, *, before: bool, updates: int
+):
+    """Validation figures due before (step 0) or after `step`, timed as the clock's "eval"
+    phase; {} when none is due (or the run has no validation set)."""
+    if evaluator is None:
+        return {}
+    if not (evaluator.due_before(step) if before else evaluator.due_after(step)):
+        return {}
+    with clock.phase("eval"):
+        return evaluator.run(generate, updates=updates)

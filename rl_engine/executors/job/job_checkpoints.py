@@ -22,8 +22,10 @@ position is saved in state.json ("driver": {"prompt_position": ...}).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +33,8 @@ import torch
 
 from rl_engine.executors.worker.weights_file import WEIGHTS_FILE, read_weights_file
 from rl_engine.io import write_json_atomic, write_text_atomic
+
+log = logging.getLogger("rl_engine.job")
 
 LEGACY_WEIGHTS_FILE = "weights.pt"
 
@@ -133,6 +137,7 @@ def save(
     DeepSpeed state, then the driver its part."""
     from rl_engine.executors.job.faults import gather  # here: reading checkpoints needs no Ray
 
+    started = time.perf_counter()
     staging = begin(run_dir, step)
     weights_only = config.checkpoint.weights_only
     target = None if weights_only else str(staging / "deepspeed")
@@ -146,7 +151,23 @@ def save(
         weights_only=weights_only,
         driver_state=driver_state,
     )
-    return commit(run_dir, staging, config.checkpoint.keep_last)
+    checkpoint = commit(run_dir, staging, config.checkpoint.keep_last)
+    log.info("checkpoint %s written in %.1f s", checkpoint.path, time.perf_counter() - started)
+    return checkpoint
+
+
+def resume_point(run_dir: Path, resume: bool) -> Checkpoint | None:
+    """The checkpoint a run continues from: the latest under `resume`, else None (ValueError
+    for a weights-only one, which holds no optimizer state)."""
+    start = latest(run_dir) if resume else None
+    if start is not None and start.weights_only:
+        raise ValueError(
+            f"{start.path} is a weights-only checkpoint (checkpoint.weights_only: true): it holds "
+            "no optimizer state and cannot resume; export it with rl-engine export instead"
+        )
+    if resume and start is None:
+        log.info("%s has no checkpoint yet: starting it from step 0", run_dir)
+    return start
 
 
 def commit(run_dir: Path, staging: Path, keep_last: int) -> Checkpoint:

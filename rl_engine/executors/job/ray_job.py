@@ -37,6 +37,7 @@ from rl_engine.executors.job.actors import (
     sync_weights,
     train_on_ranks,
 )
+from rl_engine.executors.job.evaluation import run_if_due
 from rl_engine.executors.job.faults import (
     ActorFailure,
     ActorInfo,
@@ -67,14 +68,7 @@ def run_job(config: RunConfig, *, resume: bool = False, overwrite: bool = False)
     """
     validate_before_start(config)
     run_dir = prepare_run_dir(config.output_dir, resume=resume, overwrite=overwrite)
-    start = ckpt.latest(run_dir) if resume else None
-    if start is not None and start.weights_only:
-        raise ValueError(
-            f"{start.path} is a weights-only checkpoint (checkpoint.weights_only: true): it holds "
-            "no optimizer state and cannot resume; export it with rl-engine export instead"
-        )
-    if resume and start is None:
-        log.info("%s has no checkpoint yet: starting it from step 0", run_dir)
+    start = ckpt.resume_point(run_dir, resume)
     history = truncate_metrics(run_dir, start.step if start else 0) if resume else []
     config.to_yaml(run_dir / CONFIG_SNAPSHOT)
     owns_ray = cluster.connect(config)
@@ -179,15 +173,12 @@ class _Job:
 
     def evaluate(self, step: int, clock: StepClock, *, before: bool) -> dict:
         """Validation figures due before (step 0) or after this step; {} when none is due."""
-        if self.evaluator is None:
-            return {}
-        if not (self.evaluator.due_before(step) if before else self.evaluator.due_after(step)):
-            return {}
-        with clock.phase("eval"):
-            return self.evaluator.run(
-                lambda prompts, sampling: generate_on_engines(self.engines, prompts, sampling)[0],
-                updates=self.version,
-            )
+        return run_if_due(
+            self.evaluator, self._generate_eval, step, clock, before=before, updates=self.version
+        )
+
+    def _generate_eval(self, prompts: list[list[int]], sampling):
+        return generate_on_engines(self.engines, prompts, sampling)[0]
 
     def generate(self, prompts: list[list[int]], step: int, clock: StepClock, attempt: int = 0):
         sampling = step_sampling(self.config, step, self.info["eos_token_id"], attempt)
@@ -199,17 +190,10 @@ class _Job:
         """The ranks' weights (of `version`) into every engine; nothing to do when the engines
         serve it already (a skipped update leaves the weights bitwise as they were; at the
         start, engines and ranks load the same version-0 weights)."""
-        if version == self.version:
-            return
-        try:
-            self.version = sync_weights(self.trainers, self.engines)
-        except ActorFailure as err:
-            raise ActorFailure(f"{err} (in the weight sync to version {version})") from None
-        if self.version != version:
-            raise RuntimeError(f"the ranks sent weight version {self.version}, not {version}")
+        if version != self.version:
+            self.version = sync_weights(self.trainers, self.engines, version)
 
     def save_checkpoint(self, step: int) -> None:
-        started = time.perf_counter()
         self.last_checkpoint = ckpt.save(
             self.run_dir,
             self.config,
@@ -217,11 +201,6 @@ class _Job:
             step=step,
             weight_version=self.version,
             driver_state=self.rollouts.prompts.state(),
-        )
-        log.info(
-            "checkpoint %s written in %.1f s",
-            self.last_checkpoint.path,
-            time.perf_counter() - started,
         )
 
     # ------------------------------------------------------------------ what the run leaves

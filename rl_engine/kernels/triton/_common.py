@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from rl_engine.kernels.triton._launch import capturing
+
 # Read once, when the kernels are decorated: `triton.jit` returns an interpreted
 # function only if TRITON_INTERPRET was set before this import.
 try:
@@ -108,10 +110,51 @@ def _sm_count(index: int | None) -> int:
 
 
 def check_device(name: str, t: torch.Tensor) -> None:
-    """Triton kernels run on cuda tensors, or on cpu tensors under the interpreter."""
-    if t.device.type == "cuda" or (t.device.type == "cpu" and INTERPRET):
+    """Triton kernels run on cuda tensors, or on cpu tensors under the interpreter (or while the
+    compile check records launches: nothing runs then)."""
+    if t.device.type == "cuda" or (t.device.type == "cpu" and (INTERPRET or capturing())):
         return
     raise ValueError(
         f"{name} is on {t.device}: the triton backend runs on cuda"
         + ("" if INTERPRET else " (cpu only under TRITON_INTERPRET=1)")
     )
+
+
+# Triton specialises a pointer on 16-byte alignment (and an int on == 1 and % 16), and a
+# load's layout follows: a different binary, and for a reduction a different order.
+ALIGN_BYTES = 16
+
+
+def aligned_rows(t: torch.Tensor) -> torch.Tensor:
+    """`t` (rows, cols) contiguous, 16-byte aligned, and with row stride == cols even for one row.
+
+    A 1-row view of a wider buffer is "contiguous" with the wide buffer's stride, and a
+    row-offset slice may start off a 16-byte boundary: either would give the kernel
+    another specialisation than the batched call. The stride of a single row is never
+    used to reach another row, so it is restated; a misaligned start is copied.
+    """
+    t = t.contiguous()
+    if t.dim() == 2 and t.shape[0] == 1 and t.stride(0) != t.shape[1]:
+        t = t.as_strided(t.shape, (t.shape[1], 1))
+    if t.data_ptr() % ALIGN_BYTES:
+        t = t.clone()
+    return t
+
+
+@triton.jit
+def div_rn(a, b, ACC: tl.constexpr):
+    """a / b rounded to nearest (IEEE, as torch divides): fp32 `/` compiles to the 2-ulp
+    `div.full.f32`; fp64 `/` is already `div.rn.f64`."""
+    if ACC == tl.float32:
+        return tl.div_rn(a, b)
+    else:
+        return a / b
+
+
+@triton.jit
+def sqrt_rn(x, ACC: tl.constexpr):
+    """sqrt(x) rounded to nearest: fp32 `tl.sqrt` compiles to `sqrt.approx.ftz.f32`."""
+    if ACC == tl.float32:
+        return tl.sqrt_rn(x)
+    else:
+        return tl.sqrt(x)

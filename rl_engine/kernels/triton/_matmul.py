@@ -4,8 +4,11 @@ out (M, N) = x (M, K) @ w (N, K)^T (+ bias), accumulated in fp32 (fp64 for fp64)
 
 A row's bits are fixed by construction:
 - the tile sizes are constants (never chosen from M), so the same compiled
-  kernel serves M = 1 and M = 8192 (`M` is also excluded from Triton's
-  integer specialisation, which would compile a separate kernel for M == 1);
+  kernel serves M = 1 and M = 8192 (`M`, `N` and the output's row stride are
+  excluded from Triton's integer specialisation, which would compile a separate
+  kernel for M == 1 or for a vocabulary not divisible by 16; the activations
+  are passed 16-byte aligned with their row stride restated for one row,
+  `aligned_rows`, so slices and 1-row views get the batched call's binary);
 - each output tile walks K from column 0 in steps of BLOCK_K, one `tl.dot`
   per step into the same fp32 accumulator: no split-K, no atomics;
 - rows of a tile never mix (a dot's output row only reads its own input row),
@@ -20,17 +23,26 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.kernels.triton._common import INTERPRET, num_programs, tl_dtype, upcast_dot
+from rl_engine.kernels.triton._common import (
+    INTERPRET,
+    aligned_rows,
+    num_programs,
+    tl_dtype,
+    upcast_dot,
+)
+from rl_engine.kernels.triton._launch import FP_FUSION, Launch
 
 # Part of the numerics (BLOCK_K sets the reduction order); the same for every M.
 # The interpreter (tests on CPU) uses smaller tiles: its dot is a slow numpy loop
 # whose cost grows with the padded tile, and its numerics are its own anyway.
 BLOCK_M, BLOCK_N, BLOCK_K = (16, 128, 64) if INTERPRET else (128, 128, 64)
 _NUM_WARPS = 8
-_NUM_STAGES = {2: 3, 4: 2, 8: 1}  # by element size: pipelining never changes the bits
+# By element size: pipelining never changes the bits; these keep the shared memory
+# under every target's limit (sm_86/89: 99 KB), which the compile check verifies.
+_NUM_STAGES = {2: 3, 4: 1, 8: 1}
 
 
-@triton.jit(do_not_specialize=["M", "programs"])
+@triton.jit(do_not_specialize=["M", "N", "stride_om", "programs"])
 def _matmul_kernel(
     x_ptr,
     w_ptr,
@@ -87,12 +99,52 @@ def _matmul_kernel(
         )
 
 
+def matmul_launch(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
+) -> Launch:
+    """The launch that writes out (M, N) = x (M, K) @ weight (N, K)^T + bias (operands as given)."""
+    M, K = x.shape
+    N = weight.shape[0]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)
+    programs = num_programs(x.device, tiles)
+    return Launch(
+        variant="matmul_bias" if bias is not None else "matmul",
+        kernel=_matmul_kernel,
+        grid=(programs,),
+        args=(
+            x,
+            weight,
+            bias if bias is not None else x,
+            out,
+            M,
+            N,
+            K,
+            x.stride(0),
+            weight.stride(0),
+            out.stride(0),
+            programs,
+        ),
+        constexprs=dict(
+            HAS_BIAS=bias is not None,
+            ACC=tl_dtype(acc),
+            UPCAST=upcast_dot(x.dtype),
+            BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N,
+            BLOCK_K=BLOCK_K,
+        ),
+        num_warps=_NUM_WARPS,
+        num_stages=_NUM_STAGES[x.element_size()],
+        fp_fusion=FP_FUSION,
+    )
+
+
 def fixed_order_matmul(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, *, out_dtype: torch.dtype
 ) -> torch.Tensor:
     """x (M, K) @ weight (N, K)^T + bias -> (M, N) in `out_dtype`, row-invariant (fp32 sums)."""
-    x = x.contiguous()
-    weight = weight.contiguous()
+    x = aligned_rows(x)
+    weight = aligned_rows(weight)
     M, K = x.shape
     N = weight.shape[0]
     out = torch.empty((M, N), dtype=out_dtype, device=x.device)
@@ -101,28 +153,7 @@ def fixed_order_matmul(
     if K == 0:
         out.zero_()
         return out if bias is None else out.add_(bias.to(out_dtype))
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)
-    programs = num_programs(x.device, tiles)
-    _matmul_kernel[(programs,)](
-        x,
-        weight,
-        bias if bias is not None else x,
-        out,
-        M,
-        N,
-        K,
-        x.stride(0),
-        weight.stride(0),
-        out.stride(0),
-        programs,
-        HAS_BIAS=bias is not None,
-        ACC=tl_dtype(acc),
-        UPCAST=upcast_dot(x.dtype),
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K,
-        num_warps=_NUM_WARPS,
-        num_stages=_NUM_STAGES[x.element_size()],
-    )
+    if bias is not None:
+        bias = aligned_rows(bias.reshape(1, -1)).reshape(-1)
+    matmul_launch(x, weight, bias, out).run()
     return out

@@ -40,6 +40,26 @@ weight exactly 0, so the other rows of a tile cannot change a row's bits. The
 arithmetic of a row depends only on its position: decode == prefill ==
 chunked prefill, bitwise, in any batch.
 
+Split partials are bounded: the tiles are launched in groups (`tile0`, the
+group's first tile, is a kernel argument) whose partials fit PARTIALS_BYTES, or
+one tile a group when a single tile's partials are larger. The partials of a
+call therefore never exceed max(PARTIALS_BYTES, Hq * n_splits * BLOCK_M *
+block_d * 4 B) (n_splits = ceil(L / 1024) on a GPU): linear in the sequence
+length, not quadratic. A tile's arithmetic does not depend on its group.
+
+One binary for every call: no pointer or integer argument of either kernel is
+specialised (strides, lengths and split counts change with the batch and the
+cache layout, and pointers with the views the callers pass). Rounding on a
+GPU: exp is `ex2.approx` (as in every flash attention), the final division is
+IEEE (`div_rn`). fp64 inputs: `scale` arrives as an fp32 scalar.
+
+Host reads: the planner reads the largest query position once (it sizes the
+grid and the split partials); prefill and packed calls also group the queries
+into tiles on the host (`torch.unique`); the shared argument checks read
+kv_index's range. Decode therefore syncs with the GPU once per layer call
+(plus the kv_index check); a CUDA graph of the decode step would need these
+bounds passed in. See docs/backends.md.
+
 Backward, argument checks and the autograd.Function: shared with every backend
 (rl_engine/kernels/common/attention.py; plain torch, deterministic, not invariant).
 """
@@ -56,7 +76,14 @@ from rl_engine.kernels.common.attention import (
     run_attention,
 )
 from rl_engine.kernels.common.segments import Sequences, sequences_of
-from rl_engine.kernels.triton._common import INTERPRET, check_device, tl_dtype, upcast_dot
+from rl_engine.kernels.triton._common import (
+    INTERPRET,
+    check_device,
+    div_rn,
+    tl_dtype,
+    upcast_dot,
+)
+from rl_engine.kernels.triton._launch import FP_FUSION, Launch
 
 # Part of the numerics: changing them changes the bits (the same for every
 # batch, so the rollout engine and the trainer agree). GPU: 64-row query tiles,
@@ -66,12 +93,18 @@ from rl_engine.kernels.triton._common import INTERPRET, check_device, tl_dtype, 
 BLOCK_M, BLOCK_N, SPLIT_BLOCKS = (16, 32, 4) if INTERPRET else (64, 64, 16)
 assert BLOCK_N % BLOCK_M == 0
 
+# Split partials held at once (fp32 acc, m, l of a group of tiles); only memory and the
+# number of launches depend on it, never the bits.
+PARTIALS_BYTES = 256 * 1024 * 1024
+_NUM_WARPS = 4
+_NUM_STAGES = {2: 2, 4: 1, 8: 1}  # by element size: one stage keeps fp32 / fp64 under every limit
+
 
 @triton.jit
-def _program_tile(tile_start_ptr, BLOCK_N: tl.constexpr, SPLIT_BLOCKS: tl.constexpr):
-    """This program's tile and query head (grid axes 0 and 1), the tile's first position,
-    the key blocks it sees (0..n_blocks-1) and their number of KV splits."""
-    tile = tl.program_id(0)
+def _program_tile(tile_start_ptr, tile0, BLOCK_N: tl.constexpr, SPLIT_BLOCKS: tl.constexpr):
+    """This program's tile (tile0 + grid axis 0) and query head (axis 1), the tile's first
+    position, the key blocks it sees (0..n_blocks-1) and their number of KV splits."""
+    tile = tile0 + tl.program_id(0)
     start = tl.load(tile_start_ptr + tile)
     n_blocks = start // BLOCK_N + 1
     return tile, tl.program_id(1), start, n_blocks, tl.cdiv(n_blocks, SPLIT_BLOCKS)
@@ -96,7 +129,15 @@ def _rows_at(ptr, b, h, idx, d, s_b, s_h, s_t):
     return ptr + b * s_b + h * s_h + idx[:, None] * s_t + d[None, :]
 
 
-@triton.jit(do_not_specialize=["has_slots"])
+_SPLIT_ARGS = [
+    "q_ptr", "k_ptr", "v_ptr", "out_ptr", "part_acc_ptr", "part_ml_ptr", "tile_b_ptr",
+    "seq_row_ptr", "tile_start_ptr", "tile_cols_ptr", "kv_row_ptr", "slot_ptr",
+    "sq_b", "sq_h", "sq_t", "sk_b", "sk_h", "sk_t", "sv_b", "sv_h", "sv_t", "so_b", "so_h", "so_t",
+    "Tk", "slot_len", "n_split_max", "D", "group", "tile0", "has_slots",
+]  # fmt: skip
+
+
+@triton.jit(do_not_specialize=_SPLIT_ARGS, do_not_specialize_on_alignment=_SPLIT_ARGS)
 def _attention_split_kernel(
     q_ptr,
     k_ptr,
@@ -128,6 +169,7 @@ def _attention_split_kernel(
     D,
     group,
     scale,
+    tile0,
     has_slots,
     UPCAST: tl.constexpr,
     ACC: tl.constexpr,
@@ -136,7 +178,7 @@ def _attention_split_kernel(
     BLOCK_D: tl.constexpr,
     SPLIT_BLOCKS: tl.constexpr,
 ):
-    tile, h, start, n_blocks, n_splits = _program_tile(tile_start_ptr, BLOCK_N, SPLIT_BLOCKS)
+    tile, h, start, n_blocks, n_splits = _program_tile(tile_start_ptr, tile0, BLOCK_N, SPLIT_BLOCKS)
     split = tl.program_id(2)
     if split < n_splits:
         b, qb, rows, cols, live, d = _tile_rows(
@@ -197,7 +239,7 @@ def _attention_split_kernel(
                 acc = tl.dot(p, v, acc * alpha[:, None])
             m_i = m_new
         if n_splits == 1:
-            o = acc / l_i[:, None]
+            o = div_rn(acc, l_i[:, None], ACC)
             tl.store(
                 _rows_at(out_ptr, qb, h, cols, d, so_b, so_h, so_t),
                 o.to(out_ptr.dtype.element_ty),
@@ -205,7 +247,8 @@ def _attention_split_kernel(
             )
         else:
             n_heads = tl.num_programs(1)
-            part = ((tile * n_heads + h) * n_split_max + split).to(tl.int64)  # (tile, head, split)
+            # (tile of the group, head, split)
+            part = ((tl.program_id(0) * n_heads + h) * n_split_max + split).to(tl.int64)
             tl.store(
                 part_acc_ptr + part * BLOCK_M * BLOCK_D + rows[:, None] * BLOCK_D + d[None, :], acc
             )
@@ -213,7 +256,13 @@ def _attention_split_kernel(
             tl.store(part_ml_ptr + part * 2 * BLOCK_M + BLOCK_M + rows, l_i)
 
 
-@triton.jit
+_COMBINE_ARGS = [
+    "out_ptr", "part_acc_ptr", "part_ml_ptr", "tile_b_ptr", "seq_row_ptr", "tile_start_ptr",
+    "tile_cols_ptr", "so_b", "so_h", "so_t", "n_split_max", "D", "tile0",
+]  # fmt: skip
+
+
+@triton.jit(do_not_specialize=_COMBINE_ARGS, do_not_specialize_on_alignment=_COMBINE_ARGS)
 def _attention_combine_kernel(
     out_ptr,
     part_acc_ptr,
@@ -227,18 +276,19 @@ def _attention_combine_kernel(
     so_t,
     n_split_max,
     D,
+    tile0,
     ACC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SPLIT_BLOCKS: tl.constexpr,
 ):
-    tile, h, _, _, n_splits = _program_tile(tile_start_ptr, BLOCK_N, SPLIT_BLOCKS)
+    tile, h, _start, _blocks, n_splits = _program_tile(tile_start_ptr, tile0, BLOCK_N, SPLIT_BLOCKS)
     if n_splits > 1:
-        _, qb, rows, cols, live, d = _tile_rows(
+        _b, qb, rows, cols, live, d = _tile_rows(
             tile_b_ptr, seq_row_ptr, tile_cols_ptr, tile, BLOCK_M, BLOCK_D
         )
-        base = ((tile * tl.num_programs(1) + h) * n_split_max).to(tl.int64)
+        base = ((tl.program_id(0) * tl.num_programs(1) + h) * n_split_max).to(tl.int64)
         m = tl.full((BLOCK_M,), float("-inf"), dtype=ACC)
         for s in range(0, n_splits):
             m = tl.maximum(m, tl.load(part_ml_ptr + (base + s) * 2 * BLOCK_M + rows))
@@ -253,7 +303,7 @@ def _attention_combine_kernel(
             w = tl.exp(m_s - m)
             l_sum = l_sum + l_s * w
             acc = acc + acc_s * w[:, None]
-        o = acc / l_sum[:, None]
+        o = div_rn(acc, l_sum[:, None], ACC)
         tl.store(
             _rows_at(out_ptr, qb, h, cols, d, so_b, so_h, so_t),
             o.to(out_ptr.dtype.element_ty),
@@ -298,14 +348,17 @@ def _slot_map(k_positions: torch.Tensor, length: int, seqs: Sequences | None = N
     """(S, length) int32: the key slot that holds each position of each sequence, -1 where
     none does. A sequence is a batch row (S = B), or one of `seqs`' sequences."""
     kp = k_positions.long()
-    S = kp.shape[0] if seqs is None else seqs.count
-    slots = torch.full((S, length), -1, dtype=torch.int32, device=kp.device)
-    visible = (kp >= 0) & (kp < length)
-    if seqs is not None:
-        visible &= seqs.k_seq >= 0
+    if seqs is None:  # a scatter: no host read (decode's cache layout)
+        B, Tk = kp.shape
+        visible = (kp >= 0) & (kp < length)
+        where = torch.where(visible, kp, length)  # invisible slots land in a dropped column
+        slot = torch.arange(Tk, dtype=torch.int32, device=kp.device).expand(B, Tk)
+        slots = torch.full((B, length + 1), -1, dtype=torch.int32, device=kp.device)
+        return slots.scatter_(1, where, slot)[:, :length].contiguous()
+    slots = torch.full((seqs.count, length), -1, dtype=torch.int32, device=kp.device)
+    visible = (kp >= 0) & (kp < length) & (seqs.k_seq >= 0)
     sb, slot = visible.nonzero(as_tuple=True)
-    sid = sb if seqs is None else seqs.k_seq[sb, slot]
-    slots[sid, kp[sb, slot]] = slot.to(torch.int32)
+    slots[seqs.k_seq[sb, slot], kp[sb, slot]] = slot.to(torch.int32)
     return slots
 
 
@@ -313,26 +366,38 @@ def attention_forward(
     q, k, v, q_positions, k_positions, scale, kv_index, q_segments=None, k_segments=None
 ):
     """(B, Hq, Tq, D) in q.dtype; exact zeros for padding queries."""
-    B, Hq, Tq, D = q.shape
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    if q.numel() == 0:
+        return out
+    max_pos = int(q_positions.max())  # the one host read of decode: it sizes the grid
+    if max_pos < 0:
+        return out
+    for launch in attention_launches(
+        q, k, v, out, q_positions, k_positions, scale, kv_index, q_segments, k_segments, max_pos
+    ):
+        launch.run()
+    return out
+
+
+def attention_launches(
+    q, k, v, out, q_positions, k_positions, scale, kv_index, q_segments, k_segments, max_pos
+) -> list[Launch]:
+    """Every launch of one attention call, in order: per group of tiles, the split kernel, then
+    (when a tile has several KV splits) the combine kernel. `max_pos` = q_positions.max() >= 0."""
+    B, Hq, _, D = q.shape
     Hkv, Tk = k.shape[1], k.shape[2]
     # the kernels take every stride but the head dim's, which must be 1
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    if q.numel() == 0 or not bool((q_positions >= 0).any()):
-        return out
     seqs = None
     if q_segments is not None:  # packed rows: a tile belongs to one (row, segment) sequence
         seqs = sequences_of(q_positions, q_segments, k_positions, k_segments)
     tile_b, tile_start, tile_cols = _plan_tiles(q_positions, seqs)
     NT = tile_b.numel()
-    max_start = int(tile_start.max())
+    max_start = max_pos // BLOCK_M * BLOCK_M  # the last tile's start (tile starts are p // BLOCK_M)
     n_split_max = triton.cdiv(max_start // BLOCK_N + 1, SPLIT_BLOCKS)
     rows = torch.arange(B, dtype=torch.int32, device=q.device)
     seq_row = rows if seqs is None else seqs.row.to(torch.int32)  # q row of each sequence
-    if kv_index is not None:
-        kv_row = kv_index.to(torch.int32)
-    else:
-        kv_row = seq_row
+    kv_row = kv_index.to(torch.int32) if kv_index is not None else seq_row
     if k_positions is not None:
         slots = _slot_map(k_positions, max_start + BLOCK_M, seqs)
         slot_len = slots.shape[1]
@@ -340,14 +405,17 @@ def attention_forward(
         slots, slot_len = tile_b, 0  # unused: aligned layout
     acc_dtype = compute_dtype(q.dtype)
     block_d = max(16, triton.next_power_of_2(D))
+    group = _tiles_per_group(NT, Hq, n_split_max, block_d, acc_dtype)
     if n_split_max > 1:
         part_acc = torch.empty(
-            (NT, Hq, n_split_max, BLOCK_M, block_d), dtype=acc_dtype, device=q.device
+            (group, Hq, n_split_max, BLOCK_M, block_d), dtype=acc_dtype, device=q.device
         )
-        part_ml = torch.empty((NT, Hq, n_split_max, 2, BLOCK_M), dtype=acc_dtype, device=q.device)
+        part_ml = torch.empty(
+            (group, Hq, n_split_max, 2, BLOCK_M), dtype=acc_dtype, device=q.device
+        )
     else:  # unused; fp32 all the same, so that every call runs one compiled kernel
         part_acc = part_ml = torch.empty(1, dtype=acc_dtype, device=q.device)
-    # what both kernels take: the output, the split partials, the tile plan, the tile constants
+    # what both kernels take: the output, the split partials, the tile plan
     tiles = (out, part_acc, part_ml, tile_b, seq_row, tile_start, tile_cols)
     meta = dict(
         ACC=tl_dtype(acc_dtype),
@@ -355,9 +423,8 @@ def attention_forward(
         BLOCK_N=BLOCK_N,
         BLOCK_D=block_d,
         SPLIT_BLOCKS=SPLIT_BLOCKS,
-        num_warps=4,
     )
-    _attention_split_kernel[(NT, Hq, n_split_max)](
+    split_args = (
         q,
         k,
         v,
@@ -374,14 +441,45 @@ def attention_forward(
         D,
         Hq // Hkv,
         float(scale),
-        int(k_positions is not None),
-        UPCAST=upcast_dot(q.dtype),
-        num_stages=2,
-        **meta,
     )
-    if n_split_max > 1:
-        _attention_combine_kernel[(NT, Hq)](*tiles, *out.stride()[:3], n_split_max, D, **meta)
-    return out
+    launches = []
+    for tile0 in range(0, NT, group):
+        n = min(group, NT - tile0)
+        launches.append(
+            Launch(
+                variant=f"split_d{block_d}",
+                kernel=_attention_split_kernel,
+                grid=(n, Hq, n_split_max),
+                args=(*split_args, tile0, int(k_positions is not None)),
+                constexprs=dict(UPCAST=upcast_dot(q.dtype), **meta),
+                num_warps=_NUM_WARPS,
+                num_stages=_NUM_STAGES[q.element_size()],
+                fp_fusion=FP_FUSION,
+            )
+        )
+        if n_split_max > 1:
+            launches.append(
+                Launch(
+                    variant=f"combine_d{block_d}",
+                    kernel=_attention_combine_kernel,
+                    grid=(n, Hq),
+                    args=(*tiles, *out.stride()[:3], n_split_max, D, tile0),
+                    constexprs=meta,
+                    num_warps=_NUM_WARPS,
+                    num_stages=1,
+                    fp_fusion=FP_FUSION,
+                )
+            )
+    return launches
+
+
+def _tiles_per_group(n_tiles: int, heads: int, n_split_max: int, block_d: int, acc_dtype) -> int:
+    """Tiles launched together: as many as keep their split partials within PARTIALS_BYTES
+    (at least one). Only memory and launch count depend on it."""
+    if n_split_max == 1:
+        return n_tiles
+    per_tile = heads * n_split_max * BLOCK_M * (block_d + 2) * acc_dtype.itemsize
+    return max(1, min(n_tiles, PARTIALS_BYTES // per_tile))
 
 
 _InvariantAttention = invariant_attention_function(attention_forward, __name__)

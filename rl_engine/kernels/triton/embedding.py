@@ -13,11 +13,16 @@ import triton.language as tl
 
 from rl_engine.kernels.common.checks import check_embedding
 from rl_engine.kernels.triton._common import check_device
+from rl_engine.kernels.triton._launch import FP_FUSION, Launch
 
 _BLOCK = 1024
 
 
-@triton.jit
+_ARGS = ["ids_ptr", "w_ptr", "out_ptr", "H", "stride_w", "stride_o"]
+
+
+# nothing specialised: every token count and id layout runs one binary
+@triton.jit(do_not_specialize=_ARGS, do_not_specialize_on_alignment=_ARGS)
 def _embedding_kernel(ids_ptr, w_ptr, out_ptr, H, stride_w, stride_o, BLOCK: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -27,14 +32,27 @@ def _embedding_kernel(ids_ptr, w_ptr, out_ptr, H, stride_w, stride_o, BLOCK: tl.
     tl.store(out_ptr + tok * stride_o + offs, vals, mask=mask)
 
 
+def embedding_launch(flat_ids: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> Launch:
+    """The launch that copies weight row flat_ids[t] to out row t (a pure copy: no arithmetic)."""
+    H = weight.shape[1]
+    return Launch(
+        variant="gather",
+        kernel=_embedding_kernel,
+        grid=(flat_ids.numel(), triton.cdiv(H, _BLOCK)),
+        args=(flat_ids, weight, out, H, weight.stride(0), out.stride(0)),
+        constexprs=dict(BLOCK=_BLOCK),
+        num_warps=4,
+        num_stages=1,
+        fp_fusion=FP_FUSION,
+    )
+
+
 def embedding_forward(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     flat = ids.reshape(-1).contiguous()
     H = weight.shape[1]
     out = torch.empty((flat.numel(), H), dtype=weight.dtype, device=weight.device)
     if flat.numel() and H:
-        weight = weight.contiguous()
-        grid = (flat.numel(), triton.cdiv(H, _BLOCK))
-        _embedding_kernel[grid](flat, weight, out, H, weight.stride(0), out.stride(0), BLOCK=_BLOCK)
+        embedding_launch(flat, weight.contiguous(), out).run()
     return out.reshape(*ids.shape, H)
 
 

@@ -10,6 +10,10 @@ chosen values are summed in slot order (slot 0 first) for the optional
 renormalisation and cast to the weights' dtype. The softmax's bits are this
 backend's own (not torch's); the tie rule and the orders are the contract of
 rl_engine/kernels/common/moe_router.py, whose plain backward this op shares.
+
+The routing kernel specialises no pointer or integer argument (one binary for
+every token count, offset and view), and divides with IEEE rounding (`div_rn`);
+its exp is the hardware's approximation, like log_softmax's.
 """
 
 from __future__ import annotations
@@ -20,13 +24,17 @@ import triton.language as tl
 
 from rl_engine.kernels.common.checks import at_least_fp32
 from rl_engine.kernels.common.moe_router import route_tokens, routing_backward  # noqa: F401
-from rl_engine.kernels.triton._common import check_device, tl_dtype
+from rl_engine.kernels.triton._common import check_device, div_rn, tl_dtype
+from rl_engine.kernels.triton._launch import FP_FUSION, Launch
 from rl_engine.kernels.triton.linear import linear
 
 MAX_EXPERTS = 8192  # one row in one block
 
 
-@triton.jit
+_ARGS = ["logits_ptr", "weights_ptr", "indices_ptr", "probs_ptr", "total_ptr", "E", "stride_l"]
+
+
+@triton.jit(do_not_specialize=_ARGS, do_not_specialize_on_alignment=_ARGS)
 def _route_kernel(
     logits_ptr,
     weights_ptr,
@@ -46,7 +54,7 @@ def _route_kernel(
     live = offs < E
     x = tl.load(logits_ptr + row * stride_l + offs, mask=live, other=float("-inf")).to(ACC)
     e = tl.where(live, tl.exp(x - tl.max(x, axis=0)), 0.0)
-    p = e / tl.sum(e, axis=0)
+    p = div_rn(e, tl.sum(e, axis=0), ACC)
     tl.store(probs_ptr + row * E + offs, p, mask=live)
     slots = tl.arange(0, K_BLOCK)
     values = tl.zeros((K_BLOCK,), dtype=ACC)
@@ -64,7 +72,7 @@ def _route_kernel(
         total = total + value  # slot order: ((v0 + v1) + v2) + ...
         free = free & (offs != pick)
     if RENORM:
-        values = values / total
+        values = div_rn(values, total, ACC)
     kmask = slots < TOP_K
     tl.store(total_ptr + row, total)
     tl.store(weights_ptr + row * TOP_K + slots, values.to(weights_ptr.dtype.element_ty), mask=kmask)
@@ -83,21 +91,32 @@ def route_forward(logits, top_k, renormalize, weights_dtype):
     indices = torch.empty((rows, top_k), dtype=torch.long, device=logits.device)
     probs = torch.empty((rows, experts), dtype=acc, device=logits.device)
     total = torch.empty((rows, 1), dtype=acc, device=logits.device)
-    _route_kernel[(rows,)](
-        logits,
-        weights,
-        indices,
-        probs,
-        total,
-        experts,
-        logits.stride(0),
-        ACC=tl_dtype(acc),
-        TOP_K=top_k,
-        K_BLOCK=triton.next_power_of_2(top_k),
-        RENORM=bool(renormalize),
-        BLOCK=triton.next_power_of_2(experts),
-    )
+    if rows:
+        route_launch(logits, weights, indices, probs, total, top_k, renormalize).run()
     return weights, indices, probs, total if renormalize else None
+
+
+def route_launch(logits, weights, indices, probs, total, top_k, renormalize) -> Launch:
+    """The launch that routes each row of logits (N, E): softmax, top k, optional renormalisation."""
+    rows, experts = logits.shape
+    renorm = bool(renormalize)
+    return Launch(
+        variant=f"route_e{triton.next_power_of_2(experts)}_top{top_k}"
+        + ("_renorm" if renorm else ""),
+        kernel=_route_kernel,
+        grid=(rows,),
+        args=(logits, weights, indices, probs, total, experts, logits.stride(0)),
+        constexprs=dict(
+            ACC=tl_dtype(probs.dtype),
+            TOP_K=top_k,
+            K_BLOCK=triton.next_power_of_2(top_k),
+            RENORM=renorm,
+            BLOCK=triton.next_power_of_2(experts),
+        ),
+        num_warps=4,
+        num_stages=1,
+        fp_fusion=FP_FUSION,
+    )
 
 
 def moe_router(

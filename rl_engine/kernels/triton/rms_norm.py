@@ -4,6 +4,15 @@ One program per row. The sum of squares runs over the row in chunks of BLOCK
 columns from column 0, into a BLOCK-wide fp32 vector, reduced once at the end:
 the order depends only on the row length. Backward: autograd through the same
 formula in plain torch (deterministic).
+
+One binary for every call: no pointer or integer argument is specialised, so
+the loads' layout (which elements each thread sums) is the same for every row
+count, offset and view. Rounding on a GPU: the mean is an IEEE division and
+rstd = 1 / sqrt(mean + eps) is a correctly rounded square root and division
+(`sqrt_rn`, `div_rn`): where HF's `torch.rsqrt` rounds once (its CUDA rsqrt is
+an approximation itself), this rounds twice, so rstd may differ from torch's by
+an ulp (tests/gpu: within 1 bf16 ulp of the fp64 formula). fp64 inputs: eps
+arrives as an fp32 scalar (Triton passes Python floats as fp32).
 """
 
 from __future__ import annotations
@@ -13,12 +22,16 @@ import triton
 import triton.language as tl
 
 from rl_engine.kernels.common.checks import at_least_fp32, check_floating, check_last_dim
-from rl_engine.kernels.triton._common import check_device, tl_dtype
+from rl_engine.kernels.triton._common import check_device, div_rn, sqrt_rn, tl_dtype
+from rl_engine.kernels.triton._launch import FP_FUSION, Launch
 
 _MAX_BLOCK = 4096  # chunk width: next power of two of H, at most this (depends on H only)
 
 
-@triton.jit
+_ARGS = ["x_ptr", "w_ptr", "out_ptr", "H", "stride_x", "stride_o"]
+
+
+@triton.jit(do_not_specialize=_ARGS, do_not_specialize_on_alignment=_ARGS)
 def _rms_norm_kernel(
     x_ptr, w_ptr, out_ptr, H, stride_x, stride_o, eps, ACC: tl.constexpr, BLOCK: tl.constexpr
 ):
@@ -28,7 +41,8 @@ def _rms_norm_kernel(
     for h0 in range(0, H, BLOCK):
         x = tl.load(x_ptr + row * stride_x + h0 + offs, mask=h0 + offs < H, other=0.0).to(ACC)
         sq += x * x
-    rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / H + eps)
+    mean = div_rn(tl.sum(sq, axis=0), H.to(ACC), ACC)
+    rstd = div_rn(tl.full((), 1.0, ACC), sqrt_rn(mean + eps, ACC), ACC)
     for h0 in range(0, H, BLOCK):
         mask = h0 + offs < H
         x = tl.load(x_ptr + row * stride_x + h0 + offs, mask=mask, other=0.0)
@@ -38,24 +52,31 @@ def _rms_norm_kernel(
         tl.store(out_ptr + row * stride_o + h0 + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+def rms_norm_launch(
+    x2d: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float
+) -> Launch:
+    """The launch that writes out (M, H) = rms_norm(x2d) * weight, one program a row."""
+    M, H = x2d.shape
+    block = min(triton.next_power_of_2(H), _MAX_BLOCK)
+    return Launch(
+        variant=f"rms_norm_block{block}",
+        kernel=_rms_norm_kernel,
+        grid=(M,),
+        args=(x2d, weight, out, H, x2d.stride(0), out.stride(0), float(eps)),
+        constexprs=dict(ACC=tl_dtype(at_least_fp32(x2d.dtype)), BLOCK=block),
+        num_warps=4 if H <= 4096 else 8,  # from H alone (a model constant): part of the numerics
+        num_stages=1,
+        fp_fusion=FP_FUSION,
+    )
+
+
 def rms_norm_forward(x2d: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x2d = x2d.contiguous()
     M, H = x2d.shape
     out = torch.empty((M, H), dtype=torch.promote_types(weight.dtype, x2d.dtype), device=x2d.device)
     if M == 0:
         return out
-    _rms_norm_kernel[(M,)](
-        x2d,
-        weight.contiguous(),
-        out,
-        H,
-        x2d.stride(0),
-        out.stride(0),
-        float(eps),
-        ACC=tl_dtype(at_least_fp32(x2d.dtype)),
-        BLOCK=min(triton.next_power_of_2(H), _MAX_BLOCK),
-        num_warps=4 if H <= 4096 else 8,
-    )
+    rms_norm_launch(x2d, weight.contiguous(), out, eps).run()
     return out
 
 

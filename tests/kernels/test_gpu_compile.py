@@ -1,0 +1,177 @@
+"""The Triton kernels compiled for a GPU target on this CPU machine: one binary per batch, checked code.
+
+`scripts/compile_gpu_kernels.py --targets sm_90 --cases ci` runs every op of the registry
+in fp32 and bf16 through the JIT's own specialisation (a documented subset of the launch
+cases, at least 2 per group; the script's default runs them all, for every target). This
+test re-derives checks a-c from the manifest and the PTX files itself. Negative control:
+the same log_softmax kernel jitted with Triton's default specialisation compiles two
+binaries for a 1-row view of a wider buffer and a batch of rows (the alignment-dependent
+reduction order the op pins). Plus the facts the job compares, which need no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl_engine.kernels import kernel_facts
+from rl_engine.kernels.registry import OP_NAMES
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "compile_gpu_kernels.py"
+
+
+def _compiled_env() -> dict:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)  # real compiles: the interpreter has no binaries
+    return env
+
+
+@pytest.fixture(scope="module")
+def sm90_manifest(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_kernels")
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--targets", "sm_90", "--cases", "ci", "--out", str(out)],
+        env=_compiled_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    return out, json.loads((out / "manifest.json").read_text())
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_every_op_compiles_for_sm_90_with_one_binary_per_group(sm90_manifest):
+    out, records = sm90_manifest
+    assert isinstance(records, list)
+    groups = defaultdict(list)
+    for r in records:
+        assert r["target"] == "sm_90" and r["dtype"] in ("fp32", "bf16")
+        groups[(r["op"], r["dtype"], r["variant"])].append(r)
+    for name in OP_NAMES:  # every op, both dtypes, under its own name
+        for dtype in ("fp32", "bf16"):
+            assert any(k[:2] == (name, dtype) for k in groups), (name, dtype)
+    attention = {k[2] for k in groups if k[0] == "attention"}
+    assert {"split_d64", "combine_d64", "split_d128", "combine_d128"} <= attention
+    for key, rs in groups.items():
+        assert len({r["case"] for r in rs}) >= 2, key  # >= 2 launch cases per group
+        assert len({r["hash"] for r in rs}) == 1, key  # a: one binary for every case
+        assert len({r["kernel"] for r in rs}) == 1, key  # a group never mixes kernels
+    atomic = re.compile(r"^\s*(@!?%\w+\s+)?(atom|red)\.", re.M)
+    for r in records:
+        ptx = (out / r["ptx"]).read_text()
+        assert ".target sm_90" in ptx, r["ptx"]
+        assert not atomic.search(ptx), r["ptx"]  # c
+        if r["dtype"] == "fp32":
+            assert "tf32" not in ptx, r["ptx"]  # b
+        assert r["fp_fusion"] is False and r["num_warps"] >= 1  # d: pinned off
+        assert 0 <= r["shared"] <= 227 * 1024
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_every_kernel_of_the_backend_is_in_the_manifest(sm90_manifest):
+    """A kernel added without launch cases would go unchecked: every `*_kernel` is compiled."""
+    import importlib
+    import pkgutil
+
+    import rl_engine.kernels.triton as backend
+
+    kernels = set()
+    for info in pkgutil.iter_modules(backend.__path__):
+        module = importlib.import_module(f"{backend.__name__}.{info.name}")
+        kernels |= {
+            name
+            for name, obj in vars(module).items()
+            if name.endswith("_kernel") and hasattr(obj, "fn")
+        }
+    assert len(kernels) >= 9
+    assert kernels == {r["kernel"] for r in sm90_manifest[1]}
+
+
+_NEGATIVE_CONTROL = r"""
+import json, runpy, sys, torch, triton
+script = runpy.run_path(sys.argv[1], run_name="compile_gpu_kernels")
+triton.runtime.driver.set_active(script["_StubDriver"]())
+from rl_engine.kernels.triton._launch import capture_launches
+from rl_engine.kernels.triton.log_softmax import log_softmax_forward
+V = 50257
+def launch_of(x):
+    with capture_launches() as launches:
+        log_softmax_forward(x, 1.0)
+    return launches[0]
+batch = launch_of(torch.empty(7, V))
+view = launch_of(torch.empty(4, V + 15)[:1, :V])  # "contiguous", with the wide buffer's stride
+plain = triton.JITFunction(batch.kernel.fn)  # the same kernel, Triton's default specialisation
+def hash_of(kernel, launch):
+    return kernel.warmup(*launch.args, grid=(1,), **launch.constexprs, **launch.options()).hash
+print(json.dumps({
+    "pinned": [hash_of(batch.kernel, batch), hash_of(batch.kernel, view)],
+    "plain": [hash_of(plain, batch), hash_of(plain, view)],
+}))
+"""
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_negative_control_default_specialisation_splits_a_batch_from_a_view():
+    run = subprocess.run(
+        [sys.executable, "-c", _NEGATIVE_CONTROL, str(SCRIPT)],
+        env=_compiled_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    hashes = json.loads(run.stdout.strip().splitlines()[-1])
+    assert hashes["pinned"][0] == hashes["pinned"][1]
+    assert hashes["plain"][0] != hashes["plain"][1]
+
+
+def test_cuda_kernel_facts_name_the_triton_numerics_without_a_gpu():
+    from rl_engine.kernels.triton._launch import NUMERICS_VERSION
+
+    facts = kernel_facts("cuda")
+    assert facts["backend"] == "triton"
+    assert facts["triton_numerics"] == NUMERICS_VERSION
+    assert facts["triton_version"] == __import__("triton").__version__
+    assert facts["triton_fp_fusion"] == "off"
+    assert facts["triton_mode"] in ("interpreter", "compiled")
+    if not torch.cuda.is_available():
+        assert not torch.cuda.is_initialized()
+
+
+def test_job_refuses_actors_on_different_triton_builds():
+    from rl_engine.executors.job.cluster import ClusterError, check_same_kernels
+    from rl_engine.executors.job.cluster import kernel_facts as job_facts
+
+    here = job_facts("cuda")
+    assert here["kernels.triton_numerics"] and here["kernels.triton_version"]
+    check_same_kernels({"trainer rank 0": here, "rollout engine 0": dict(here)})
+    for key in ("kernels.triton_version", "kernels.triton_numerics", "kernels.triton_fp_fusion"):
+        other = {**here, key: "something else"}
+        with pytest.raises(ClusterError, match=re.escape(key)):
+            check_same_kernels({"trainer rank 0": here, "rollout engine 1": other})
+
+
+def test_pyproject_bounds_the_triton_version_to_the_installed_minor():
+    import triton
+    from packaging.specifiers import SpecifierSet
+
+    (spec,) = re.findall(r'"triton([<>=!~][^"]*)"', (ROOT / "pyproject.toml").read_text())
+    spec = SpecifierSet(spec)
+    assert any(s.operator == "<" for s in spec), spec  # an upper bound: numerics move with Triton
+    assert triton.__version__ in spec
+    major, minor = map(int, triton.__version__.split(".")[:2])
+    assert f"{major}.{minor + 1}.0" not in spec
