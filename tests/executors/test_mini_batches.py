@@ -1,6 +1,6 @@
 """Several optimizer steps per RL step: trainer.mini_batch_size x trainer.epochs in the worker.
 
-One rank, real DeepSpeed. The reference is the plain one-update step: a step of K
+One and two ranks, real DeepSpeed. The reference is the plain one-update step: a step of K
 mini-batches x E epochs must equal, bit for bit, K x E one-update steps on those mini-batches
 in that order with the rollout logprobs as the ratio's old logprobs (no recompute); parity is
 checked on pre-update forwards only (`trainer.parity_scope`), and the rollout correction takes
@@ -49,7 +49,10 @@ def nudged(batch, seq: int):
     return dataclasses.replace(batch, rollout_logprobs=logprobs)
 
 
-@pytest.mark.parametrize("stage", [0, pytest.param(2, marks=pytest.mark.slow), 3])
+@pytest.mark.parametrize(
+    "stage",
+    [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 3],
+)
 def test_mini_batches_and_epochs_are_one_update_steps_in_a_row(stage, batch):
     many = worker(stage, trainer={"mini_batch_size": 4, "epochs": 2})
     metrics = many.train_step(batch)
@@ -110,3 +113,26 @@ def test_token_budget_and_packing_inside_mini_batches(batch):
     a, b = budget.export_weights(), fixed.export_weights()
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert diff < 1e-5
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_zero3_scoring_pass_and_updates(tmp_path):
+    """Two ranks: the scoring pass is a collective (a mismatch on one rank raises on both, before
+    any update), and 2 mini-batches x 2 epochs equal four plain steps bit for bit."""
+    from tests.executors.launch import run_ranks
+
+    path = tmp_path / "completions.pt"
+    torch.save(cached_completions("float32"), path)
+    ranks, error = run_ranks(
+        {"job": "mini_batch_job", "completions": {"float32": str(path)}}, 2, tmp_path, timeout=300
+    )
+    assert error is None, error
+    results = [r["mini_batch_job"] for r in ranks]
+    assert "no optimizer step was taken" in results[1]["strict_error"]  # the nudged rank
+    assert "other ranks" in results[0]["strict_error"]
+    assert all(r["step_after_strict"] == 0 for r in results)
+    metrics = results[0]["metrics"]
+    assert metrics == results[1]["metrics"]  # all-reduced
+    assert metrics["updates"] == 4 and metrics["parity/exact_match_fraction"] == 1.0
+    assert metrics["parity/num_tokens"] == results[0]["tokens"]
+    assert results[0]["weights_differ"] == []
