@@ -121,6 +121,13 @@ def run_timings(dtypes, reps: int) -> list[Result]:
             _, t_eager = interleaved_ratio(runs["invariant"], runs["eager"], reps=max(1, reps // 2))
             name = str(dtype).removeprefix("torch.")
             results.append(Result(shape, name, t_inv * 1e3, t_grouped * 1e3, t_eager * 1e3))
+            r = results[-1]
+            print(  # progress: a slow CPU takes minutes a row (bf16 without native bf16 GEMMs)
+                f"{r.shape}, {r.dtype}: invariant {r.ms_invariant:.1f} ms, grouped_mm "
+                f"{r.ms_grouped:.1f} ms ({r.ratio:.2f}x), eager {r.ms_eager:.1f} ms",
+                file=sys.stderr,
+                flush=True,
+            )
     return results
 
 
