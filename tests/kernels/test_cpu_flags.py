@@ -29,3 +29,10 @@ def test_bf16_follows_the_cpu_flags():
     # accuracy: within one bf16 rounding of the fp64 product on every element
     exact = a.double() @ b.double()
     assert ((got.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-3).all()
+
+
+def test_out_receives_the_same_bits():
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = _pair(dtype)
+        out = torch.empty(a.shape[0], b.shape[1], dtype=dtype)
+        assert backward_mm(a, b, out=out) is out and torch.equal(out, backward_mm(a, b))

@@ -37,11 +37,14 @@ def slow_16bit_matmul(dtype: torch.dtype, device: torch.device) -> bool:
     return not any(flag in cpu_flags() for flag in _BF16_MATMUL_FLAGS)
 
 
-def backward_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b for a plain backward, in a's dtype. Where that dtype's GEMM is slow on this CPU
-    (`slow_16bit_matmul`), the product runs in fp32 and is rounded once: the accuracy of a
-    native bf16 GEMM (fp32 accumulation, one rounding), at the fp32 GEMM's speed. Gradients
-    need no batch invariance, so this choice per machine never touches a logprob's bits."""
-    if slow_16bit_matmul(a.dtype, a.device):
-        return (a.float() @ b.float()).to(a.dtype)
-    return a @ b
+def backward_mm(
+    a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """a @ b for a plain backward, in a's dtype (into `out` when given). Where that dtype's GEMM
+    is slow on this CPU (`slow_16bit_matmul`), the product runs in fp32 and is rounded once: the
+    accuracy of a native bf16 GEMM (fp32 accumulation, one rounding), at the fp32 GEMM's speed.
+    Gradients need no batch invariance, so this choice per machine never touches a logprob's bits."""
+    if not slow_16bit_matmul(a.dtype, a.device):
+        return torch.mm(a, b, out=out)
+    product = torch.mm(a.float(), b.float())
+    return product.to(a.dtype) if out is None else out.copy_(product)

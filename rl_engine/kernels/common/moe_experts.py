@@ -171,15 +171,15 @@ def experts_backward(grad_out, hidden, gate_up, down, weights, saved, silu, need
         gate, up = saved_gate_up[start:stop].chunk(2, dim=-1)
         act = silu(gate)  # the forward's activation, recomputed by the same op
         if grad_down is not None:
-            grad_down[expert] = backward_mm(grad_y.t(), act * up)  # (H, I)
+            backward_mm(grad_y.t(), act * up, out=grad_down[expert])  # (H, I)
         grad_hidden_act = backward_mm(grad_y, down[expert])  # (n, I)
         grad_gate_up_out = torch.empty_like(saved_gate_up[start:stop])  # (n, 2I)
         grad_gate_up_out[:, :width] = silu_grad(gate, grad_hidden_act * up)
         torch.mul(grad_hidden_act, act, out=grad_gate_up_out[:, width:])
         if grad_gate_up is not None:
             x = hidden.index_select(0, tokens)
-            grad_gate_up[expert] = backward_mm(grad_gate_up_out.t(), x)  # (2I, H)
-        grad_rows[start:stop] = backward_mm(grad_gate_up_out, gate_up[expert])
+            backward_mm(grad_gate_up_out.t(), x, out=grad_gate_up[expert])  # (2I, H)
+        backward_mm(grad_gate_up_out, gate_up[expert], out=grad_rows[start:stop])
     grad_hidden = combine(grad_rows, grouping.combine_rows) if needs[0] else None
     grad_weights = torch.empty_like(grad_pairs)
     grad_weights[grouping.order] = grad_pairs  # slot-major (k * N,)
