@@ -11,23 +11,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_engine.algorithms import compute_advantages
-from rl_engine.config import RunConfig
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.critic import CriticWorker
 from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
 from rl_engine.executors.worker.errors import BatchError
-from tests.executors.cell import cached_completions, cell_config, to_batch
+from tests.executors.cell import cached_completions, to_batch
+from tests.executors.critic_setup import critic_config, gae_returns
 
 
-def _config(**trainer) -> RunConfig:
-    data = cell_config(0, 1, "float32", algorithm={"name": "ppo", "kl_coef": 0.0}).to_dict()
-    data["trainer"].update(trainer)
-    data["critic"] = {"lr": 1e-3, "value_clip": 0.2}
-    if data["trainer"].get("batch_invariant") is not None:
-        data["batch_invariant"] = data["trainer"].pop("batch_invariant")
-        data["parity"] = "off"
-    return RunConfig.from_dict(data)
+def _config(**trainer):
+    if "batch_invariant" in trainer:  # the negative control: unpatched, no parity check
+        flag = trainer.pop("batch_invariant")
+        return critic_config(trainer, batch_invariant=flag, parity="off")
+    return critic_config(trainer)
 
 
 @pytest.fixture(scope="module")
@@ -35,15 +31,10 @@ def batch() -> TrainBatch:
     return to_batch(cached_completions("float32"))
 
 
-def _gae(batch: TrainBatch, values: torch.Tensor) -> torch.Tensor:
-    groups = torch.arange(batch.num_sequences) // 4
-    return compute_advantages("gae", batch.rewards, groups, mask=batch.response_mask, values=values)
-
-
 def _trained(worker: CriticWorker, batch: TrainBatch) -> torch.Tensor:
     """Values that are not zero everywhere: the head starts at 0, one update moves it."""
     values = worker.values(batch)
-    worker.train_step(batch, _gae(batch, values) + values, values)
+    worker.train_step(batch, gae_returns(batch, values), values)
     return worker.values(batch)
 
 
@@ -79,7 +70,7 @@ def test_unpatched_backbone_values_depend_on_the_layout(batch):
 def test_updates_move_values_to_the_returns_and_a_checkpoint_resumes_bitwise(batch, tmp_path):
     worker = CriticWorker(_config(), device="cpu")
     old = worker.values(batch)
-    returns = _gae(batch, old) + old
+    returns = gae_returns(batch, old)
     mask = batch.response_mask
     first = worker.train_step(batch, returns, old)
     assert first["critic/updates"] == 1 and first["critic/skipped_update"] == 0
@@ -110,3 +101,28 @@ def test_a_warmup_step_checks_parity_and_leaves_the_policy_as_it_was(batch):
     after = policy.module.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert policy.train_step(batch)["weight_version"] == 1  # then a real update, still on-policy
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_zero3_values_equal_one_ranks_and_resume(batch, tmp_path):
+    """Two critic ranks under ZeRO-3: after one update both ranks hold the same critic, whose
+    values of the batch (partitioned parameters, each rank all rows) == one ZeRO-0 rank's with
+    the gathered weights; a checkpoint restores it; shard values before it == one rank's."""
+    from tests.executors.launch import run_ranks
+
+    path = tmp_path / "completions.pt"
+    torch.save(cached_completions("float32"), path)
+    spec = {"job": "critic_ranks_job", "completions": {"float32": str(path)}}
+    ranks, error = run_ranks(spec, 2, tmp_path, timeout=300)
+    assert error is None, error
+    results = [r["critic_ranks_job"] for r in ranks]
+    assert all(r["zero_stage"] == 3 for r in results)
+    one_rank = CriticWorker(_config(), device="cpu")
+    assert torch.equal(torch.cat([r["shard_values"] for r in results]), one_rank.values(batch))
+    one_rank.module.load_state_dict(results[0]["state"])  # the trained critic, gathered
+    assert torch.equal(one_rank.values(batch), results[0]["after"])
+    assert results[0]["metrics"] == results[1]["metrics"]  # all-reduced
+    assert results[0]["metrics"]["critic/skipped_update"] == 0
+    assert torch.equal(results[0]["after"], results[1]["after"])
+    assert bool((results[0]["after"][batch.response_mask] != 0).all())
+    assert all(torch.equal(r["resumed"], r["after"]) for r in results)
