@@ -103,6 +103,7 @@ def test_a_warmup_step_checks_parity_and_leaves_the_policy_as_it_was(batch):
     assert policy.train_step(batch)["weight_version"] == 1  # then a real update, still on-policy
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_ranks_zero3_values_equal_one_ranks_and_resume(batch, tmp_path):
     """Two critic ranks under ZeRO-3: after one update both ranks hold the same critic, whose
