@@ -92,7 +92,7 @@ def test_updates_move_values_to_the_returns_and_a_checkpoint_resumes_bitwise(bat
 
 def test_a_warmup_step_checks_parity_and_leaves_the_policy_as_it_was(batch):
     """critic.warmup_steps: the policy worker's step without an update (strict parity holds)."""
-    policy = DeepSpeedTrainingWorker(_config(), device="cpu")
+    policy = DeepSpeedTrainingWorker(_config(mini_batch_size=4, epochs=2), device="cpu")
     before = {k: v.clone() for k, v in policy.module.state_dict().items()}
     metrics = policy.train_step(batch, update=False)
     assert metrics["updates"] == 0 and metrics["weight_version"] == 0
@@ -100,7 +100,7 @@ def test_a_warmup_step_checks_parity_and_leaves_the_policy_as_it_was(batch):
     assert metrics["parity/num_tokens"] == batch.num_tokens == metrics["tokens"]
     after = policy.module.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert policy.train_step(batch)["weight_version"] == 1  # then a real update, still on-policy
+    assert policy.train_step(batch)["weight_version"] == 4  # then 2 x 2 updates, on-policy
 
 
 @pytest.mark.slow

@@ -370,7 +370,7 @@ class DeepSpeedTrainingWorker:
             None if self.config.parity == "off" else MismatchMetrics.from_sums(parity),
             skipped,
             updates=len(outcomes),
-            epochs=self.config.trainer.epochs,
+            epochs=self.config.trainer.epochs if outcomes else 1,  # a warm-up scores once
             grad_norm=float("nan") if norm is None else float(norm),
             lr=float(self.engine.get_lr()[0]),
             step=self.global_step,
