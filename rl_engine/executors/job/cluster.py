@@ -69,6 +69,8 @@ def connect(config) -> bool:
         ray.init(address=address, log_to_driver=True)
     else:  # a private local cluster, never one another process started on this machine
         actors = config.trainer.num_ranks + config.rollout.num_engines
+        if config.algorithm.name == "ppo":  # the critic's own ranks
+            actors += config.critic_ranks
         gpus = actors if config.device == "cuda" else 0
         log.info("starting a local Ray cluster (%d CPUs, %d GPUs)", actors, gpus)
         ray.init(
