@@ -151,39 +151,61 @@ def silu_grad(gate: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
 
 
 def experts_backward(grad_out, hidden, gate_up, down, weights, saved, silu, needs):
-    """(grad hidden, grad gate_up, grad down, grad weights); `needs` = ctx.needs_input_grad."""
+    """(grad hidden, grad gate_up, grad down, grad weights); `needs` = ctx.needs_input_grad.
+
+    The elementwise steps run once over all S grouped rows (a row's arithmetic is its own, so
+    this is the per-expert result in fewer, larger passes); only the GEMMs go expert by expert.
+    """
     grouping, saved_gate_up, saved_down = saved
     dtype, width = hidden.dtype, gate_up.shape[1] // 2
-    pair_weights = weights.t().reshape(-1)[grouping.order]  # (S,)
-    grad_rows = torch.empty_like(saved_down)  # (S, H): d loss / d each grouped row's input
-    grad_pairs = torch.empty(grouping.order.shape, dtype=weights.dtype, device=weights.device)
-    grad_gate_up = torch.zeros_like(gate_up) if needs[1] else None  # experts without rows: 0
-    grad_down = torch.zeros_like(down) if needs[2] else None
     promoted = torch.promote_types(dtype, weights.dtype)
+    pair_weights = weights.t().reshape(-1)[grouping.order].to(promoted)  # (S,)
+    grad_scaled = grad_out.index_select(0, grouping.tokens).to(promoted)  # (S, H)
+    grad_pairs = torch.linalg.vecdot(grad_scaled, saved_down.to(promoted)).to(weights.dtype)
+    grad_y = (grad_scaled * pair_weights[:, None]).to(dtype)  # (S, H)
+    del grad_scaled
+    gate, up = saved_gate_up.chunk(2, dim=-1)  # (S, I) each
+    act = silu(gate)  # the forward's activation, recomputed by the same op
+    grad_act = torch.empty_like(act)  # (S, I): d loss / d (silu(gate) * up)
     for expert, start, stop in grouping.spans:
-        tokens = grouping.tokens[start:stop]
-        grad_scaled = grad_out.index_select(0, tokens).to(promoted)  # (n, H)
-        w = pair_weights[start:stop].to(promoted)
-        grad_pairs[start:stop] = torch.linalg.vecdot(
-            grad_scaled, saved_down[start:stop].to(promoted)
-        )
-        grad_y = (grad_scaled * w[:, None]).to(dtype)  # (n, H)
-        gate, up = saved_gate_up[start:stop].chunk(2, dim=-1)
-        act = silu(gate)  # the forward's activation, recomputed by the same op
-        if grad_down is not None:
-            backward_mm(grad_y.t(), act * up, out=grad_down[expert])  # (H, I)
-        grad_hidden_act = backward_mm(grad_y, down[expert])  # (n, I)
-        grad_gate_up_out = torch.empty_like(saved_gate_up[start:stop])  # (n, 2I)
-        grad_gate_up_out[:, :width] = silu_grad(gate, grad_hidden_act * up)
-        torch.mul(grad_hidden_act, act, out=grad_gate_up_out[:, width:])
-        if grad_gate_up is not None:
-            x = hidden.index_select(0, tokens)
-            backward_mm(grad_gate_up_out.t(), x, out=grad_gate_up[expert])  # (2I, H)
-        backward_mm(grad_gate_up_out, gate_up[expert], out=grad_rows[start:stop])
-    grad_hidden = combine(grad_rows, grouping.combine_rows) if needs[0] else None
+        backward_mm(grad_y[start:stop], down[expert], out=grad_act[start:stop])
+    grad_gate_up_out = torch.empty_like(saved_gate_up)  # (S, 2I)
+    grad_gate_up_out[:, :width] = silu_grad(gate, grad_act * up)
+    torch.mul(grad_act, act, out=grad_gate_up_out[:, width:])
+    del grad_act
+    grad_down = _zero_unrouted_grad(down, grouping) if needs[2] else None
+    if grad_down is not None:
+        activation = act * up  # (S, I): the down projection's input
+        for expert, start, stop in grouping.spans:
+            backward_mm(grad_y[start:stop].t(), activation[start:stop], out=grad_down[expert])
+        del activation
+    del grad_y, act
+    grad_gate_up = _zero_unrouted_grad(gate_up, grouping) if needs[1] else None
+    if grad_gate_up is not None:
+        x = hidden.index_select(0, grouping.tokens)  # (S, H)
+        for expert, start, stop in grouping.spans:
+            backward_mm(grad_gate_up_out[start:stop].t(), x[start:stop], out=grad_gate_up[expert])
+        del x
+    grad_hidden = None
+    if needs[0]:
+        grad_rows = torch.empty_like(saved_down)  # (S, H): d loss / d each grouped row's input
+        for expert, start, stop in grouping.spans:
+            backward_mm(grad_gate_up_out[start:stop], gate_up[expert], out=grad_rows[start:stop])
+        grad_hidden = combine(grad_rows, grouping.combine_rows)
     grad_weights = torch.empty_like(grad_pairs)
     grad_weights[grouping.order] = grad_pairs  # slot-major (k * N,)
     return grad_hidden, grad_gate_up, grad_down, grad_weights.view(weights.shape[::-1]).t()
+
+
+def _zero_unrouted_grad(param: torch.Tensor, grouping: Grouping) -> torch.Tensor:
+    """The gradient buffer of a 3-D expert parameter: 0 for the experts without rows, the
+    others left for their GEMM to write (no pass over the whole buffer first)."""
+    grad = torch.empty_like(param)
+    routed = torch.zeros(param.shape[0], dtype=torch.bool)
+    for expert, _, _ in grouping.spans:
+        routed[expert] = True
+    grad[~routed.to(param.device)] = 0
+    return grad
 
 
 def invariant_experts_function(experts_forward, silu, module: str) -> type[torch.autograd.Function]:
