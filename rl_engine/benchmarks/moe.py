@@ -99,6 +99,8 @@ def _forward(moe, x):
 
 
 def _train_step(moe, x):
+    x = x.detach().requires_grad_()  # as inside a model: the block's input needs its gradient too
+
     def run():
         moe.zero_grad(set_to_none=True)
         moe(x).float().pow(2).mean().backward()
