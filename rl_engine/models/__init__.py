@@ -6,6 +6,7 @@ from rl_engine.models.loading import (
     has_tokenizer,
     list_models,
     load_model,
+    model_config,
     quiet_loading,
     smollm2_gguf_path,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "has_tokenizer",
     "list_models",
     "load_model",
+    "model_config",
     "quiet_loading",
     "smollm2_gguf_path",
 ]

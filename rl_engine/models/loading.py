@@ -23,8 +23,10 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -119,6 +121,18 @@ def check_model_spec(spec: str | Path) -> None:
         raise ValueError(f"model path {str(path)!r} is a file but not a .gguf file")
     if path.is_dir() and not (path / "config.json").is_file():
         raise FileNotFoundError(f"model folder {str(path)!r} has no config.json")
+
+
+def model_config(spec: str | Path) -> PretrainedConfig:
+    """The Hugging Face config `load_model(spec)` builds, without loading any weights."""
+    check_model_spec(spec)
+    spec_str = str(spec)
+    if spec_str in TINY_CONFIGS:
+        return TINY_CONFIGS[spec_str]()
+    path = smollm2_gguf_path() if spec_str == SMOLLM2_NAME else Path(spec_str).expanduser()
+    if path.is_file():  # .gguf: transformers reads the config from its metadata
+        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoConfig.from_pretrained(path)
 
 
 def has_tokenizer(spec: str | Path) -> bool:
