@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl_engine.config import RolloutConfig
+from rl_engine.config import RolloutConfig, RunConfig
 from rl_engine.models.tiny import TINY_CONFIGS
 from rl_engine.rollout.tp import TPLayout, check_tensor_parallel_size
 
@@ -68,3 +68,31 @@ def test_config_and_layout_accept_the_same_degrees():
     from rl_engine.rollout.tp import TENSOR_PARALLEL_SIZES
 
     assert config.TENSOR_PARALLEL_SIZES == TENSOR_PARALLEL_SIZES
+
+
+def test_the_job_refuses_an_impossible_degree_before_ray_starts(tmp_path):
+    from rl_engine.executors.job.preflight import validate_before_start
+
+    config = RunConfig.from_dict(
+        {"model": "tiny-llama", "output_dir": str(tmp_path), "rollout": {"tensor_parallel_size": 4}}
+    )
+    with pytest.raises(ValueError, match=r"query heads \(num_attention_heads 6\)"):
+        validate_before_start(config)
+    moe = RunConfig.from_dict(
+        {
+            "model": "tiny-qwen3-moe",
+            "output_dir": str(tmp_path),
+            "rollout": {"tensor_parallel_size": 2},
+        }
+    )
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        validate_before_start(moe)
+
+
+def test_model_config_of_a_folder_reads_no_weights(tmp_path):
+    from rl_engine.models import model_config
+
+    TINY_CONFIGS["tiny-qwen3"]().save_pretrained(tmp_path)  # config.json only
+    config = model_config(tmp_path)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (4, 2)
+    assert TPLayout.from_config(config, 4).kv_heads(3) == (1, 2)

@@ -20,7 +20,12 @@ from tests.rollout import tp_procs
 
 pytestmark = [pytest.mark.multiprocess]
 
-TP2 = (("tiny-llama", "fp32"), ("tiny-qwen3", "bf16"), ("tiny-llama-1003", "fp32"))
+TP2 = (
+    ("tiny-llama", "fp32"),
+    ("tiny-qwen3", "bf16"),
+    ("tiny-llama-1003", "fp32"),
+    ("tiny-qwen2", "fp32"),  # q/k/v biases, untied head, vocabulary 1031
+)
 NEGATIVE = ("tiny-llama", "fp32")
 
 
@@ -45,11 +50,28 @@ def assert_same(got: dict, want: dict) -> None:
 
 @pytest.mark.parametrize("scenario", TP2, ids=lambda s: "-".join(s))
 def test_tp2_equals_tp1(tp2_runs, scenario):
+    assert_same(tp2_runs[scenario], reference(*scenario))
+
+
+@pytest.mark.parametrize("scenario", TP2[:3], ids=lambda s: "-".join(s))
+def test_the_mix_batches_continuously(scenario):
+    """The prompts exercise what they should: slots reused mid-run, packed prefills, stops."""
     want = reference(*scenario)
-    # the mix exercises what it should: slots reused mid-run, packed prefills, early stops
     assert want["admitted_while_running"] > 0 and want["packed_prefills"] > 0
     assert "stop" in want["finish"] and "length" in want["finish"]
-    assert_same(tp2_runs[scenario], want)
+
+
+@pytest.mark.parametrize("scenario", TP2, ids=lambda s: "-".join(s))
+def test_each_tp_rank_receives_only_its_shards(tp2_runs, scenario):
+    shares = tp2_runs[scenario]["receiver"]
+    ranks = shares["ranks"]
+    assert all(r["nbytes"] < shares["manifest"] for r in ranks)
+    names = set(ranks[0]["sliced"])
+    assert names and all(set(r["sliced"]) == names for r in ranks)
+    for name in names:  # the ranks' slices of a tensor add up to it: no overlap, no gap
+        assert sum(r["sliced"][name] for r in ranks) == shares["full"][name]
+    replicated = ranks[0]["nbytes"] - sum(ranks[0]["sliced"].values())
+    assert sum(r["nbytes"] for r in ranks) == shares["manifest"] + replicated
 
 
 def test_row_parallel_all_reduce_differs(tp2_runs):

@@ -77,10 +77,36 @@ def generate_sharded(scenarios, row_parallel: tuple[str, str] | None, rank: int,
     for key, dtype in scenarios:
         engine = TensorParallelEngine(build(key, dtype), device="cpu", max_batch_size=MAX_BATCH)
         out[key, dtype] = record(engine.generate(PROMPTS, sampling()), engine.last_stats)
+        out[key, dtype]["receiver"] = receiver_shares(engine, key, dtype)
     if row_parallel is not None:
         engine = TensorParallelEngine(build(*row_parallel), device="cpu", max_batch_size=MAX_BATCH)
         make_row_parallel(engine.model, rank, world)
         out["row_parallel"] = record(engine.generate(PROMPTS, sampling()), engine.last_stats)
+    return out
+
+
+def receiver_shares(engine, key: str, dtype: str) -> dict:
+    """What each rank's weight-sync receiver takes of the full policy's manifest (issue 19's
+    plans): its bytes, and the bytes of each tensor it takes only a slice of, by rank."""
+    from rl_engine.executors.worker.weight_transport import policy_manifest
+
+    manifest = policy_manifest(build(key, dtype), zero3=False, world_size=1)
+    receiver = engine.weight_receiver(manifest, bucket_bytes=1 << 20)
+    specs = {s.name: s for s in manifest.tensors}
+    sliced = {
+        name: _prod(receiver.plan.target_shape(specs[name])) * specs[name].torch_dtype.itemsize
+        for name, piece in receiver.plan.slices.items()
+        if piece is not None
+    }
+    mine = {"nbytes": receiver.nbytes, "sliced": sliced}
+    full = {s.name: s.numel * s.torch_dtype.itemsize for s in manifest.tensors}
+    return {"manifest": manifest.nbytes, "full": full, "ranks": engine.shards.gather_objects(mine)}
+
+
+def _prod(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
     return out
 
 

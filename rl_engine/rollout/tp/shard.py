@@ -208,7 +208,11 @@ def weight_plan_for(model: nn.Module, manifest: WeightManifest) -> WeightPlan:
     slices: dict[str, DimSlice | None] = {}
     for spec in manifest.tensors:
         sharded = [n for n in spec.names if n in rows and n not in views]
-        slices[spec.name] = DimSlice(0, (rows[sharded[0]],)) if sharded else None
+        span = rows[sharded[0]] if sharded else None
+        if span is None or span == (0, spec.shape[0]):  # replicated (e.g. a lone KV head)
+            slices[spec.name] = None
+        else:
+            slices[spec.name] = DimSlice(0, (span,))
     return WeightPlan(slices)
 
 
