@@ -34,9 +34,16 @@ def reference(key: str, dtype: str) -> dict:
     return tp_procs.generate_tp1(key, dtype)
 
 
+LOADS = (("tiny-llama", "fp32"), ("tiny-qwen2", "bf16"))  # an HF folder, a weights file
+
+
 @pytest.fixture(scope="module")
-def tp2_runs() -> dict:
-    fn = functools.partial(tp_procs.generate_sharded, TP2, NEGATIVE)
+def tp2_runs(tmp_path_factory) -> dict:
+    loads = tuple(
+        (key, dtype, tp_procs.save_weights(key, dtype, tmp_path_factory.mktemp(key)))
+        for key, dtype in LOADS
+    )
+    fn = functools.partial(tp_procs.generate_sharded, TP2, NEGATIVE, loads=loads)
     return launch(fn, 2)
 
 
@@ -72,6 +79,18 @@ def test_each_tp_rank_receives_only_its_shards(tp2_runs, scenario):
         assert sum(r["sliced"][name] for r in ranks) == shares["full"][name]
     replicated = ranks[0]["nbytes"] - sum(ranks[0]["sliced"].values())
     assert sum(r["nbytes"] for r in ranks) == shares["manifest"] + replicated
+
+
+@pytest.mark.parametrize("scenario", LOADS, ids=lambda s: "-".join(s))
+def test_each_tp_rank_reads_only_its_rows_of_a_folder_or_weights_file(tp2_runs, scenario):
+    """A seed-1 engine that loads seed 0's weights shard by shard generates seed 0's bits."""
+    got = tp2_runs[("load", *scenario)]
+    assert_same(got, reference(*scenario))
+    assert got["versions"] == [5, 5]
+    sizes = got["bytes"]
+    # each rank reads exactly what it holds (its rows, the replicated tensors), not the file
+    assert sizes["read"] == sizes["held"]
+    assert all(r < sizes["on_disk"] for r in sizes["read"])
 
 
 def test_row_parallel_all_reduce_differs(tp2_runs):

@@ -68,12 +68,54 @@ def generate_tp1(key: str, dtype: str) -> dict:
     return record(engine.generate(PROMPTS, sampling()), engine.last_stats)
 
 
-def generate_sharded(scenarios, row_parallel: tuple[str, str] | None, rank: int, world: int):
-    """Each scenario on a TP engine of `world` ranks; row_parallel: one scenario also run
-    with Megatron's row-parallel o_proj / down_proj (the negative control)."""
+def save_weights(key: str, dtype: str, folder) -> str:
+    """The seed-0 weights of `key`: an HF folder (tiny-llama: its tied head is not stored)
+    or, for other models, a job checkpoint's weights file."""
+    from rl_engine.executors.worker.weights_file import save_state_dict
+
+    model = build(key, dtype)
+    if key == "tiny-llama":
+        model.save_pretrained(folder)
+        return str(folder)
+    return str(save_state_dict(f"{folder}/weights.safetensors", model.state_dict()))
+
+
+def load_and_generate(key: str, dtype: str, path: str) -> dict:
+    """A TP engine of a seed-1 model that then reads only its rows of the seed-0 weights."""
+    import os
+
+    from rl_engine.models.tiny import build_tiny_model
+    from rl_engine.patching import apply_batch_invariant
     from rl_engine.rollout.tp import TensorParallelEngine
 
-    out = {}
+    model = build_tiny_model(key, dtype=DTYPES[dtype], seed=1)
+    apply_batch_invariant(model.eval())
+    engine = TensorParallelEngine(model, device="cpu", max_batch_size=MAX_BATCH)
+    read = engine.load_shards(path, version=5)
+    result = record(engine.generate(PROMPTS, sampling()), engine.last_stats)
+    files = [path] if os.path.isfile(path) else [f"{path}/{f}" for f in os.listdir(path)]
+    on_disk = sum(os.path.getsize(f) for f in files if f.endswith(".safetensors"))
+    result["versions"] = [c.weight_version for c in engine.generate(PROMPTS[:1], sampling())]
+    from rl_engine.rollout.tp.shard import weight_targets
+
+    held = sum(t.numel() * t.element_size() for t in weight_targets(engine.model).values())
+    result["bytes"] = {
+        "read": engine.shards.gather_objects(read),
+        "held": engine.shards.gather_objects(held),
+        "on_disk": on_disk,
+    }
+    return result
+
+
+def generate_sharded(
+    scenarios, row_parallel: tuple[str, str] | None, rank: int, world: int, loads=()
+):
+    """Each scenario on a TP engine of `world` ranks; row_parallel: one scenario also run
+    with Megatron's row-parallel o_proj / down_proj (the negative control); loads:
+    (key, dtype, path) whose seed-0 weights a TP engine reads shard by shard."""
+    from rl_engine.rollout.tp import TensorParallelEngine
+
+    out = {("load", key, dtype): load_and_generate(key, dtype, path) for key, dtype, path in loads}
     for key, dtype in scenarios:
         engine = TensorParallelEngine(build(key, dtype), device="cpu", max_batch_size=MAX_BATCH)
         out[key, dtype] = record(engine.generate(PROMPTS, sampling()), engine.last_stats)

@@ -27,6 +27,7 @@ from torch import nn
 from rl_engine.rollout.engine import RolloutEngine, _Stepper
 from rl_engine.rollout.sampling import SamplingParams
 from rl_engine.rollout.tp.collectives import ShardGroup
+from rl_engine.rollout.tp.load import read_shards
 from rl_engine.rollout.tp.shard import (
     shard_model,
     shard_state_dict,
@@ -85,6 +86,14 @@ class TensorParallelEngine(RolloutEngine):
     def load_weights(self, state_dict, version: int) -> None:
         """A full state dict; each rank copies only its rows (no copy of the others)."""
         super().load_weights(shard_state_dict(self.model, state_dict), version)
+
+    def load_shards(self, path, version: int) -> int:
+        """Read only this rank's rows from a safetensors file or an HF folder (`read_shards`)
+        into the model in place and set `weight_version`; returns the bytes read."""
+        state_dict, read = read_shards(self.model, path)
+        RolloutEngine.load_weights(self, state_dict, version)  # already this rank's rows
+        self.last_load_bytes = read
+        return read
 
     def weight_receiver(self, manifest, plan=None, *, receiver: int = 0, bucket_bytes: int):
         """A receiver of weight syncs that takes only this rank's shards (`weight_plan_for`)."""

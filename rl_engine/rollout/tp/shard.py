@@ -23,7 +23,7 @@ from rl_engine.rollout.weight_plan import DimSlice, WeightManifest, WeightPlan
 
 TP_LAYOUT_ATTR = "_rl_tp_layout"
 TP_ROWS_ATTR = "_rl_tp_rows"  # state-dict name -> (start, stop) rows this rank holds
-TP_ALIASES_ATTR = "_rl_tp_aliases"  # sharded name -> the names it was tied to before sharding
+TP_ALIASES_ATTR = "_rl_tp_aliases"  # state-dict name -> the names it was tied to before sharding
 TP_VIEWS_ATTR = "_rl_tp_views"  # sharded names that are views of a whole tensor held here
 
 
@@ -112,7 +112,8 @@ def shard_model(model: nn.Module, group: ShardGroup) -> TPLayout:
         if getattr(module, kind) is not None
     }
     setattr(model, TP_ROWS_ATTR, rows)
-    setattr(model, TP_ALIASES_ATTR, {n: [a for a in tied.get(n, ()) if a != n] for n in rows})
+    names = model.state_dict(keep_vars=True)
+    setattr(model, TP_ALIASES_ATTR, {n: [a for a in tied.get(n, ()) if a != n] for n in names})
     head_name = next(n for n, m in model.named_modules() if m is model.get_output_embeddings())
     setattr(model, TP_VIEWS_ATTR, {f"{head_name}.weight"} if tied_head else set())
     setattr(model, TP_LAYOUT_ATTR, layout)
@@ -189,6 +190,20 @@ def _shard_mlp(mlp: nn.Module, layout: TPLayout, group: ShardGroup, index: int) 
         output_widths=layout.widths("hidden", hidden),
     )
     _replace(mlp, "down_proj", down)
+
+
+def shard_rows(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """State-dict name -> the rows [start, stop) of the full tensor this rank holds (sharded
+    tensors only)."""
+    rows = getattr(model, TP_ROWS_ATTR, None)
+    if rows is None:
+        raise ValueError("the model is not sharded (shard_model first)")
+    return dict(rows)
+
+
+def tied_aliases(model: nn.Module) -> dict[str, list[str]]:
+    """State-dict name -> the other names its tensor had before sharding (tied weights)."""
+    return dict(getattr(model, TP_ALIASES_ATTR))
 
 
 def weight_targets(model: nn.Module) -> dict[str, torch.Tensor]:
