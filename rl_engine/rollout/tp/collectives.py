@@ -28,6 +28,10 @@ class ShardGroup:
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
+        # bytes this rank has sent (an all-gather sends its piece to the N - 1 others):
+        # inside the decoder layers, and the LM head's logits to rank 0 (benchmarks read them)
+        self.sent_layer_bytes = 0
+        self.sent_logit_bytes = 0
 
     def global_rank(self, rank: int) -> int:
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
@@ -37,6 +41,7 @@ class ShardGroup:
         if self.world == 1:
             return piece
         padded = _pad_last(piece, max(widths))
+        self.sent_layer_bytes += padded.numel() * padded.element_size() * (self.world - 1)
         pieces = [torch.empty_like(padded) for _ in range(self.world)]
         dist.all_gather(pieces, padded, group=self.group)
         return torch.cat([p[..., :w] for p, w in zip(pieces, widths)], dim=-1)
@@ -46,6 +51,8 @@ class ShardGroup:
         if self.world == 1:
             return piece
         padded = _pad_last(piece, max(widths))
+        if self.rank != 0:
+            self.sent_logit_bytes += padded.numel() * padded.element_size()
         pieces = [torch.empty_like(padded) for _ in range(self.world)] if self.rank == 0 else None
         dist.gather(padded, pieces, dst=self.global_rank(0), group=self.group)
         if self.rank != 0:
