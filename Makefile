@@ -6,7 +6,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: setup test test-fast demo bench lint clean
+.PHONY: setup test test-all test-fast demo bench lint clean
 
 KERNEL_SRC   := $(wildcard rl_engine/kernels/cpp/csrc/*)
 KERNEL_STAMP := rl_engine/kernels/cpp/_build/.built
@@ -28,14 +28,21 @@ $(KERNEL_STAMP): $(STAMP) $(KERNEL_SRC)
 	$(BIN)/python scripts/build_cpu_kernels.py
 	touch $(KERNEL_STAMP)
 
-# lint and format are part of the test: CI enforces both before pytest runs.
+# lint and format are part of the test: CI enforces both before pytest runs. Two lanes: the
+# multi-process tests one after the other in one, the in-process ones beside them (conftest.py).
+# Slow tests included; `exhaustive` ones (further cases of what make test covers once) are in
+# test-all (docs/testing.md).
+PYTEST_LANES := -n 2 --dist loadgroup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q $(PYTEST_LANES) -m "not exhaustive" tests
+
+test-all: setup
+	$(BIN)/python -m pytest -q $(PYTEST_LANES) tests
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(BIN)/python -m pytest -q $(PYTEST_LANES) -m "not slow and not exhaustive" tests
 
 demo: setup
 	$(BIN)/rl-engine train --config configs/demo.yaml --overwrite

@@ -19,7 +19,7 @@ from rl_engine.algorithms import ADVANTAGE_ESTIMATORS, AGGREGATIONS, CORRECTION_
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PARITY_MODES = ("strict", "report", "off")
 DEVICES = ("cpu", "cuda")
-ALGORITHMS = ("grpo",)  # PPO with a value model is later work: no choice that would be ignored
+ALGORITHMS = ("grpo", "ppo")
 PLACEMENTS = ("pack", "spread", "strict_spread")
 PARITY_SCOPES = ("first", "all")
 TENSOR_PARALLEL_SIZES = (1, 2, 4)  # rl_engine.rollout.tp.layout checks the same degrees
@@ -217,15 +217,17 @@ class AlgorithmConfig:
     """Policy-gradient loss."""
 
     name: str = "grpo"
-    """The loss family: 'grpo', the clipped surrogate without a critic (the only choice today)."""
+    """The loss family: 'grpo', the clipped surrogate without a critic, or 'ppo', the same
+    surrogate with a value model (the `critic:` section) whose values give GAE advantages."""
     advantage: str | None = None
     """Advantage estimator (rl_engine.algorithms.compute_advantages): 'grpo', 'rloo',
-    'reinforce_pp', 'reinforce_pp_baseline' or 'gae' (needs a critic). null: 'grpo' under
-    name 'grpo'."""
+    'reinforce_pp', 'reinforce_pp_baseline' or 'gae'. null: 'grpo' under name 'grpo', 'gae'
+    under name 'ppo'. 'gae' needs the critic, which only name 'ppo' runs; 'ppo' trains its
+    critic for 'gae' only, so it takes no other estimator."""
     gamma: float = 1.0
-    """Discount of 'reinforce_pp' returns and of 'gae'."""
+    """Discount of 'reinforce_pp' returns and of 'gae' (verl's default, 1.0)."""
     lam: float = 1.0
-    """GAE's lambda."""
+    """GAE's lambda (verl's default, 1.0: advantages are returns minus values)."""
     ratio_level: str = "token"
     """'token': the per-token PPO ratio; 'sequence': GSPO's length-normalised sequence ratio,
     clipped per sequence (pair it with loss_aggregation 'seq-mean-token-mean', as GSPO does)."""
@@ -254,13 +256,18 @@ class AlgorithmConfig:
     def __post_init__(self) -> None:
         _choice("algorithm.name", self.name, ALGORITHMS)
         if self.advantage is None:
-            self.advantage = "grpo"
+            self.advantage = "gae" if self.name == "ppo" else "grpo"
         _choice("algorithm.advantage", self.advantage, ADVANTAGE_ESTIMATORS)
-        if self.advantage == "gae":
+        if self.advantage == "gae" and self.name != "ppo":
             raise ValueError(
                 "algorithm.advantage 'gae' needs a critic (per-token values), and "
-                f"algorithm.name {self.name!r} has none; pick grpo, rloo, reinforce_pp or "
-                "reinforce_pp_baseline"
+                f"algorithm.name {self.name!r} has none; set algorithm.name: ppo (the critic: "
+                "section) or pick grpo, rloo, reinforce_pp or reinforce_pp_baseline"
+            )
+        if self.name == "ppo" and self.advantage != "gae":
+            raise ValueError(
+                f"algorithm.advantage {self.advantage!r} does not use the critic that "
+                "algorithm.name 'ppo' trains; use 'gae' (the default under ppo) or name 'grpo'"
             )
         _number("algorithm.gamma", self.gamma, low=0.0, high=1.0)
         _number("algorithm.lam", self.lam, low=0.0, high=1.0)
@@ -276,6 +283,39 @@ class AlgorithmConfig:
         _number("algorithm.router_aux_loss_coef", self.router_aux_loss_coef, low=0.0)
         if self.overlong_penalty is not None:
             _check_overlong(self.overlong_penalty)
+
+
+@dataclass(kw_only=True, slots=True)
+class CriticConfig:
+    """The value model of algorithm.name 'ppo' (ignored otherwise): its own DeepSpeed ranks."""
+
+    model: str | None = None
+    """`load_model` spec of the critic's backbone. null: the policy's model (same architecture,
+    initialised from the policy's weights, tiny models from the run's seed)."""
+    lr: float = 1e-5
+    """The critic's AdamW learning rate (weight decay and grad clip: the trainer's)."""
+    num_ranks: int | None = None
+    """Data-parallel DeepSpeed ranks of the critic (their own process group). null: trainer.num_ranks."""
+    zero_stage: int | None = None
+    """ZeRO stage of the critic (0-3). null: the trainer's (trainer.zero_stage, else its
+    deepspeed config's)."""
+    value_clip: float = 0.5
+    """PPO value clipping (verl's cliprange_value, default 0.5): the new value may move at most
+    this far from the rollout-time value before the clipped squared error takes over."""
+    warmup_steps: int = 0
+    """The first N RL steps train only the critic: the policy's optimizer does not step (its
+    forward still runs, so parity is still checked)."""
+
+    def __post_init__(self) -> None:
+        if self.model is not None:
+            _text("critic.model", self.model)
+        _number("critic.lr", self.lr, low=0.0, low_open=True)
+        if self.num_ranks is not None:
+            _int("critic.num_ranks", self.num_ranks, 1)
+        if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
+            _fail("critic.zero_stage", "null or one of 0, 1, 2, 3", self.zero_stage)
+        _number("critic.value_clip", self.value_clip, low=0.0, low_open=True)
+        _int("critic.warmup_steps", self.warmup_steps, 0)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -435,6 +475,7 @@ _SECTIONS = {
     "rollout": RolloutConfig,
     "trainer": TrainerConfig,
     "algorithm": AlgorithmConfig,
+    "critic": CriticConfig,
     "checkpoint": CheckpointConfig,
     "data": DataConfig,
     "reward": RewardConfig,
@@ -473,6 +514,8 @@ class RunConfig:
     """Trainer section."""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """Algorithm section."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model of algorithm.name 'ppo'."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoint section."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -508,6 +551,7 @@ class RunConfig:
         self._check_token_budget()
         self._check_mini_batches()
         self._check_dapo()
+        self._check_critic()
 
     def _check_prompt_source(self) -> None:
         """data.train_files / reward.function replace rollout.task: setting both is ambiguous."""
@@ -552,6 +596,47 @@ class RunConfig:
                 "rollout.filter_groups samples more prompts, which rollout.source cannot: "
                 "set one of them"
             )
+
+    def _check_critic(self) -> None:
+        """The critic's ranks split the step (and its mini-batches) as the trainer's do."""
+        if self.algorithm.name != "ppo":
+            return
+        if self.rollout.source is not None:
+            raise ValueError(
+                "algorithm.name 'ppo' needs the critic's values of the policy's own rollouts; "
+                "rollout.source trains on another engine's: use name 'grpo' with it"
+            )
+        ranks, micro = self.critic_ranks, self.trainer.micro_batch_size
+        mini = self.trainer.mini_batch_size or self.sequences_per_step
+        if mini % ranks:
+            raise ValueError(
+                f"critic.num_ranks = {ranks} must divide the {mini} sequences of each mini-batch"
+            )
+        if not self.trainer.max_tokens_per_micro_batch and (mini // ranks) % micro:
+            raise ValueError(
+                f"{mini} sequences per mini-batch / critic.num_ranks = {ranks} must be a multiple "
+                f"of trainer.micro_batch_size = {micro} (or set trainer.max_tokens_per_micro_batch)"
+            )
+
+    @property
+    def critic_ranks(self) -> int:
+        """The critic's DeepSpeed ranks: critic.num_ranks, else trainer.num_ranks."""
+        return self.critic.num_ranks or self.trainer.num_ranks
+
+    def critic_view(self) -> RunConfig:
+        """This config as the critic's worker reads it: the trainer section with the critic's
+        ranks, ZeRO stage and learning rate (its micro-batches, packing, token budget,
+        mini-batches and epochs stay the trainer's), the model the critic's backbone."""
+        from dataclasses import replace
+
+        c = self.critic
+        trainer = replace(
+            self.trainer,
+            num_ranks=self.critic_ranks,
+            zero_stage=self.trainer.zero_stage if c.zero_stage is None else c.zero_stage,
+            lr=c.lr,
+        )
+        return replace(self, model=c.model or self.model, trainer=trainer)
 
     def _check_mini_batches(self) -> None:
         """trainer.mini_batch_size must split the step evenly over the ranks (and micro-batches)."""

@@ -1,14 +1,14 @@
-"""Every critic-free algorithm as a Ray job on the demo task: reward rises, parity 1.0 every step.
+"""Every algorithm as a Ray job on the demo task: reward rises, parity 1.0 every step.
 
     DS_ACCELERATOR=cpu .venv/bin/python scripts/algorithm_smoke.py [--steps N] [--out DIR]
 
 configs/demo.yaml (tiny random Llama, count task, 1 engine, 1 DeepSpeed rank, strict parity)
 once per case: each `algorithm.advantage` (grpo, rloo, reinforce_pp, reinforce_pp_baseline),
-GSPO (`algorithm.ratio_level: sequence`), and two compositions (mini-batches x epochs; DAPO's
-sampling rules). A case passes when the mean reward of its last 3 steps is at least 0.1 above
-that of its first 3 and every step's parity exact-match fraction is 1.0. Prints a markdown
-table (docs/benchmarks.md) and exits 1 when a case fails. PPO with a critic is not here: it
-is not implemented.
+GSPO (`algorithm.ratio_level: sequence`), two compositions (mini-batches x epochs; DAPO's
+sampling rules) and PPO with a critic (`algorithm.name: ppo`: GAE from a value model on its own
+DeepSpeed rank, one warm-up step). A case passes when the mean reward of its last 3 steps is
+at least 0.1 above that of its first 3 and every step's parity exact-match fraction is 1.0.
+Prints a markdown table (docs/benchmarks.md) and exits 1 when a case fails.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ CASES = {
     "dapo (filter_groups, overlong_penalty, clip-higher)": {
         "rollout": {"filter_groups": True},
         "algorithm": {"clip_eps_high": 0.28, "overlong_penalty": {"buffer": 4, "factor": 0.5}},
+    },
+    "ppo (critic, gae, warmup 1)": {
+        "algorithm": {"name": "ppo"},
+        "critic": {"lr": 1e-3, "warmup_steps": 1},
     },
 }
 
@@ -77,7 +81,8 @@ def main() -> int:
     import ray
 
     out = args.out or Path(tempfile.mkdtemp(prefix="algorithm_smoke_"))
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # one engine, one trainer rank and (ppo) one critic rank: one logical CPU each
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
     results = {}
     try:
         for name, changes in CASES.items():

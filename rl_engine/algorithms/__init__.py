@@ -1,5 +1,5 @@
 """RL algorithms as pure torch functions: advantage estimators, PPO/GRPO/GSPO losses, KL,
-reward shaping, rollout correction, and the router terms of mixture-of-experts policies."""
+reward shaping, rollout correction, the critic's value loss, and the router terms of mixture-of-experts policies."""
 
 from rl_engine.algorithms.advantages import group_normalized_advantages
 from rl_engine.algorithms.correction import CORRECTION_MODES, RolloutCorrection, rollout_correction
@@ -24,6 +24,11 @@ from rl_engine.algorithms.losses import (
 )
 from rl_engine.algorithms.router import expert_counts, load_balancing_loss, load_statistics
 from rl_engine.algorithms.shaping import overlong_penalty
+from rl_engine.algorithms.value_loss import (
+    clipped_value_loss,
+    explained_variance,
+    value_loss_terms,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -33,9 +38,11 @@ __all__ = [
     "RolloutCorrection",
     "aggregate",
     "aggregation_units",
+    "clipped_value_loss",
     "compute_advantages",
     "gae_advantages",
     "expert_counts",
+    "explained_variance",
     "group_normalized_advantages",
     "grpo_advantages",
     "kl_k3",
@@ -49,4 +56,5 @@ __all__ = [
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",
     "rollout_correction",
+    "value_loss_terms",
 ]

@@ -21,6 +21,7 @@ _EXPORTS = {
     "ParityError": "rl_engine.executors.worker.errors",
     "DeepSpeedTrainingWorker": "rl_engine.executors.worker.deepspeed_trainer",
     "build_deepspeed_config": "rl_engine.executors.worker.ds_config",
+    "CriticWorker": "rl_engine.executors.worker.critic",
 }
 
 __all__ = list(_EXPORTS)

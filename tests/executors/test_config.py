@@ -106,7 +106,6 @@ INVALID = [
     ({"trainer": {"deepspeed": 3}}, "trainer.deepspeed"),
     ({"trainer": {"zero_stage": 4}}, "trainer.zero_stage"),
     ({"algorithm": {"name": "reinforce"}}, "algorithm.name"),
-    ({"algorithm": {"name": "ppo"}}, "algorithm.name"),
     ({"trainer": {"placement": "anywhere"}}, "trainer.placement"),
     ({"trainer": {"collective_timeout_s": 0}}, "trainer.collective_timeout_s"),
     ({"trainer": {"weight_sync_bucket_mb": 0}}, "trainer.weight_sync_bucket_mb"),

@@ -124,6 +124,7 @@ def test_dataset_job_evaluates_into_the_step_rows_and_logs_to_every_tracker(whol
 
 
 @pytest.mark.slow  # one more 3-step job
+@pytest.mark.exhaustive
 @pytest.mark.multiprocess
 @pytest.mark.timeout(1200)
 def test_eval_on_equals_eval_off_on_every_training_metric(files, whole, tmp_path):
@@ -138,6 +139,7 @@ def test_eval_on_equals_eval_off_on_every_training_metric(files, whole, tmp_path
 
 
 @pytest.mark.slow  # a 2-step job and its resume
+@pytest.mark.exhaustive  # make test resumes a run in test_job_lifecycle
 @pytest.mark.multiprocess
 @pytest.mark.timeout(1200)
 def test_stopped_and_resumed_dataset_run_equals_the_whole_one(files, whole, tmp_path, monkeypatch):

@@ -34,6 +34,7 @@ def _resume(run_dir, log_path) -> int:
     return _finish(start_cli(["train", "--resume", str(run_dir)], log_path))
 
 
+@pytest.mark.exhaustive  # make test kills an actor in the weight-sync test below
 def test_killed_trainer_is_named_checkpoint_kept_and_run_resumes(tmp_path):
     run = tmp_path / "run"
     config = write_config(
@@ -62,7 +63,10 @@ def test_killed_trainer_is_named_checkpoint_kept_and_run_resumes(tmp_path):
 
 @pytest.mark.parametrize(
     ("signum", "to_group", "code"),
-    [(signal.SIGTERM, False, 143), (signal.SIGINT, True, 130)],
+    [
+        (signal.SIGTERM, False, 143),
+        pytest.param(signal.SIGINT, True, 130, marks=pytest.mark.exhaustive),
+    ],
     ids=["sigterm", "ctrl-c"],
 )
 def test_signal_stops_at_end_of_step_with_checkpoint(tmp_path, signum, to_group, code):
@@ -80,7 +84,9 @@ def test_signal_stops_at_end_of_step_with_checkpoint(tmp_path, signum, to_group,
     assert f"stopped after step {steps - 1}" in out and f"rl-engine train --resume {run}" in out
 
 
-@pytest.mark.parametrize("victim", ["rollout engine 0", "trainer rank 0"])
+@pytest.mark.parametrize(
+    "victim", ["rollout engine 0", pytest.param("trainer rank 0", marks=pytest.mark.exhaustive)]
+)
 def test_actor_killed_during_a_weight_sync_is_named_and_the_run_resumes(
     tmp_path, monkeypatch, victim
 ):

@@ -32,9 +32,10 @@ def local_ray():
 @pytest.mark.parametrize(
     ("num_ranks", "zero_stage", "layout"),
     [
-        (1, 0, {}),  # packed (the default), micro_batch_size sequences per micro-batch
-        (2, 3, {}),
-        (1, 0, {"packing": False}),  # the padded layout
+        # packed (the default), micro_batch_size sequences per micro-batch
+        pytest.param(1, 0, {}, marks=pytest.mark.exhaustive),
+        pytest.param(2, 3, {}, marks=pytest.mark.exhaustive),
+        pytest.param(1, 0, {"packing": False}, marks=pytest.mark.exhaustive),  # padded layout
         (2, 3, {"max_tokens_per_micro_batch": 30}),  # packed, 2-3 sequences per micro-batch
     ],
     ids=["1rank-zero0", "2ranks-zero3", "1rank-padded", "2ranks-zero3-budget"],

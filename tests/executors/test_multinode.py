@@ -58,6 +58,7 @@ def test_zero3_ranks_and_engines_one_per_node_keep_exact_parity(tmp_path, two_no
         assert nodes == sorted(two_nodes), f"{role}s not one per node: {nodes}"
 
 
+@pytest.mark.exhaustive
 def test_ray_job_submit_to_an_existing_cluster(tmp_path):
     """`ray job submit`'s path: the entrypoint runs with RAY_ADDRESS set and must join the
     running cluster without declaring resources (ray.init(num_cpus=...) would raise)."""

@@ -33,7 +33,7 @@ def _config(tmp_path, **trainer):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("parity", ["report", "off"])
+@pytest.mark.parametrize("parity", ["report", pytest.param("off", marks=pytest.mark.exhaustive)])
 def test_ray_job_parity_modes(tmp_path, parity):
     """report: parity metrics every step, no error; off (written as YAML's unquoted `off`): none."""
     data = _config(tmp_path, num_ranks=1).to_dict()

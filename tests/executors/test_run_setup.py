@@ -80,7 +80,7 @@ def test_a_config_error_is_one_line_on_stderr_and_exit_2(tmp_path):
         ({"rollout__task": "no_such_module_xyz:reward"}, "cannot import module"),
         ({"rollout__task": "sum"}, "unknown rollout.task 'sum'"),
         ({"rollout__task": "arithmetic"}, "needs a model with a tokenizer"),
-        ({"algorithm__name": "ppo"}, "algorithm.name must be one of ['grpo']"),
+        ({"algorithm__name": "a2c"}, "algorithm.name must be one of ['grpo', 'ppo']"),
     ],
 )
 def test_config_errors_are_one_line_before_ray(tmp_path, caplog, changes, expected):

@@ -76,7 +76,7 @@ def _check_moe(results: list[dict], stage: int, dtype: str) -> None:
 def _cells(quick: set):
     for dtype in DTYPES:
         for stage in STAGES:
-            marks = [] if (stage, dtype) in quick else [pytest.mark.slow]
+            marks = [] if (stage, dtype) in quick else [pytest.mark.slow, pytest.mark.exhaustive]
             yield pytest.param(stage, dtype, marks=marks, id=f"zero{stage}-{dtype}")
 
 

@@ -51,7 +51,7 @@ def _cases():
         for dtype, dtype_id in zip(DTYPES, ("fp32", "bf16")):
             for temperature in (1.0, 0.7):
                 slow = name in MOE_FAMILIES and temperature != 1.0
-                marks = [pytest.mark.slow] if slow else []
+                marks = [pytest.mark.slow, pytest.mark.exhaustive] if slow else []
                 yield pytest.param(
                     name, dtype, temperature, marks=marks, id=f"{name}-{dtype_id}-{temperature}"
                 )

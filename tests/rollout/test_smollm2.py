@@ -23,7 +23,11 @@ pytestmark = [
 QUESTIONS = ("What is 7 plus 5?", "Name a primary colour.", "Say hello in French.")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.exhaustive)],
+    ids=["fp32", "bf16"],
+)
 def test_smollm2_rollout_logprobs_equal_recompute(dtype):
     model, tokenizer = load_model(SMOLLM2_NAME, dtype=dtype)
     apply_batch_invariant(model)

@@ -34,7 +34,10 @@ from tests.rollout.helpers import (
 from tests.triton_marks import DEVICE, TRITON_MARKS
 
 pytestmark = TRITON_MARKS
-CASES = [("tiny-llama", torch.float32), ("tiny-qwen3", torch.bfloat16)]
+CASES = [
+    ("tiny-llama", torch.float32),
+    pytest.param("tiny-qwen3", torch.bfloat16, marks=pytest.mark.exhaustive),
+]
 PROMPT_LENGTHS = (5, 9, 2)  # 3 requests through 2 slots: one reuses a freed slot
 
 

@@ -205,26 +205,9 @@ class TrainerActor:
         return free_port(host="")
 
     def start(self, master_addr: str, master_port: int, resume_from: str | None) -> None:
-        from datetime import timedelta
-
-        cuda = self.config.device == "cuda"
-        os.environ.update(
-            RANK=str(self.rank),
-            LOCAL_RANK=str(_visible_gpu_index() if cuda else self.rank),
-            WORLD_SIZE=str(self.world_size),
-            MASTER_ADDR=master_addr,
-            MASTER_PORT=str(master_port),
-        )
-        _quiet_model_loading()
-        import deepspeed
-
+        _join_process_group(self.config, self.rank, self.world_size, master_addr, master_port)
         from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
 
-        # Joined here so that every collective of the worker fails after the timeout instead of hanging.
-        deepspeed.init_distributed(
-            dist_backend="nccl" if cuda else "gloo",
-            timeout=timedelta(seconds=self.config.trainer.collective_timeout_s),
-        )
         self.worker = DeepSpeedTrainingWorker(
             self.config, device=self.config.device
         )  # cuda: LOCAL_RANK
@@ -232,9 +215,9 @@ class TrainerActor:
             self.load_checkpoint(resume_from)
         release_free_heap()
 
-    def train_step(self, batch) -> dict:
+    def train_step(self, batch, update: bool = True) -> dict:
         started = time.perf_counter()
-        metrics = self._collective("train_step", self.worker.train_step, batch)
+        metrics = self._collective("train_step", self.worker.train_step, batch, update=update)
         seconds = time.perf_counter() - started
         release_free_heap()
         return {**metrics, "time/train_compute": seconds}
@@ -266,17 +249,87 @@ class TrainerActor:
         return self._collective("compute_logprobs", self.worker.compute_logprobs, batch)
 
     def _collective(self, what: str, fn, *args, **kwargs):
-        """Run a worker call; a collective that timed out becomes a TimeoutError that says so."""
-        try:
-            return fn(*args, **kwargs)
-        except RuntimeError as err:
-            if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
-                raise
-            limit = self.config.trainer.collective_timeout_s
-            raise TimeoutError(
-                f"trainer rank {self.rank}: {what} waited more than trainer.collective_timeout_s = "
-                f"{limit:g} s in a collective for the other ranks ({first_line(str(err))})"
-            ) from None
+        return _collective(f"trainer rank {self.rank}", self.config, what, fn, *args, **kwargs)
+
+
+def _join_process_group(config: RunConfig, rank: int, world_size: int, addr: str, port: int):
+    """This actor as rank `rank` of a DeepSpeed world (the trainer's, or the critic's own)."""
+    from datetime import timedelta
+
+    cuda = config.device == "cuda"
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(_visible_gpu_index() if cuda else rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR=addr,
+        MASTER_PORT=str(port),
+    )
+    _quiet_model_loading()
+    import deepspeed
+
+    # Joined here so that every collective of the worker fails after the timeout instead of hanging.
+    deepspeed.init_distributed(
+        dist_backend="nccl" if cuda else "gloo",
+        timeout=timedelta(seconds=config.trainer.collective_timeout_s),
+    )
+
+
+def _collective(who: str, config: RunConfig, what: str, fn, *args, **kwargs):
+    """Run a worker call; a collective that timed out becomes a TimeoutError that says so."""
+    try:
+        return fn(*args, **kwargs)
+    except RuntimeError as err:
+        if "timed out" not in str(err).lower() and "timeout" not in str(err).lower():
+            raise
+        limit = config.trainer.collective_timeout_s
+        raise TimeoutError(
+            f"{who}: {what} waited more than trainer.collective_timeout_s = "
+            f"{limit:g} s in a collective for the other ranks ({first_line(str(err))})"
+        ) from None
+
+
+@ray.remote
+class CriticActor:
+    """One DeepSpeed rank of PPO's critic, in the critic's own process group."""
+
+    def __init__(self, config: RunConfig, rank: int, world_size: int):
+        self.config, self.rank, self.world_size = config, rank, world_size
+
+    def describe(self) -> dict:
+        return {
+            **cluster.node_identity(),
+            "facts": cluster.kernel_facts(self.config.device),
+        }
+
+    def free_port(self) -> int:
+        """A port free on every interface of this rank's node: the critic's MASTER_PORT on rank 0."""
+        from rl_engine.executors.worker.distributed import free_port
+
+        return free_port(host="")
+
+    def start(self, master_addr: str, master_port: int, resume_from: str | None) -> None:
+        _join_process_group(self.config, self.rank, self.world_size, master_addr, master_port)
+        from rl_engine.executors.worker.critic import CriticWorker
+
+        self.worker = CriticWorker(self.config, device=self.config.device)
+        if resume_from is not None:
+            self._collective("load_checkpoint", self.worker.load_checkpoint, resume_from)
+        release_free_heap()
+
+    def values(self, batch):
+        return self._collective("values", self.worker.values, batch)
+
+    def train_step(self, batch, returns, old_values) -> dict:
+        metrics = self._collective("train_step", self.worker.train_step, batch, returns, old_values)
+        release_free_heap()
+        return metrics
+
+    def save_checkpoint(self, directory: str) -> None:
+        self._collective("save_checkpoint", self.worker.save_checkpoint, directory)
+        release_free_heap()
+
+    def _collective(self, what: str, fn, *args, **kwargs):
+        return _collective(f"critic rank {self.rank}", self.config, what, fn, *args, **kwargs)
 
 
 def spawn_actors(config: RunConfig, groups: list) -> tuple[list[ActorInfo], list[ActorInfo]]:
@@ -324,11 +377,69 @@ def spawn_actors(config: RunConfig, groups: list) -> tuple[list[ActorInfo], list
     return trainers, engines
 
 
+def spawn_critics(config: RunConfig, groups: list) -> list[ActorInfo]:
+    """PPO's critic ranks ("critic rank N") in a placement group of their own (none without ppo);
+    they go where the trainer ranks' placement says."""
+    if config.algorithm.name != "ppo":
+        return []
+    n_ranks, resources = config.critic_ranks, actor_resources(config)
+    group = cluster.reserve("critic", n_ranks, config.trainer.placement, resources)
+    groups.append(group)
+    env = {"env_vars": cluster.actor_env(_ds_accelerator(config))}
+    return [
+        ActorInfo(
+            "critic rank",
+            r,
+            CriticActor.options(
+                **resources,
+                runtime_env=env,
+                max_restarts=0,
+                scheduling_strategy=cluster.in_group(group, r),
+            ).remote(config, r, n_ranks),
+        )
+        for r in range(n_ranks)
+    ]
+
+
+def start_critics(critics: list[ActorInfo], resume_dir: str | None) -> list:
+    """The critic ranks' remote start calls (their own rendezvous at critic rank 0's node);
+    the caller gathers them with the other actors' starts."""
+    if not critics:
+        return []
+    lead = critics[0]
+    port = gather([(lead, lead.handle.free_port.remote())])[0]
+    return [(c, c.handle.start.remote(lead.node_ip, port, resume_dir)) for c in critics]
+
+
+def critic_values(critics: list[ActorInfo], batch):
+    """(B, T-1) fp32 values of the whole batch: each critic rank scores its contiguous shard."""
+    import torch
+
+    world = len(critics)
+    calls = [(c, c.handle.values.remote(batch.shard(r, world))) for r, c in enumerate(critics)]
+    return torch.cat(gather(calls))
+
+
+def train_critics(critics: list[ActorInfo], batch, returns, old_values, mini_batches: int):
+    """Remote critic updates (each rank its rows of each mini-batch, with their returns and
+    values); the caller gathers them. Returns the (actor, ref) calls."""
+    world, calls = len(critics), []
+    for r, c in enumerate(critics):
+        rows = batch.shard_rows(r, world, mini_batches)
+        shard = batch.shard(r, world, mini_batches)
+        calls.append((c, c.handle.train_step.remote(shard, returns[rows], old_values[rows])))
+    return calls
+
+
 def start_actors(
-    trainers: list[ActorInfo], engines: list[ActorInfo], resume_dir: str | None
+    trainers: list[ActorInfo],
+    engines: list[ActorInfo],
+    resume_dir: str | None,
+    critics: tuple[list[ActorInfo], str | None] = ([], None),
 ) -> dict:
     """Models into every actor, DeepSpeed's rendezvous at rank 0's node (and its state when resuming).
 
+    `critics`: PPO's critic ranks and the folder of their checkpoint when resuming.
     Returns the engines' model facts (vocab_size, eos_token_id, tokenizer).
     """
     log.info(
@@ -340,6 +451,7 @@ def start_actors(
     master = trainers[0]
     port = gather([(master, master.handle.free_port.remote())])[0]
     starts = [(t, t.handle.start.remote(master.node_ip, port, resume_dir)) for t in trainers]
+    starts += start_critics(*critics)
     return gather(_engine_starts(engines) + starts)[0]
 
 
@@ -383,15 +495,20 @@ def generate_on_engines(engines: list[ActorInfo], prompts: list[list[int]], samp
     return completions, seconds
 
 
-def train_on_ranks(trainers: list[ActorInfo], batch, mini_batches: int = 1) -> list[dict]:
+def train_on_ranks(
+    trainers: list[ActorInfo], batch, mini_batches: int = 1, *, update: bool = True, also=()
+) -> list[dict]:
     """Every rank trains on its shard of `batch` (its rows of each of the step's
-    `mini_batches`); their metrics (all-reduced), rank 0 first."""
+    `mini_batches`; `update=False`: parity forward only, the critic warm-up); their metrics
+    (all-reduced), rank 0 first. `also`: more (actor, ref) calls gathered with them (the
+    critic's update runs at the same time), their results after the ranks'."""
     world = len(trainers)
     return gather(
         [
-            (a, a.handle.train_step.remote(batch.shard(r, world, mini_batches)))
+            (a, a.handle.train_step.remote(batch.shard(r, world, mini_batches), update))
             for r, a in enumerate(trainers)
         ]
+        + list(also)
     )
 
 

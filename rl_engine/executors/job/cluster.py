@@ -70,6 +70,8 @@ def connect(config) -> bool:
     else:  # a private local cluster, never one another process started on this machine
         engines = config.rollout.num_engines * config.rollout.tensor_parallel_size
         actors = config.trainer.num_ranks + engines  # every TP rank is a process of its own
+        if config.algorithm.name == "ppo":  # the critic's own ranks
+            actors += config.critic_ranks
         gpus = actors if config.device == "cuda" else 0
         log.info("starting a local Ray cluster (%d CPUs, %d GPUs)", actors, gpus)
         ray.init(

@@ -5,6 +5,7 @@ Layout under RUN_DIR/checkpoints/:
     latest                 name of the newest complete checkpoint ("step000004"), written last
     step000004/            after 4 completed steps (the run continues at step index 4)
         deepspeed/         the DeepSpeed engine checkpoint of every rank (absent if weights_only)
+        critic/            PPO only: the critic ranks' DeepSpeed checkpoint (absent if weights_only)
         weights.safetensors  the policy under Hugging Face names (tied names stored once): what
                            the engines serve; written by trainer rank 0, a gathered bucket at a
                            time (older runs have weights.pt, a torch.save of the state dict)
@@ -58,6 +59,11 @@ class Checkpoint:
     @property
     def deepspeed_dir(self) -> Path:
         return self.path / "deepspeed"
+
+    @property
+    def critic_dir(self) -> Path:
+        """The critic ranks' DeepSpeed checkpoint (PPO runs)."""
+        return self.path / "critic"
 
     @property
     def weights_path(self) -> Path:
@@ -132,9 +138,10 @@ def save(
     step: int,
     weight_version: int,
     driver_state: dict | None = None,
+    critics=(),
 ) -> Checkpoint:
     """The checkpoint after `step` steps: the ranks write the weights file (rank 0) and their
-    DeepSpeed state, then the driver its part."""
+    DeepSpeed state (PPO's `critics` theirs, at the same time), then the driver its part."""
     from rl_engine.executors.job.faults import gather  # here: reading checkpoints needs no Ray
 
     started = time.perf_counter()
@@ -142,7 +149,10 @@ def save(
     weights_only = config.checkpoint.weights_only
     target = None if weights_only else str(staging / "deepspeed")
     weights = str(staging / WEIGHTS_FILE)
-    gather([(a, a.handle.save_checkpoint.remote(target, weights)) for a in trainers])
+    calls = [(a, a.handle.save_checkpoint.remote(target, weights)) for a in trainers]
+    if not weights_only:
+        calls += [(c, c.handle.save_checkpoint.remote(str(staging / "critic"))) for c in critics]
+    gather(calls)
     write_driver_part(
         staging,
         step=step,

@@ -29,6 +29,8 @@ def validate_before_start(config: RunConfig) -> None:
         raise ValueError(
             f"trainer.deepspeed: zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}"
         )
+    if config.algorithm.name == "ppo":
+        _check_critic(config)
     check_task_spec(config.rollout.task)
     task = config.rollout.task
     needs_tokenizer = task == "arithmetic" or task.startswith("jsonl:")
@@ -87,3 +89,20 @@ def check_reward(config: RunConfig) -> None:
             "not installed: pip install 'rl-engine[data]' (or math-verify)"
         )
     load_reward_function(spec, config.reward.kwargs)
+
+
+def _check_critic(config: RunConfig) -> None:
+    """The critic's model spec and its DeepSpeed config (its own ranks and ZeRO stage)."""
+    from rl_engine.executors.worker.ds_config import build_deepspeed_config
+    from rl_engine.models import check_model_spec
+
+    if config.critic.model is not None:
+        try:
+            check_model_spec(config.critic.model)
+        except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
+            raise ValueError(f"critic.model: {err}") from None
+    view = config.critic_view()
+    try:
+        build_deepspeed_config(view, view.trainer.num_ranks)
+    except ValueError as err:
+        raise ValueError(f"critic: {err}") from None

@@ -1,8 +1,11 @@
-"""The RL job: Ray starts N DeepSpeed ranks and M rollout engines and runs GRPO steps.
+"""The RL job: Ray starts N DeepSpeed ranks and M rollout engines (and, for PPO, the critic's
+own DeepSpeed ranks) and runs GRPO / PPO steps.
 
 One step (`_Job.step`, top to bottom): (step 0: validation of the initial policy) ->
 prompts -> engines generate, recording logprobs (or the next groups of `rollout.source`)
--> rewards -> TrainBatch -> every rank trains on its shard, checking its logprobs against
+-> rewards -> TrainBatch -> (PPO: the critic's values -> GAE advantages and returns,
+`ppo_step`; the critic's update runs beside the policy's) -> every rank trains on its
+shard (PPO's warm-up steps: no update), checking its logprobs against
 the rollout's bit for bit -> the ranks' new weights straight into every engine over the
 weight group (as the worker's weight_version; the driver never holds them) -> validation
 when due -> the metrics row to every tracker -> a checkpoint (weights written by rank 0).
@@ -30,11 +33,14 @@ from rl_engine.executors.job.actors import (
     TrainerActor,
     actor_resources,
     connect_weight_sync,
+    critic_values,
     describe_actors,
     generate_on_engines,
     spawn_actors,
+    spawn_critics,
     start_actors,
     sync_weights,
+    train_critics,
     train_on_ranks,
 )
 from rl_engine.executors.job.evaluation import run_if_due
@@ -47,6 +53,7 @@ from rl_engine.executors.job.faults import (
 )
 from rl_engine.executors.job.inputs import JobInputs, build_inputs
 from rl_engine.executors.job.job_reports import after_stop_note, resume_command, write_summary
+from rl_engine.executors.job.ppo_step import critic_metrics, gae_batch
 from rl_engine.executors.job.preflight import validate_before_start
 from rl_engine.executors.job.progress import StepProgress
 from rl_engine.executors.job.rollout_source import step_sampling, train_batch
@@ -95,6 +102,7 @@ class _Job:
         self.config, self.run_dir, self.history = config, run_dir, history
         self.engines: list[ActorInfo] = []
         self.trainers: list[ActorInfo] = []
+        self.critics: list[ActorInfo] = []  # PPO's critic ranks (algorithm.name 'ppo')
         self.groups = []
         self.version = 0  # the weight version the engines serve
         self.last_checkpoint: ckpt.Checkpoint | None = None
@@ -103,10 +111,14 @@ class _Job:
     def start(self, resume_from: ckpt.Checkpoint | None) -> None:
         """Place and spawn the actors, compare their kernel facts, then load models (and state)."""
         self.trainers, self.engines = spawn_actors(self.config, self.groups)
-        describe_actors(self.trainers + self.engines, self.run_dir)
+        self.critics = spawn_critics(self.config, self.groups)
+        describe_actors(self.actors, self.run_dir)
         started = time.perf_counter()
         resume_dir = str(resume_from.deepspeed_dir) if resume_from else None
-        self.info = start_actors(self.trainers, self.engines, resume_dir)
+        critic_dir = str(resume_from.critic_dir) if resume_from and self.critics else None
+        self.info = start_actors(
+            self.trainers, self.engines, resume_dir, critics=(self.critics, critic_dir)
+        )
         self.inputs = build_inputs(self.config, self.info)
         self.rollouts, self.evaluator = self.inputs.rollouts, self.inputs.evaluator
         connect_weight_sync(self.trainers, self.engines)
@@ -115,6 +127,10 @@ class _Job:
             self.rollouts.prompts.restore(resume_from.driver, resume_from.step)
             self.last_checkpoint = resume_from
         log.info("actors ready in %.1f s", time.perf_counter() - started)
+
+    @property
+    def actors(self) -> list[ActorInfo]:
+        return self.trainers + self.critics + self.engines
 
     # ------------------------------------------------------------------ steps
 
@@ -156,13 +172,24 @@ class _Job:
             )
         with clock.phase("batch"):
             batch = train_batch(self.config, completions, rewards, self.info["eos_token_id"])
-        with clock.phase("train"):
-            results = train_on_ranks(self.trainers, batch, self.config.mini_batches_per_step)
+        critic, update = self.critic_phase(batch, completions, step, clock)
+        with clock.phase("train"):  # the policy and (PPO) the critic at once
+            results = train_on_ranks(
+                self.trainers,
+                batch if critic is None else critic["batch"],
+                self.config.mini_batches_per_step,
+                update=update,
+                also=() if critic is None else critic["calls"],
+            )
+        results, critic_results = results[: len(self.trainers)], results[len(self.trainers) :]
         clock.add("train_compute", max(m.pop("time/train_compute") for m in results))
         with clock.phase("weight_sync"):  # the whole sync, senders and receivers
             # the worker's version: a skipped (non-finite) update keeps the old weights and version
             self.sync_weights(results[0]["weight_version"])
         evaluation.update(self.evaluate(step, clock, before=False))
+        if critic is not None:
+            figures = (critic["values"], critic["returns"], batch.response_mask)
+            evaluation.update(critic_metrics(critic_results, *figures, warmup=not update))
         record = step_record(
             step, results[0], rewards, {**rollout_metrics, **evaluation}, clock.totals()
         )
@@ -172,6 +199,20 @@ class _Job:
         if ckpt.due(self.config, step + 1, stop.requested):
             self.save_checkpoint(step + 1)
         return record
+
+    def critic_phase(self, batch, completions, step: int, clock: StepClock):
+        """PPO: the critic's values of the batch -> GAE advantages and returns -> the critic's
+        update, started (gathered with the policy's). Returns ({batch, values, returns,
+        calls} or None without a critic, whether the policy updates this step)."""
+        if not self.critics:
+            return None, True
+        with clock.phase("critic_values"):
+            values = critic_values(self.critics, batch)  # (B, T-1): V before this step's update
+        batch, returns = gae_batch(self.config, batch, completions, values)
+        mini = self.config.mini_batches_per_step
+        calls = train_critics(self.critics, batch, returns, values, mini)
+        critic = {"batch": batch, "values": values, "returns": returns, "calls": calls}
+        return critic, step >= self.config.critic.warmup_steps
 
     def evaluate(self, step: int, clock: StepClock, *, before: bool) -> dict:
         """Validation figures due before (step 0) or after this step; {} when none is due."""
@@ -203,6 +244,7 @@ class _Job:
             step=step,
             weight_version=self.version,
             driver_state=self.rollouts.prompts.state(),
+            critics=self.critics,
         )
 
     # ------------------------------------------------------------------ what the run leaves
@@ -211,11 +253,10 @@ class _Job:
         return after_stop_note(self.run_dir, self.last_checkpoint)
 
     def write_reports(self, status: str) -> None:
-        actors = self.trainers + self.engines
-        write_summary(self.run_dir, self.config, status, self.history, actors)
+        write_summary(self.run_dir, self.config, status, self.history, self.actors)
 
     def stop_actors(self) -> None:
-        stop_actors(self.trainers + self.engines)
+        stop_actors(self.actors)
 
     def release(self) -> None:
         if self.inputs is not None:

@@ -211,7 +211,8 @@ def step_sampling(config: RunConfig, step: int, eos_token_id, attempt: int = 0):
 
 def train_batch(config: RunConfig, completions: list[Completion], rewards: list[float], eos):
     """The step's TrainBatch, padded with EOS; its advantages are `algorithm.advantage`'s
-    (rl_engine.algorithms.compute_advantages) over the prompts' groups."""
+    (rl_engine.algorithms.compute_advantages) over the prompts' groups. PPO: zeros here, GAE
+    from the critic's values of this layout later in the step (`ppo_step.gae_batch`)."""
     from rl_engine.executors.worker.batch import TrainBatch
 
     algo = config.algorithm
@@ -221,7 +222,7 @@ def train_batch(config: RunConfig, completions: list[Completion], rewards: list[
         samples_per_prompt=config.rollout.samples_per_prompt,
         pad_token_id=eos if isinstance(eos, int) else 0,
         normalize_std=algo.normalize_std,
-        advantage=algo.advantage,
+        advantage=None if algo.name == "ppo" else algo.advantage,
         gamma=algo.gamma,
     )
 

@@ -5,4 +5,5 @@ is what it trains on. Around the step, one module per concern: `batch_checks` (p
 checks agreed across ranks, micro-batches), `step_loss` and `step_corrections` (the loss,
 its metrics, rollout corrections), `policy` (load, patch, the logprob module, StepGuard),
 `checkpoints` (weights export, DeepSpeed checkpoints), `ds_config`, `distributed`, `errors`.
+PPO's value model: `critic.CriticWorker` (its own ranks) on `value_model.ValueModule`.
 """

@@ -73,7 +73,7 @@ class TrainBatch:
         pad_token_id: int | None = None,
         normalize_std: bool = True,
         vocab_size: int | None = None,
-        advantage: str = "grpo",
+        advantage: str | None = "grpo",
         gamma: float = 1.0,
     ) -> TrainBatch:
         """Lay out rollout `Completion`s (rows in the given order) with their rewards.
@@ -82,7 +82,9 @@ class TrainBatch:
         must have `samples_per_prompt` members when given, else all groups the same size.
         Advantages are `compute_advantages(advantage, ...)` over the groups (`grpo`, `rloo`:
         one per sequence, (B,); `reinforce_pp`, `reinforce_pp_baseline`: per token, (B, T-1),
-        whitened over the batch's completion tokens). `pad_token_id` fills
+        whitened over the batch's completion tokens). `advantage=None`: zeros (B,), for a caller
+        that sets them from this layout itself (PPO: GAE from the critic's values of these
+        rows, `with_advantages`). `pad_token_id` fills
         the right padding (pass the tokenizer's pad id or the model's `config.eos_token_id`).
         With `vocab_size`, token ids are checked against it here too (the worker always checks).
         """
@@ -162,6 +164,14 @@ class TrainBatch:
         a contiguous block. K mini-batches (`trainer.mini_batch_size`): the batch is K
         consecutive blocks of M = B / K rows, and the rank takes its M / world_size rows of
         each, in order; so mini-batch j is rows [j M, (j + 1) M) whatever the world size."""
+        rows = self.shard_rows(rank, world_size, mini_batches)
+        if mini_batches == 1:
+            return self._rows(slice(int(rows[0]), int(rows[-1]) + 1))
+        return self._index(rows)
+
+    def shard_rows(self, rank: int, world_size: int, mini_batches: int = 1) -> torch.Tensor:
+        """(B / world_size,) int64: the rows `shard(rank, world_size, mini_batches)` takes, in
+        its order (to shard per-sequence tensors that travel beside the batch the same way)."""
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
         if mini_batches < 1 or self.num_sequences % (world_size * mini_batches) != 0:
@@ -171,11 +181,13 @@ class TrainBatch:
                 + (f" x {mini_batches} mini-batches" if mini_batches > 1 else "")
             )
         size = self.num_sequences // (world_size * mini_batches)
-        if mini_batches == 1:
-            return self._rows(slice(rank * size, (rank + 1) * size))
         block = size * world_size
         rows = [j * block + rank * size + i for j in range(mini_batches) for i in range(size)]
-        return self._index(torch.tensor(rows, dtype=torch.long))
+        return torch.tensor(rows, dtype=torch.long)
+
+    def with_advantages(self, advantages: torch.Tensor) -> TrainBatch:
+        """This batch with `advantages` ((B,) or (B, T-1) fp32, checked like the constructor's)."""
+        return replace(self, advantages=advantages)
 
     def micro_batches(self, size: int) -> list[TrainBatch]:
         """Consecutive slices of `size` sequences (the last one may be smaller)."""
@@ -239,6 +251,8 @@ def _grouped_advantages(
             f"every prompt needs samples_per_prompt={expected} completions; prompt_index -> count "
             f"differs for {wrong}"
         )
+    if advantage is None:  # set later from this layout (PPO's GAE)
+        return torch.zeros(len(completions), dtype=torch.float32)
     group_index = torch.tensor([c.prompt_index for c in completions], dtype=torch.long)
     options = {"normalize_std": normalize_std} if advantage == "grpo" else {"gamma": gamma}
     return compute_advantages(

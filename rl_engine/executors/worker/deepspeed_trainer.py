@@ -46,6 +46,7 @@ from rl_engine.executors.worker.policy import (
 from rl_engine.executors.worker.router_terms import RouterTerms
 from rl_engine.executors.worker.step_corrections import StepCorrections, needs_scoring_pass
 from rl_engine.executors.worker.step_loss import (
+    NEG_LOGP,
     RECORD_SIZE,
     TOKENS,
     grad_norm,
@@ -134,9 +135,11 @@ class DeepSpeedTrainingWorker:
 
     # -------------------------------------------------------------- the step
 
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, *, update: bool = True) -> dict[str, float]:
         """One RL step on this rank's shard: `trainer.epochs` passes over its mini-batches, one
-        optimizer step each; returns metrics all-reduced over ranks.
+        optimizer step each; returns metrics all-reduced over ranks. `update=False` (PPO's
+        critic warm-up, `critic.warmup_steps`): no optimizer step, only a no-grad forward of
+        every sequence for parity and entropy (`updates` 0, loss terms 0).
 
         Metrics: loss (policy loss + kl_coef x kl), policy_loss, clip_fraction, kl (k3 to the
         reference policy, 0 without one), entropy (an ESTIMATE: minus the mean logprob of the
@@ -162,6 +165,8 @@ class DeepSpeedTrainingWorker:
         """
         self._require_usable()
         minis = agree_on_batch(self.comm, lambda: self._mini_batches(batch))
+        if not update:
+            return self._forward_only_step(minis)
         # engine.backward divides by DeepSpeed's gradient_accumulation_steps: undone here
         scale = self.engine.gradient_accumulation_steps() * self.world_size
         sums = torch.zeros(RECORD_SIZE, dtype=torch.float64)
@@ -184,6 +189,24 @@ class DeepSpeedTrainingWorker:
                     sums, parity = sums + record[0], merge_sums(parity, record[1])
                     outcomes.append(self.guard.outcome)
         return self._finish_step(sums, parity, norm, corrections, outcomes)
+
+    def _forward_only_step(self, minis) -> dict[str, float]:
+        """A step without an update: every sequence scored once, no grad, parity checked."""
+        sums = torch.zeros(RECORD_SIZE, dtype=torch.float64)
+        parity = torch.zeros(NUM_SUMS, dtype=torch.float64)
+        self.engine.eval()
+        self.router.start(minis, self.comm.all_reduce)  # MoE: zero counts (no aux loss here)
+        with torch.no_grad(), self._recoverable():
+            for micro in minis:
+                for mb in micro:
+                    logp = self._forward(mb)  # every rank runs as many forwards (ZeRO-3)
+                    parity = merge_sums(parity, self._check_parity(mb, logp))
+                    if mb is not None:
+                        mask = mb.batch.response_mask
+                        sums[NEG_LOGP] -= float(logp[mask].double().sum())
+                        sums[TOKENS] += float(mask.sum())
+        no_corrections = StepCorrections(self.config.algorithm, [], {}, self.comm.all_reduce)
+        return self._finish_step(sums, parity, float("nan"), no_corrections, [])
 
     def _update(self, epoch: int, j: int, micro, corrections, scale: int, norm):
         """One optimizer step on mini-batch `j`: its micro-batches' forwards and backwards, the
@@ -340,20 +363,20 @@ class DeepSpeedTrainingWorker:
         # an outcome of None: DeepSpeed skipped that update on every rank
         skipped = sum(outcome != "stepped" for outcome in outcomes)
         self.weight_version += len(outcomes) - skipped
-        norm = self.engine.get_global_grad_norm()
+        norm = self.engine.get_global_grad_norm() if outcomes else None  # no update: no norm
         norm = stage0_norm if norm is None else norm
         metrics = step_metrics(
             sums,
             None if self.config.parity == "off" else MismatchMetrics.from_sums(parity),
             skipped,
             updates=len(outcomes),
-            epochs=self.config.trainer.epochs,
+            epochs=self.config.trainer.epochs if outcomes else 1,  # a warm-up scores once
             grad_norm=float("nan") if norm is None else float(norm),
             lr=float(self.engine.get_lr()[0]),
             step=self.global_step,
             weight_version=self.weight_version,
             **correction,
-            **self.router.metrics(self.comm.all_reduce, len(outcomes)),
+            **self.router.metrics(self.comm.all_reduce, max(len(outcomes), 1)),
         )
         self._log_step(metrics)
         return metrics

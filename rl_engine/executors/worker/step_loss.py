@@ -132,12 +132,12 @@ def step_metrics(
     """The step's metrics from the all-reduced record sums over its `updates` optimizer steps
     and `epochs` passes (see `train_step`): loss terms are means over the updates, per-token
     figures over every training forward's tokens, `tokens` those of the batch."""
-    tokens = max(float(sums[TOKENS]), 1.0)
+    tokens, steps = max(float(sums[TOKENS]), 1.0), max(updates, 1)  # 0 updates: a warm-up step
     metrics = {
-        "loss": float(sums[LOSS]) / updates,
-        "policy_loss": float(sums[POLICY_LOSS]) / updates,
+        "loss": float(sums[LOSS]) / steps,
+        "policy_loss": float(sums[POLICY_LOSS]) / steps,
         "clip_fraction": float(sums[CLIPPED]) / tokens,
-        "kl": float(sums[KL]) / updates,
+        "kl": float(sums[KL]) / steps,
         "entropy": float(sums[NEG_LOGP]) / tokens,
         "tokens": int(sums[TOKENS]) // epochs,
         **extra,

@@ -11,10 +11,10 @@ The cpp tests check fp64 / fp16 only for accuracy (gradcheck), not invariance.
 
 from __future__ import annotations
 
-from functools import cache
-
 import torch
 import torch.nn.functional as F
+
+from rl_engine.kernels.common.cpu_flags import cpu_flags
 
 # Calls carry at least this many rows (tiny batches are zero-padded).
 MIN_ROWS = 16
@@ -23,17 +23,8 @@ K_SLICE = 1024
 K_SLICE_16BIT_AMX = 256
 
 
-@cache
-def _cpu_has_amx() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "amx_bf16" in f.read()
-    except OSError:
-        return False
-
-
 def _k_slice_for(dtype: torch.dtype) -> int:
-    if dtype in (torch.bfloat16, torch.float16) and _cpu_has_amx():
+    if dtype in (torch.bfloat16, torch.float16) and "amx_bf16" in cpu_flags():
         return K_SLICE_16BIT_AMX
     return K_SLICE
 

@@ -1,0 +1,244 @@
+"""`CriticWorker`: one DeepSpeed data-parallel rank of PPO's value model (no Ray here).
+
+The critic has its own ranks and its own torch.distributed world (`critic.num_ranks`,
+`critic.zero_stage`, `critic.lr`; everything else of the trainer section is shared:
+micro-batches, packing, token budget, mini-batches, epochs, dtype, grad clip). Its model
+is `value_model.ValueModule`: the policy's backbone, patched with `apply_batch_invariant`
+when `batch_invariant` (the same kernels as the policy, so a sequence's values do not
+depend on the micro-batch layout, the packing or the other sequences of the batch), and
+a scalar value head.
+
+Per RL step the job calls `values(shard)` (no grad: the rollout-time values V_old that
+GAE reads) and then `train_step(shard, returns, old_values)`: for every epoch and
+mini-batch, the clipped value loss (`rl_engine.algorithms.clipped_value_loss`, a token
+mean over the mini-batch's completion tokens on all ranks) backpropagated per
+micro-batch, one optimizer step per mini-batch. Batch checks, micro-batch planning,
+the all-or-none update guard and checkpoints are the policy worker's own helpers.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rl_engine.algorithms import aggregation_units, value_loss_terms
+from rl_engine.config import RunConfig
+from rl_engine.devices import check_device
+from rl_engine.executors.worker import checkpoints
+from rl_engine.executors.worker.batch import TrainBatch
+from rl_engine.executors.worker.batch_checks import agree_on_batch, micro_batches, step_mini_batches
+from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_deepspeed
+from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
+from rl_engine.executors.worker.errors import BatchError
+from rl_engine.executors.worker.micro_batches import MicroBatch
+from rl_engine.executors.worker.policy import StepGuard, prepare_policy
+from rl_engine.executors.worker.value_model import ValueModule
+
+logger = logging.getLogger(__name__)
+
+# entries of a micro-batch's record; summed over micro-batches and ranks
+_LOSS, _CLIPPED, _TOKENS = range(3)
+
+
+class CriticWorker:
+    """One critic rank: values of a batch, clipped value-loss updates, checkpoints.
+
+    `config` is the run's config; the worker reads it through `config.critic_view()`. The
+    backbone is `model` when given (patched in place when `batch_invariant`), else
+    `load_model(critic.model or model, seed=seed)`: by default the policy's own weights.
+    Every rank must start from the same weights.
+    """
+
+    def __init__(
+        self, config: RunConfig, *, device: str | torch.device, model: nn.Module | None = None
+    ):
+        if not isinstance(config, RunConfig):
+            raise TypeError(f"config must be a RunConfig, got {type(config).__name__}")
+        self.config, self.env = config.critic_view(), DistEnv.from_environ()
+        self.value_clip = config.critic.value_clip
+        self.device = check_device(device, local_rank=self.env.local_rank)
+        self.ds_config = build_deepspeed_config(self.config, self.env.world_size)
+        self._deepspeed, backend = import_deepspeed(self.device)
+        self._deepspeed.init_distributed(dist_backend=backend)
+        validate_with_deepspeed(self.ds_config)
+        self.comm = Collectives(self.env.rank, self.env.world_size, self.device)
+        backbone = prepare_policy(model, self.config, self.device)
+        self.vocab_size = int(backbone.get_input_embeddings().weight.shape[0])
+        self.module = ValueModule(backbone)
+        trainer = self.config.trainer
+        optimizer = torch.optim.AdamW(
+            self.module.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay
+        )
+        self.guard = StepGuard(optimizer, self.comm)
+        self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
+            model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
+        )
+        self.updates = 0
+        if self.rank == 0:
+            logger.info(
+                "critic worker ready: %d rank(s), ZeRO-%d, %s, batch_invariant=%s",
+                self.world_size,
+                self.zero_stage,
+                self.config.dtype,
+                self.config.batch_invariant,
+            )
+
+    rank = property(lambda self: self.env.rank)
+    world_size = property(lambda self: self.env.world_size)
+    zero_stage = property(lambda self: int(self.ds_config["zero_optimization"]["stage"]))
+
+    # -------------------------------------------------------------- values
+
+    @torch.no_grad()
+    def values(self, batch: TrainBatch) -> torch.Tensor:
+        """fp32 (B, T-1) values of the current critic, aligned with `batch.response_mask`, 0 off
+        it. Any number of sequences; collective under ZeRO-3 (every rank calls it)."""
+        trainer = self.config.trainer
+        micro = agree_on_batch(
+            self.comm,
+            lambda: [
+                micro_batches(
+                    batch,
+                    vocab_size=self.vocab_size,
+                    micro_batch_size=trainer.micro_batch_size,
+                    device=self.device,
+                    packing=trainer.packing,
+                    max_tokens=trainer.max_tokens_per_micro_batch,
+                )
+            ],
+        )[0]
+        self.engine.eval()
+        out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+        for mb in micro:
+            values = self._forward(mb)  # every rank runs as many forwards (ZeRO-3)
+            if mb is not None:
+                masked = torch.where(mb.batch.response_mask, values, 0.0).cpu()
+                out[list(mb.sequences), : masked.shape[1]] = masked
+        return out
+
+    # -------------------------------------------------------------- the update
+
+    def train_step(
+        self, batch: TrainBatch, returns: torch.Tensor, old_values: torch.Tensor
+    ) -> dict[str, float]:
+        """`trainer.epochs` passes over this rank's shard (`TrainBatch.shard(rank, world_size,
+        mini_batches)`, exactly `sequences_per_rank` sequences), one optimizer step per
+        mini-batch. `returns` and `old_values` are (B, T-1) fp32 aligned with the shard's
+        response_mask (GAE's advantages + V_old, and V_old).
+
+        Returns metrics all-reduced over ranks: critic/value_loss (the mean over updates of
+        each update's token-mean clipped loss), critic/clip_fraction (tokens whose clipped
+        error was the larger, over every training forward), critic/updates,
+        critic/skipped_update (a non-finite loss or gradient on any rank skips that update
+        on every rank).
+        """
+        self._check_targets(batch, returns, old_values)
+        minis = agree_on_batch(self.comm, lambda: self._mini_batches(batch))
+        units = self._mini_batch_tokens(minis)
+        # engine.backward divides by DeepSpeed's gradient_accumulation_steps: undone here
+        scale = self.engine.gradient_accumulation_steps() * self.world_size
+        sums, outcomes = torch.zeros(3, dtype=torch.float64), []
+        self.engine.train()
+        for _ in range(self.config.trainer.epochs):
+            for j, micro in enumerate(minis):
+                last = len(micro) - 1
+                step_sums = torch.zeros(3, dtype=torch.float64)
+                for i, mb in enumerate(micro):
+                    self.engine.set_gradient_accumulation_boundary(i == last)
+                    loss, record = self._micro_loss(mb, returns, old_values, units[j], scale)
+                    step_sums += record
+                    self.engine.backward(loss)
+                    if i == last:
+                        self.guard.arm(force_skip=not bool(torch.isfinite(step_sums).all()))
+                    self.engine.step()
+                sums += step_sums
+                outcomes.append(self.guard.outcome)
+        sums = self.comm.all_reduce(sums)
+        skipped = sum(outcome != "stepped" for outcome in outcomes)
+        self.updates += len(outcomes) - skipped
+        return {
+            "critic/value_loss": float(sums[_LOSS]) / len(outcomes),
+            "critic/clip_fraction": float(sums[_CLIPPED]) / max(float(sums[_TOKENS]), 1.0),
+            "critic/updates": len(outcomes),
+            "critic/skipped_update": skipped,
+        }
+
+    def _micro_loss(self, mb: MicroBatch | None, returns, old_values, units: float, scale: int):
+        """(loss to backpropagate, record (3,) fp64) of one micro-batch: its share of the
+        mini-batch's token-mean loss. An empty micro-batch (None: another rank has more)
+        runs a dummy forward and backpropagates zero."""
+        values = self._forward(mb)
+        if mb is None:
+            return values.sum() * 0.0, torch.zeros(3, dtype=torch.float64)
+        mask = mb.batch.response_mask
+        rows, width = list(mb.sequences), mask.shape[1]
+        target = returns[rows, :width].to(values.device)
+        old = old_values[rows, :width].to(values.device)
+        per_token, clipped = value_loss_terms(values, target, old, mask, clip=self.value_clip)
+        loss = per_token.sum() / units
+        record = torch.stack(
+            [loss.detach().double().cpu(), clipped.sum().double().cpu(), mask.sum().double().cpu()]
+        )
+        return loss * scale, record
+
+    def _mini_batch_tokens(self, minis) -> list[float]:
+        """Each mini-batch's completion tokens over every rank: its token-mean's denominator."""
+        local = [
+            sum(aggregation_units(mb.batch.response_mask, "token-mean") for mb in m if mb)
+            for m in minis
+        ]
+        total = self.comm.all_reduce(torch.tensor(local, dtype=torch.float64))
+        return [max(float(t), 1.0) for t in total]
+
+    def _mini_batches(self, batch) -> list[list[MicroBatch]]:
+        trainer = self.config.trainer
+        return step_mini_batches(
+            batch,
+            vocab_size=self.vocab_size,
+            micro_batch_size=trainer.micro_batch_size,
+            device=self.device,
+            sequences=self.config.sequences_per_rank,
+            mini_batch=self.config.mini_batch_per_rank,
+            packing=trainer.packing,
+            max_tokens=trainer.max_tokens_per_micro_batch,
+        )
+
+    @staticmethod
+    def _check_targets(batch: TrainBatch, returns, old_values) -> None:
+        """returns and old_values: finite fp32 (B, T-1) like the shard's response_mask."""
+        if not isinstance(batch, TrainBatch):
+            raise BatchError(f"batch must be a TrainBatch, got {type(batch).__name__}")
+        shape = tuple(batch.response_mask.shape)
+        for name, x in (("returns", returns), ("old_values", old_values)):
+            if not isinstance(x, torch.Tensor) or tuple(x.shape) != shape:
+                got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise BatchError(f"{name} must be (B, T-1) = {shape} like response_mask, got {got}")
+            if not bool(torch.isfinite(x[batch.response_mask]).all()):
+                raise BatchError(f"{name} must be finite on the completion tokens")
+
+    def _forward(self, mb: MicroBatch | None) -> torch.Tensor:
+        """(b, T-1) fp32 values of the padded view (packed micro-batches run packed). None: the
+        empty micro-batch's forward on a two-token dummy row ((1, 1), on the graph)."""
+        if mb is None:
+            ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+            return self.engine(ids, torch.ones_like(ids))
+        b = mb.batch
+        if mb.packed is None:
+            return self.engine(b.input_ids, b.attention_mask)
+        p = mb.packed
+        return mb.logprobs_view(self.engine(p.input_ids, None, p.positions, p.segments))
+
+    # -------------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self, directory: str | Path, tag: str = "state") -> None:
+        """DeepSpeed checkpoint (value model, optimizer, step) under `directory`; collective, atomic."""
+        state = {"critic_updates": self.updates}
+        checkpoints.save_checkpoint(self.engine, self.comm, Path(directory), tag, state)
+
+    def load_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
+        """Restore what `save_checkpoint` wrote (latest tag by default); collective."""
+        _, state = checkpoints.load_checkpoint(self.engine, Path(directory), tag)
+        self.updates = int(state.get("critic_updates", 0))
