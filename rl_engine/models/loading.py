@@ -135,6 +135,27 @@ def model_config(spec: str | Path) -> PretrainedConfig:
     return AutoConfig.from_pretrained(path)
 
 
+def has_safetensors(spec: str | Path) -> bool:
+    """Whether `spec` is a local Hugging Face folder whose weights are safetensors files."""
+    path = Path(str(spec)).expanduser()
+    return str(spec) not in TINY_CONFIGS and path.is_dir() and any(path.glob("*.safetensors"))
+
+
+def load_skeleton(
+    spec: str | Path, *, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
+    """The model of an HF folder built from its config alone (weights NOT read: random init,
+    for a caller that then reads its own shards) and its tokenizer, as `load_model` gives it."""
+    if not has_safetensors(spec):
+        raise ValueError(f"model {str(spec)!r} is not a Hugging Face folder of safetensors files")
+    path = Path(str(spec)).expanduser()
+    model = AutoModelForCausalLM.from_config(model_config(path), dtype=dtype)
+    tokenizer = None
+    if any((path / name).is_file() for name in _TOKENIZER_FILES):
+        tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path))
+    return _finish(model, dtype), tokenizer
+
+
 def has_tokenizer(spec: str | Path) -> bool:
     """Whether `load_model(spec)` returns a tokenizer (tiny random models have none)."""
     spec_str = str(spec)

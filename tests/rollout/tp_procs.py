@@ -81,16 +81,24 @@ def save_weights(key: str, dtype: str, folder) -> str:
 
 
 def load_and_generate(key: str, dtype: str, path: str) -> dict:
-    """A TP engine of a seed-1 model that then reads only its rows of the seed-0 weights."""
+    """A TP engine that reads only its rows of the seed-0 weights: built from the folder's
+    config (an HF folder, as a job's engine actor does), or a seed-1 model (a weights file)."""
     import os
 
     from rl_engine.models.tiny import build_tiny_model
     from rl_engine.patching import apply_batch_invariant
     from rl_engine.rollout.tp import TensorParallelEngine
 
-    model = build_tiny_model(key, dtype=DTYPES[dtype], seed=1)
-    apply_batch_invariant(model.eval())
-    engine = TensorParallelEngine(model, device="cpu", max_batch_size=MAX_BATCH)
+    if os.path.isdir(path):  # what a job's TP engine actor does with an HF folder
+        from rl_engine.rollout.tp.engine import engine_from_folder
+
+        engine, _ = engine_from_folder(
+            path, dtype=DTYPES[dtype], device="cpu", patch=True, max_batch_size=MAX_BATCH
+        )
+    else:
+        model = build_tiny_model(key, dtype=DTYPES[dtype], seed=1)
+        apply_batch_invariant(model.eval())
+        engine = TensorParallelEngine(model, device="cpu", max_batch_size=MAX_BATCH)
     read = engine.load_shards(path, version=5)
     result = record(engine.generate(PROMPTS, sampling()), engine.last_stats)
     files = [path] if os.path.isfile(path) else [f"{path}/{f}" for f in os.listdir(path)]

@@ -109,22 +109,38 @@ class RolloutActor:
         return free_port(host="")
 
     def start(self, tp_address: str | None = None, tp_port: int | None = None) -> dict:
-        from rl_engine.models import load_model
+        from rl_engine.models import has_safetensors, load_model
         from rl_engine.patching import apply_batch_invariant
         from rl_engine.rollout import RolloutEngine
 
         _quiet_model_loading()
         config = self.config
-        model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
-        device = _actor_device(config)
-        model.to(device)  # first move, then patch: the ops are resolved for this device
-        if config.batch_invariant:
-            apply_batch_invariant(model)
-        batch = config.rollout.max_batch_size
+        device, batch = _actor_device(config), config.rollout.max_batch_size
         if config.rollout.tensor_parallel_size > 1:
-            self.engine = self._tp_engine(model, device, tp_address, tp_port)
+            self._join_tp_group(device, tp_address, tp_port)
+        if config.rollout.tensor_parallel_size > 1 and has_safetensors(config.model):
+            from rl_engine.rollout.tp.engine import engine_from_folder
+
+            # this rank reads only its rows of the folder's weights
+            self.engine, tokenizer = engine_from_folder(
+                config.model,
+                dtype=config.torch_dtype,
+                device=device,
+                patch=config.batch_invariant,
+                max_batch_size=batch,
+            )
+            model = self.engine.model
         else:
-            self.engine = RolloutEngine(model, device=device, max_batch_size=batch)
+            model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+            model.to(device)  # first move, then patch: the ops are resolved for this device
+            if config.batch_invariant:
+                apply_batch_invariant(model)
+            if config.rollout.tensor_parallel_size > 1:
+                from rl_engine.rollout.tp import TensorParallelEngine
+
+                self.engine = TensorParallelEngine(model, device=device, max_batch_size=batch)
+            else:
+                self.engine = RolloutEngine(model, device=device, max_batch_size=batch)
         release_free_heap()
         return {
             "vocab_size": model.config.vocab_size,
@@ -132,13 +148,11 @@ class RolloutActor:
             "tokenizer": tokenizer,
         }
 
-    def _tp_engine(self, model, device: str, address: str, port: int):
-        """This rank's shards of the engine; the TP group is this process's default group."""
+    def _join_tp_group(self, device: str, address: str, port: int) -> None:
+        """The engine's TP ranks' process group: this process's default group."""
         from datetime import timedelta
 
         import torch.distributed as dist
-
-        from rl_engine.rollout.tp import TensorParallelEngine
 
         dist.init_process_group(
             "nccl" if device.startswith("cuda") else "gloo",
@@ -147,8 +161,6 @@ class RolloutActor:
             world_size=self.config.rollout.tensor_parallel_size,
             timeout=timedelta(seconds=self.config.trainer.collective_timeout_s),
         )
-        batch = self.config.rollout.max_batch_size
-        return TensorParallelEngine(model, device=device, max_batch_size=batch)
 
     def generate(self, prompts, sampling):
         """(completions, seconds spent generating)."""

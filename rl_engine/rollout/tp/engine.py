@@ -159,3 +159,22 @@ def _plain(prompts):
         return [p.tolist() if isinstance(p, torch.Tensor) else list(p) for p in prompts]
     except TypeError:
         return repr(prompts)
+
+
+def engine_from_folder(spec, *, dtype: torch.dtype, device, patch: bool, group=None, **kwargs):
+    """(a TP engine of an HF folder whose rank read only its rows, the tokenizer): the model is
+    built from the folder's config, moved, patched (when `patch`), sharded, then
+    `load_shards` reads this rank's rows and the replicated tensors (weight_version 0).
+
+    Peak memory at start is still one whole (randomly initialised) model per process,
+    until `shard_model` drops the other ranks' rows; the disk reads are this rank's."""
+    from rl_engine.models import load_skeleton
+    from rl_engine.patching import apply_batch_invariant
+
+    model, tokenizer = load_skeleton(spec, dtype=dtype)
+    model.to(device)  # first move, then patch: the ops are resolved for this device
+    if patch:
+        apply_batch_invariant(model)
+    engine = TensorParallelEngine(model, device=device, group=group, **kwargs)
+    engine.load_shards(spec, version=0)
+    return engine, tokenizer
