@@ -111,7 +111,7 @@ def _check_diagnose_args(parser: argparse.ArgumentParser, args) -> None:
 
 _BENCH_CASES = {
     "train": ("invariance", "packing"),
-    "rollout": ("decode", "prefill"),
+    "rollout": ("decode", "prefill", "tp"),
     "kernels": (),
     "moe": (),
 }
@@ -134,6 +134,10 @@ def cmd_bench(args) -> int:
         main([])
     elif args.what == "kernels":
         from rl_engine.benchmarks.kernels import main
+
+        main(quick=args.quick)
+    elif args.what == "rollout" and args.case == "tp":
+        from rl_engine.benchmarks.tensor_parallel import main
 
         main(quick=args.quick)
     elif args.what == "rollout" and args.case == "prefill":
@@ -225,10 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--case",
-        choices=["invariance", "packing", "decode", "prefill"],
+        choices=["invariance", "packing", "decode", "prefill", "tp"],
         default=None,
         help="train: invariance (on vs off) or packing (packed vs padded step; default both); "
-        "rollout: decode (default) or prefill (packed vs padded)",
+        "rollout: decode (default), prefill (packed vs padded) or tp (TP=2 vs TP=1)",
     )
     bench.set_defaults(fn=cmd_bench)
     return parser

@@ -22,6 +22,7 @@ DEVICES = ("cpu", "cuda")
 ALGORITHMS = ("grpo", "ppo")
 PLACEMENTS = ("pack", "spread", "strict_spread")
 PARITY_SCOPES = ("first", "all")
+TENSOR_PARALLEL_SIZES = (1, 2, 4)  # rl_engine.rollout.tp.layout checks the same degrees
 
 
 def _fail(name: str, requirement: str, value: Any) -> None:
@@ -89,6 +90,10 @@ class RolloutConfig:
     """Rollout file or folder of step_N.jsonl files to train on instead of generating (docs/rollouts.md)."""
     save: bool = False
     """Write each step's completions and rewards to <output_dir>/rollouts/step_N.jsonl."""
+    tensor_parallel_size: int = 1
+    """Processes one engine is split over (1, 2 or 4): output shards only, so completions and
+    logprobs equal the TP = 1 engine's bit for bit (docs/scaling.md). Must divide the model's
+    query heads; KV heads may be fewer (replicated); vocabulary and MLP width need not divide."""
     filter_groups: bool = False
     """DAPO's dynamic sampling: drop the groups whose rewards are all equal (no learning
     signal) and generate groups for more prompts until prompts_per_step groups are kept."""
@@ -115,6 +120,7 @@ class RolloutConfig:
             _text("rollout.source", self.source)
         _choice("rollout.save", self.save, (True, False))
         _choice("rollout.filter_groups", self.filter_groups, (True, False))
+        _choice("rollout.tensor_parallel_size", self.tensor_parallel_size, TENSOR_PARALLEL_SIZES)
         _int("rollout.filter_groups_max_tries", self.filter_groups_max_tries, 1)
 
 

@@ -3,9 +3,12 @@
 from rl_engine.models.loading import (
     SMOLLM2_NAME,
     check_model_spec,
+    has_safetensors,
     has_tokenizer,
     list_models,
     load_model,
+    load_skeleton,
+    model_config,
     quiet_loading,
     smollm2_gguf_path,
 )
@@ -16,9 +19,12 @@ __all__ = [
     "TINY_CONFIGS",
     "build_tiny_model",
     "check_model_spec",
+    "has_safetensors",
     "has_tokenizer",
     "list_models",
     "load_model",
+    "load_skeleton",
+    "model_config",
     "quiet_loading",
     "smollm2_gguf_path",
 ]

@@ -23,8 +23,10 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
@@ -119,6 +121,39 @@ def check_model_spec(spec: str | Path) -> None:
         raise ValueError(f"model path {str(path)!r} is a file but not a .gguf file")
     if path.is_dir() and not (path / "config.json").is_file():
         raise FileNotFoundError(f"model folder {str(path)!r} has no config.json")
+
+
+def model_config(spec: str | Path) -> PretrainedConfig:
+    """The Hugging Face config `load_model(spec)` builds, without loading any weights."""
+    check_model_spec(spec)
+    spec_str = str(spec)
+    if spec_str in TINY_CONFIGS:
+        return TINY_CONFIGS[spec_str]()
+    path = smollm2_gguf_path() if spec_str == SMOLLM2_NAME else Path(spec_str).expanduser()
+    if path.is_file():  # .gguf: transformers reads the config from its metadata
+        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoConfig.from_pretrained(path)
+
+
+def has_safetensors(spec: str | Path) -> bool:
+    """Whether `spec` is a local Hugging Face folder whose weights are safetensors files."""
+    path = Path(str(spec)).expanduser()
+    return str(spec) not in TINY_CONFIGS and path.is_dir() and any(path.glob("*.safetensors"))
+
+
+def load_skeleton(
+    spec: str | Path, *, dtype: torch.dtype = torch.float32
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
+    """The model of an HF folder built from its config alone (weights NOT read: random init,
+    for a caller that then reads its own shards) and its tokenizer, as `load_model` gives it."""
+    if not has_safetensors(spec):
+        raise ValueError(f"model {str(spec)!r} is not a Hugging Face folder of safetensors files")
+    path = Path(str(spec)).expanduser()
+    model = AutoModelForCausalLM.from_config(model_config(path), dtype=dtype)
+    tokenizer = None
+    if any((path / name).is_file() for name in _TOKENIZER_FILES):
+        tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(path))
+    return _finish(model, dtype), tokenizer
 
 
 def has_tokenizer(spec: str | Path) -> bool:

@@ -260,7 +260,7 @@ class RolloutEngine:
         capacity = max(len(s.prompt_ids) for s in seqs) + sampling.max_new_tokens
         num_slots = min(self.max_batch_size, len(seqs))
         cache = self._make_cache(num_slots, capacity)
-        step = _Stepper(self, cache, sampling)
+        step = self._make_stepper(cache, sampling)
         waiting, running, free = deque(seqs), [], list(range(num_slots))
         stats = self.last_stats
         stats.slots = num_slots
@@ -283,6 +283,10 @@ class RolloutEngine:
             running = [s for s in running if not s.finished]
 
     # ------------------------------------------------------------------ helpers
+
+    def _make_stepper(self, cache: SlotKVCache, sampling: SamplingParams) -> _Stepper:
+        """The forwards of one generate call (the tensor-parallel engine shards them)."""
+        return _Stepper(self, cache, sampling)
 
     def _make_cache(self, num_slots: int, capacity: int) -> SlotKVCache:
         """Invariant: the layout the backend's attention reads in place (its key block, and
@@ -462,15 +466,19 @@ class _Stepper:
         return torch.log_softmax(logits, dim=-1)
 
     def _sample(self, seqs: list[_Sequence], logp: torch.Tensor) -> None:
+        tokens, picked = self._choose(seqs, logp)
+        for seq, token, value in zip(seqs, tokens, picked):
+            seq.append(token, value, self.sampling)
+
+    def _choose(self, seqs: list[_Sequence], logp: torch.Tensor) -> tuple[list[int], list[float]]:
+        """Each row's sampled token and its logprob (row r of logp is seqs[r])."""
         logp_cpu = logp.cpu()
         tokens = [
             sample_token(logp_cpu[row], self.sampling, seq.generator)
             for row, seq in enumerate(seqs)
         ]
         rows = torch.arange(len(seqs))
-        picked = logp_cpu[rows, torch.tensor(tokens)].tolist()
-        for seq, token, value in zip(seqs, tokens, picked):
-            seq.append(token, value, self.sampling)
+        return tokens, logp_cpu[rows, torch.tensor(tokens)].tolist()
 
 
 def _admit(waiting: deque, free: list[int]) -> list[_Sequence]:

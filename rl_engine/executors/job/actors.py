@@ -88,10 +88,12 @@ def _quiet_model_loading() -> None:
 
 @ray.remote
 class RolloutActor:
-    """One rollout engine in its own process; `start` loads the model."""
+    """One rollout engine in its own process, or one rank of a tensor-parallel engine
+    (`rollout.tensor_parallel_size` > 1: its ranks join their own gloo / NCCL group at
+    `start`); `start` loads the model."""
 
-    def __init__(self, config: RunConfig, index: int = 0):
-        self.config, self.index = config, index
+    def __init__(self, config: RunConfig, index: int = 0, tp_rank: int = 0):
+        self.config, self.index, self.tp_rank = config, index, tp_rank
         self.receiver = self.group = None
 
     def describe(self) -> dict:
@@ -100,27 +102,65 @@ class RolloutActor:
             "facts": cluster.kernel_facts(self.config.device),
         }
 
-    def start(self) -> dict:
-        from rl_engine.models import load_model
+    def free_port(self) -> int:
+        """A port free on this node: the TP group's rendezvous when this is TP rank 0."""
+        from rl_engine.executors.worker.distributed import free_port
+
+        return free_port(host="")
+
+    def start(self, tp_address: str | None = None, tp_port: int | None = None) -> dict:
+        from rl_engine.models import has_safetensors, load_model
         from rl_engine.patching import apply_batch_invariant
         from rl_engine.rollout import RolloutEngine
 
         _quiet_model_loading()
         config = self.config
-        model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
-        device = _actor_device(config)
-        model.to(device)  # first move, then patch: the ops are resolved for this device
-        if config.batch_invariant:
-            apply_batch_invariant(model)
-        self.engine = RolloutEngine(
-            model, device=device, max_batch_size=config.rollout.max_batch_size
-        )
+        device, batch = _actor_device(config), config.rollout.max_batch_size
+        if config.rollout.tensor_parallel_size > 1:
+            self._join_tp_group(device, tp_address, tp_port)
+        if config.rollout.tensor_parallel_size > 1 and has_safetensors(config.model):
+            from rl_engine.rollout.tp.engine import engine_from_folder
+
+            # this rank reads only its rows of the folder's weights
+            self.engine, tokenizer = engine_from_folder(
+                config.model,
+                dtype=config.torch_dtype,
+                device=device,
+                patch=config.batch_invariant,
+                max_batch_size=batch,
+            )
+            model = self.engine.model
+        else:
+            model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+            model.to(device)  # first move, then patch: the ops are resolved for this device
+            if config.batch_invariant:
+                apply_batch_invariant(model)
+            if config.rollout.tensor_parallel_size > 1:
+                from rl_engine.rollout.tp import TensorParallelEngine
+
+                self.engine = TensorParallelEngine(model, device=device, max_batch_size=batch)
+            else:
+                self.engine = RolloutEngine(model, device=device, max_batch_size=batch)
         release_free_heap()
         return {
             "vocab_size": model.config.vocab_size,
             "eos_token_id": model.config.eos_token_id,
             "tokenizer": tokenizer,
         }
+
+    def _join_tp_group(self, device: str, address: str, port: int) -> None:
+        """The engine's TP ranks' process group: this process's default group."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            "nccl" if device.startswith("cuda") else "gloo",
+            init_method=f"tcp://{address}:{port}",
+            rank=self.tp_rank,
+            world_size=self.config.rollout.tensor_parallel_size,
+            timeout=timedelta(seconds=self.config.trainer.collective_timeout_s),
+        )
 
     def generate(self, prompts, sampling):
         """(completions, seconds spent generating)."""
@@ -130,12 +170,13 @@ class RolloutActor:
         release_free_heap()
         return completions, seconds
 
-    def weight_plan(self, manifest):
+    def weight_plan(self, manifest, receiver: int):
         """Check the trainer ranks' manifest against this engine's model (ValueError naming the
-        key); what this engine receives of every sync: everything."""
+        key); what this process (receiver `receiver` of the sync) receives of every sync:
+        everything, or a TP rank's own shards."""
         self.receiver = self.engine.weight_receiver(
             manifest,
-            receiver=self.index,
+            receiver=receiver,
             bucket_bytes=self.config.trainer.weight_sync_bucket_bytes,
         )
         return self.receiver.plan
@@ -311,10 +352,12 @@ def spawn_actors(config: RunConfig, groups: list) -> tuple[list[ActorInfo], list
     before the kernel checks).
     """
     n_ranks, n_engines = config.trainer.num_ranks, config.rollout.num_engines
+    tp = config.rollout.tensor_parallel_size
     resources = actor_resources(config)
     rank_group = cluster.reserve("trainer", n_ranks, config.trainer.placement, resources)
     groups.append(rank_group)
-    engine_group = cluster.reserve("rollout", n_engines, config.rollout.placement, resources)
+    # every process of every engine: one bundle each, engine e's TP ranks at e * tp + r
+    engine_group = cluster.reserve("rollout", n_engines * tp, config.rollout.placement, resources)
     groups.append(engine_group)
     options = dict(
         **resources,
@@ -336,10 +379,12 @@ def spawn_actors(config: RunConfig, groups: list) -> tuple[list[ActorInfo], list
             "rollout engine",
             e,
             RolloutActor.options(
-                **options, scheduling_strategy=cluster.in_group(engine_group, e)
-            ).remote(config, e),
+                **options, scheduling_strategy=cluster.in_group(engine_group, e * tp + r)
+            ).remote(config, e, r),
+            tp_rank=r if tp > 1 else None,
         )
         for e in range(n_engines)
+        for r in range(tp)
     ]
     return trainers, engines
 
@@ -419,18 +464,41 @@ def start_actors(
     port = gather([(master, master.handle.free_port.remote())])[0]
     starts = [(t, t.handle.start.remote(master.node_ip, port, resume_dir)) for t in trainers]
     starts += start_critics(*critics)
-    return gather([(e, e.handle.start.remote()) for e in engines] + starts)[0]
+    return gather(_engine_starts(engines) + starts)[0]
+
+
+def _engine_starts(engines: list[ActorInfo]) -> list:
+    """start() of every engine process; a TP engine's ranks meet at its TP rank 0's node."""
+    leads = [e for e in engines if not e.tp_rank]
+    ports = gather([(e, e.handle.free_port.remote()) for e in leads if e.tp_rank is not None])
+    rendezvous = {
+        e.rank: (e.node_ip, p) for e, p in zip((e for e in leads if e.tp_rank == 0), ports)
+    }
+    return [
+        (e, e.handle.start.remote(*rendezvous[e.rank]))
+        if e.tp_rank is not None
+        else (e, e.handle.start.remote())
+        for e in engines
+    ]
+
+
+def engine_leads(engines: list[ActorInfo]) -> list[ActorInfo]:
+    """One process per engine (its TP rank 0): the engines as the driver counts them."""
+    return [e for e in engines if not e.tp_rank]
 
 
 def generate_on_engines(engines: list[ActorInfo], prompts: list[list[int]], sampling):
-    """Prompts spread over the engines: (completions in prompt order, the slowest engine's seconds)."""
-    shards = [list(range(i, len(prompts), len(engines))) for i in range(len(engines))]
+    """Prompts spread over the engines: (completions in prompt order, the slowest engine's
+    seconds). Every TP rank of an engine gets its engine's prompts; its rank 0 answers."""
+    count = len(engine_leads(engines))
+    shards = [list(range(i, len(prompts), count)) for i in range(count)]
     calls = [
-        (e, e.handle.generate.remote([prompts[j] for j in idx], sampling))
-        for e, idx in zip(engines, shards)
+        (e, e.handle.generate.remote([prompts[j] for j in shards[e.rank]], sampling))
+        for e in engines
     ]
+    answers = [answer for e, answer in zip(engines, gather(calls)) if not e.tp_rank]
     completions, seconds = [], 0.0
-    for idx, (result, spent) in zip(shards, gather(calls)):
+    for idx, (result, spent) in zip(shards, answers):
         seconds = max(seconds, spent)
         for c in result:
             c.prompt_index = idx[c.prompt_index]
@@ -461,7 +529,8 @@ def connect_weight_sync(trainers: list[ActorInfo], engines: list[ActorInfo]) -> 
     then every rank and engine joins one process group (its store on rank 0's node)."""
     lead = trainers[0]
     manifest = gather([(lead, lead.handle.weight_manifest.remote())])[0]
-    plans = gather([(e, e.handle.weight_plan.remote(manifest)) for e in engines])
+    # every engine process is a receiver (a TP rank's plan holds only its shards)
+    plans = gather([(e, e.handle.weight_plan.remote(manifest, i)) for i, e in enumerate(engines)])
     port = gather([(lead, lead.handle.free_port.remote())])[0]
     size, first = len(trainers) + len(engines), len(trainers)
     address = lead.node_ip
@@ -473,7 +542,7 @@ def connect_weight_sync(trainers: list[ActorInfo], engines: list[ActorInfo]) -> 
         ]
     )
     log.info(
-        "weight group: %d trainer rank(s) -> %d engine(s), %.1f MiB a sync",
+        "weight group: %d trainer rank(s) -> %d engine process(es), %.1f MiB a sync",
         len(trainers),
         len(engines),
         manifest.nbytes / 2**20,

@@ -68,7 +68,8 @@ def connect(config) -> bool:
         log.info("connecting to the Ray cluster at %s (RAY_ADDRESS)", address)
         ray.init(address=address, log_to_driver=True)
     else:  # a private local cluster, never one another process started on this machine
-        actors = config.trainer.num_ranks + config.rollout.num_engines
+        engines = config.rollout.num_engines * config.rollout.tensor_parallel_size
+        actors = config.trainer.num_ranks + engines  # every TP rank is a process of its own
         if config.algorithm.name == "ppo":  # the critic's own ranks
             actors += config.critic_ranks
         gpus = actors if config.device == "cuda" else 0

@@ -39,10 +39,12 @@ class ActorInfo:
     node_id: str = "?"
     pid: int | None = None
     facts: dict = field(default_factory=dict)
+    tp_rank: int | None = None  # a tensor-parallel engine's rank (None: not tensor parallel)
 
     @property
     def name(self) -> str:
-        return f"{self.role} {self.rank}"
+        tp = "" if self.tp_rank is None else f" tp rank {self.tp_rank}"
+        return f"{self.role} {self.rank}{tp}"
 
     def describe(self) -> str:
         return f"{self.name} (node {self.node_ip} {self.node_id[:8]}, pid {self.pid})"
@@ -55,7 +57,7 @@ class ActorInfo:
             "node_id": self.node_id,
             "pid": self.pid,
             "facts": self.facts,
-        }
+        } | ({} if self.tp_rank is None else {"tp_rank": self.tp_rank})
 
 
 class ActorFailure(RuntimeError):

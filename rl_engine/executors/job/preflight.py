@@ -21,6 +21,7 @@ def validate_before_start(config: RunConfig) -> None:
         check_model_spec(config.model)
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
         raise ValueError(f"model: {err}") from None
+    check_tensor_parallel(config)
     config.gradient_accumulation_steps  # noqa: B018 - raises when the batch does not divide
     ds = build_deepspeed_config(config, config.trainer.num_ranks)
     stage = ds["zero_optimization"].get("stage")
@@ -43,6 +44,17 @@ def validate_before_start(config: RunConfig) -> None:
     from rl_engine.executors.job.trackers import check_backends
 
     check_backends(config.logging.backends)
+
+
+def check_tensor_parallel(config: RunConfig) -> None:
+    """rollout.tensor_parallel_size against the model's dimensions (ValueError naming the one
+    that does not split: query heads, KV heads; or a mixture-of-experts model)."""
+    if config.rollout.tensor_parallel_size == 1:
+        return
+    from rl_engine.models import model_config
+    from rl_engine.rollout.tp import TPLayout
+
+    TPLayout.from_config(model_config(config.model), config.rollout.tensor_parallel_size)
 
 
 def check_data(config: RunConfig, tokenizer: bool) -> None:

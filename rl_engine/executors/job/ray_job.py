@@ -138,9 +138,11 @@ class _Job:
         """Steps from where the run stands to `config.steps`; a signal stops after a checkpoint."""
         config, first = self.config, len(self.history)
         log.info(
-            "job: %d trainer rank(s), %d rollout engine(s), batch_invariant=%s, steps %d..%d",
+            "job: %d trainer rank(s), %d rollout engine(s) of %d process(es) each, "
+            "batch_invariant=%s, steps %d..%d",
             len(self.trainers),
-            len(self.engines),
+            config.rollout.num_engines,
+            config.rollout.tensor_parallel_size,
             config.batch_invariant,
             first,
             config.steps - 1,

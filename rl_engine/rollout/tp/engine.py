@@ -1,0 +1,180 @@
+"""`TensorParallelEngine`: one rollout engine split over the N processes of a process group.
+
+Every rank runs the same `RolloutEngine` loop (scheduler, KV cache of its own
+heads, packed or padded prefills) on a model sharded by `shard_model`. One
+scheduler decides: rank 0 alone gathers the full row of logits, takes the
+log_softmax and samples; it broadcasts each step's tokens and logprobs, and
+every rank appends exactly those. Admission, slot release and stop conditions
+are a function of that token stream and the (checked identical) request, so
+every rank's batches are rank 0's. Every logit is one full-K chain computed on
+one rank and the gathers copy bits: completions and logprobs are those of the
+TP = 1 engine, bit for bit.
+
+Use: torch.distributed initialised with one process per rank (gloo on cpu,
+NCCL on cuda); each builds the same (patched) model and calls
+`TensorParallelEngine(model, device=..., group=...)` and `generate` with the
+same prompts and sampling. `rl_engine.rollout.tp.launch` starts such processes
+with torch.multiprocessing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import nn
+
+from rl_engine.rollout.engine import RolloutEngine, _Stepper
+from rl_engine.rollout.sampling import SamplingParams
+from rl_engine.rollout.tp.collectives import ShardGroup
+from rl_engine.rollout.tp.load import read_shards
+from rl_engine.rollout.tp.shard import (
+    shard_model,
+    shard_state_dict,
+    weight_plan_for,
+    weight_targets,
+)
+from rl_engine.rollout.weight_receiver import WeightReceiver
+
+
+class TensorParallelEngine(RolloutEngine):
+    """A `RolloutEngine` over this rank's shards; call it on every rank of `group` alike.
+
+    model: the full model (patched for bitwise parity), sharded in place here.
+    group: the torch.distributed group of the engine's ranks (None: the default group).
+    Other arguments as `RolloutEngine`; every rank returns the same completions.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        device: str | torch.device,
+        group=None,
+        max_batch_size: int = 8,
+        max_seq_len: int | None = None,
+        weight_version: int = 0,
+        progress: bool | None = None,
+    ):
+        self.shards = ShardGroup(group)
+        super().__init__(
+            model,
+            device=device,
+            max_batch_size=max_batch_size,
+            max_seq_len=max_seq_len,
+            weight_version=weight_version,
+            progress=progress if self.shards.rank == 0 else False,
+        )
+        self.layout = shard_model(model, self.shards)
+
+    @property
+    def tp_rank(self) -> int:
+        return self.shards.rank
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.shards.world
+
+    def generate(self, prompts, sampling: SamplingParams | None = None, *, progress=None):
+        """As `RolloutEngine.generate`; every rank must pass the same prompts and sampling
+        (checked: a ValueError on every rank otherwise)."""
+        self._check_same_request(prompts, sampling)
+        return super().generate(
+            prompts, sampling, progress=progress if self.tp_rank == 0 else False
+        )
+
+    def load_weights(self, state_dict, version: int) -> None:
+        """A full state dict; each rank copies only its rows (no copy of the others)."""
+        super().load_weights(shard_state_dict(self.model, state_dict), version)
+
+    def load_shards(self, path, version: int) -> int:
+        """Read only this rank's rows from a safetensors file or an HF folder (`read_shards`)
+        into the model in place and set `weight_version`; returns the bytes read."""
+        state_dict, read = read_shards(self.model, path)
+        RolloutEngine.load_weights(self, state_dict, version)  # already this rank's rows
+        self.last_load_bytes = read
+        return read
+
+    def weight_receiver(self, manifest, plan=None, *, receiver: int = 0, bucket_bytes: int):
+        """A receiver of weight syncs that takes only this rank's shards (`weight_plan_for`)."""
+        plan = weight_plan_for(self.model, manifest) if plan is None else plan
+        targets = weight_targets(self.model)
+        return WeightReceiver(targets, manifest, plan, receiver, bucket_bytes)
+
+    def _make_stepper(self, cache, sampling: SamplingParams) -> _Stepper:
+        return _ShardedStepper(self, cache, sampling)
+
+    def _check_same_request(self, prompts, sampling) -> None:
+        digest = hashlib.blake2b(repr((_plain(prompts), sampling)).encode(), digest_size=16)
+        digests = self.shards.gather_objects(digest.hexdigest())
+        if len(set(digests)) != 1:
+            raise ValueError(
+                "the ranks of a tensor-parallel engine were given different prompts or sampling "
+                f"(request digests by rank: {digests}); every rank must generate the same request"
+            )
+
+
+class _ShardedStepper(_Stepper):
+    """The forwards of one generate call on one rank: rank 0 scores and samples for all."""
+
+    def __init__(self, engine: TensorParallelEngine, cache, sampling: SamplingParams):
+        super().__init__(engine, cache, sampling)
+        self.shards = engine.shards
+        self.vocab_widths = engine.layout.widths("vocab")
+
+    def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """(B, H) -> rank 0: (B, V) fp32 log softmax over the whole vocabulary; others: None."""
+        head = self.model.get_output_embeddings()
+        if self.engine.batch_invariant:
+            local = self._lm_head(hidden, head.weight, head.bias)  # (B, V / N) fp32 logits
+        else:
+            local = nn.functional.linear(hidden, head.weight, head.bias).float()
+        logits = self.shards.gather_last_to_first(local, self.vocab_widths)  # (B, V) on rank 0
+        if logits is None:
+            return None
+        if self.engine.batch_invariant:
+            return self._log_softmax(logits, self.temperature)
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        return torch.log_softmax(logits, dim=-1)
+
+    def _sample(self, seqs, logp) -> None:
+        tokens = torch.zeros(len(seqs), dtype=torch.int64, device=self.device)
+        picked = torch.zeros(len(seqs), dtype=torch.float32, device=self.device)
+        if self.shards.rank == 0:
+            chosen, values = self._choose(seqs, logp)
+            tokens.copy_(torch.tensor(chosen))
+            picked.copy_(torch.tensor(values, dtype=torch.float32))  # fp32 values: exact
+        self.shards.broadcast_from_first(tokens)
+        self.shards.broadcast_from_first(picked)
+        for seq, token, value in zip(seqs, tokens.tolist(), picked.tolist()):
+            seq.append(token, value, self.sampling)
+
+
+def _plain(prompts):
+    """Prompts as nested lists (tensors included), for the request digest."""
+    if isinstance(prompts, torch.Tensor):
+        return prompts.tolist()
+    try:
+        return [p.tolist() if isinstance(p, torch.Tensor) else list(p) for p in prompts]
+    except TypeError:
+        return repr(prompts)
+
+
+def engine_from_folder(spec, *, dtype: torch.dtype, device, patch: bool, group=None, **kwargs):
+    """(a TP engine of an HF folder whose rank read only its rows, the tokenizer): the model is
+    built from the folder's config, moved, patched (when `patch`), sharded, then
+    `load_shards` reads this rank's rows and the replicated tensors (weight_version 0).
+
+    Peak memory at start is still one whole (randomly initialised) model per process,
+    until `shard_model` drops the other ranks' rows; the disk reads are this rank's."""
+    from rl_engine.models import load_skeleton
+    from rl_engine.patching import apply_batch_invariant
+
+    model, tokenizer = load_skeleton(spec, dtype=dtype)
+    model.to(device)  # first move, then patch: the ops are resolved for this device
+    if patch:
+        apply_batch_invariant(model)
+    engine = TensorParallelEngine(model, device=device, group=group, **kwargs)
+    engine.load_shards(spec, version=0)
+    return engine, tokenizer
