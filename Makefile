@@ -36,7 +36,7 @@ PYTEST_LANES := -n 2 --dist loadgroup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q $(PYTEST_LANES) -m "not exhaustive" tests
+	$(BIN)/python -m pytest -q $(PYTEST_LANES) -m "not exhaustive" --durations=20 tests
 
 test-all: setup
 	$(BIN)/python -m pytest -q $(PYTEST_LANES) tests

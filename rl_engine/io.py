@@ -12,29 +12,21 @@ FILE_MODE = 0o644
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return _write_atomic(path, text, "w")
 
 
 def write_bytes_atomic(path: str | Path, data: bytes) -> Path:
+    return _write_atomic(path, data, "wb")
+
+
+def _write_atomic(path: str | Path, content: str | bytes, mode: str) -> Path:
+    """Write a temporary file beside `path`, fsync it, then rename it over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with os.fdopen(fd, mode) as f:
+            f.write(content)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, FILE_MODE)

@@ -197,9 +197,8 @@ class RolloutActor:
         return self.engine.receive_weights(self.receiver, self.group, on_bucket=hook)
 
 
-@ray.remote
-class TrainerActor:
-    """One DeepSpeed rank; `start` joins the process group and builds the worker."""
+class _DeepSpeedRank:
+    """What the policy's and the critic's DeepSpeed ranks share: identity, kernel facts, a port."""
 
     def __init__(self, config: RunConfig, rank: int, world_size: int):
         self.config, self.rank, self.world_size = config, rank, world_size
@@ -211,10 +210,15 @@ class TrainerActor:
         }
 
     def free_port(self) -> int:
-        """A port free on every interface of this rank's node: MASTER_PORT when this is rank 0."""
+        """A port free on every interface of this rank's node: its group's MASTER_PORT on rank 0."""
         from rl_engine.executors.worker.distributed import free_port
 
         return free_port(host="")
+
+
+@ray.remote
+class TrainerActor(_DeepSpeedRank):
+    """One DeepSpeed rank; `start` joins the process group and builds the worker."""
 
     def start(self, master_addr: str, master_port: int, resume_from: str | None) -> None:
         _join_process_group(self.config, self.rank, self.world_size, master_addr, master_port)
@@ -301,23 +305,8 @@ def _collective(who: str, config: RunConfig, what: str, fn, *args, **kwargs):
 
 
 @ray.remote
-class CriticActor:
+class CriticActor(_DeepSpeedRank):
     """One DeepSpeed rank of PPO's critic, in the critic's own process group."""
-
-    def __init__(self, config: RunConfig, rank: int, world_size: int):
-        self.config, self.rank, self.world_size = config, rank, world_size
-
-    def describe(self) -> dict:
-        return {
-            **cluster.node_identity(),
-            "facts": cluster.kernel_facts(self.config.device),
-        }
-
-    def free_port(self) -> int:
-        """A port free on every interface of this rank's node: the critic's MASTER_PORT on rank 0."""
-        from rl_engine.executors.worker.distributed import free_port
-
-        return free_port(host="")
 
     def start(self, master_addr: str, master_port: int, resume_from: str | None) -> None:
         _join_process_group(self.config, self.rank, self.world_size, master_addr, master_port)
