@@ -27,12 +27,9 @@ def pytest_collection_modifyitems(config, items):
     """Lanes under xdist (`make test`: `-n 2 --dist loadgroup`). Every multi-process test runs in
     one lane, one after the other as without xdist: they start Ray clusters, DeepSpeed ranks and
     engines that would otherwise compete for the same 2 cores (and the fault tests' deadlines).
-    The in-process tests go a file at a time to whichever lane is free (a module's fixtures are
+    Thread-count runs (`threads`: subprocesses without collectives) and the in-process tests go a file at a time to whichever lane is free (a module's fixtures are
     built once), beside the multi-process lane and in its gaps."""
     for item in items:
-        lane = (
-            "multiprocess"
-            if item.get_closest_marker("multiprocess")
-            else item.nodeid.split("::")[0]
-        )
+        serial = item.get_closest_marker("multiprocess") and not item.get_closest_marker("threads")
+        lane = "multiprocess" if serial else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(lane))

@@ -316,6 +316,7 @@ def test_non_finite_garbage_is_ignored(attention):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.threads
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_thread_count_invariance(backend):
     code = """

@@ -64,6 +64,7 @@ def _ops_on(isa: str | None, threads: int) -> dict:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.threads
 @pytest.mark.parametrize("isa", ISAS)
 def test_every_isa_path_and_thread_count_gives_the_same_bits(isa):
     """Subprocesses: path `isa` with 1, 2 and 4 threads == the default path with 1 thread."""

@@ -91,6 +91,7 @@ def test_negative_control_plain_linear_is_not_invariant():
 
 
 @pytest.mark.multiprocess
+@pytest.mark.threads
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_thread_count_invariance(dtype, backend):

@@ -359,6 +359,7 @@ for backend in ("cpp", "native"):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.threads
 def test_thread_count_invariance():
     assert_equal_across_threads(THREADS_CODE, threads=(1, 2, 3))
 

@@ -206,6 +206,7 @@ def test_decode_and_chunks_equal_packed_rows(dtype, backend):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.threads
 def test_packed_thread_count_invariance():
     code = """
     from rl_engine.kernels import get_op

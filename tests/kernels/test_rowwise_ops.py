@@ -125,6 +125,7 @@ def test_backward_deterministic_and_close(op_name):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.threads
 def test_rowwise_ops_thread_count_invariance():
     code = """
     from rl_engine.kernels import get_op

@@ -231,6 +231,7 @@ def test_negative_control_unpatched_model_depends_on_the_batch(dtype, capsys):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.threads
 def test_token_logprobs_thread_count_invariance():
     code = """
     from rl_engine.models import load_model

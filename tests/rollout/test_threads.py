@@ -62,11 +62,13 @@ def _check_threads(name: str, recompute_threads) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.threads
 def test_generate_with_one_thread_recompute_with_two():
     _check_threads("tiny-mistral", (2,))
 
 
 @pytest.mark.multiprocess
+@pytest.mark.threads
 def test_moe_generate_with_one_thread_recompute_with_two_and_three():
     """Routing and experts too: a Qwen3-MoE rollout (1 thread) == recompute at 2 and 3 threads."""
     _check_threads("tiny-qwen3-moe", (2, 3))
