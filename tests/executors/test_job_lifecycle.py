@@ -82,6 +82,7 @@ def _check_complete_run(run, history: list[dict], num_ranks: int) -> None:
 
 
 @pytest.mark.slow  # 15-50 s: a job, an export and one more DeepSpeed rank
+@pytest.mark.exhaustive  # make test exports in test_moe_job (logprobs equal) and test_ppo_job
 def test_export_is_a_hf_folder_whose_patched_logprobs_equal_the_trainers(tmp_path, local_ray):
     """checkpoint after step 1 -> export -> from_pretrained -> patched RolloutEngine samples;
     a DeepSpeed rank restored from the same checkpoint scores those tokens: torch.equal."""

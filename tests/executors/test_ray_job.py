@@ -33,7 +33,8 @@ def _config(tmp_path, **trainer):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("parity", ["report", pytest.param("off", marks=pytest.mark.exhaustive)])
+@pytest.mark.exhaustive  # report mode: the worker tests; a job each step: every other job test
+@pytest.mark.parametrize("parity", ["report", "off"])
 def test_ray_job_parity_modes(tmp_path, parity):
     """report: parity metrics every step, no error; off (written as YAML's unquoted `off`): none."""
     data = _config(tmp_path, num_ranks=1).to_dict()
