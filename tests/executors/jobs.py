@@ -9,12 +9,26 @@ import sys
 import time
 from pathlib import Path
 
+import ray
 import yaml
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.job.run_dir import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def private_ray(num_cpus: int):
+    """A module fixture's body: a fresh local Ray cluster of its own (never RAY_ADDRESS's, never
+    a connection an earlier test in this process left behind), shut down afterwards."""
+    os.environ.pop("RAY_ADDRESS", None)
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
 
 
 def job_config(run_dir: Path, *, steps: int = 3, **sections) -> RunConfig:

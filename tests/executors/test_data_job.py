@@ -9,10 +9,8 @@ preprocessing scripts write them.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
-import ray
 
 from rl_engine.cli import main
 from rl_engine.config import RunConfig
@@ -21,7 +19,7 @@ from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import resume_config
 from tests.chat_model import save_chat_model
 from tests.data.test_datasets import verl_rows, write_parquet
-from tests.executors.jobs import without_timings, write_config
+from tests.executors.jobs import private_ray, without_timings, write_config
 
 REWARD_FILE = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -50,10 +48,7 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    os.environ.pop("RAY_ADDRESS", None)
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    yield from private_ray(3)
 
 
 def data_config(files, run_dir, *, steps=3, evaluate=True, backends=("jsonl",), **reward):

@@ -5,8 +5,6 @@ One local Ray cluster (3 CPUs, started here, never an existing one) serves the m
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import ray
 import torch
@@ -15,17 +13,14 @@ from rl_engine.cli import main
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import read_metrics, resume_config
-from tests.executors.jobs import job_config, without_timings
+from tests.executors.jobs import job_config, private_ray, without_timings
 
 pytestmark = pytest.mark.multiprocess
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    os.environ.pop("RAY_ADDRESS", None)
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    yield from private_ray(3)
 
 
 @pytest.mark.slow  # 30-45 s (1 rank) and 45-70 s (2 ranks): three jobs each

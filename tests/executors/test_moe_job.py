@@ -10,26 +10,21 @@ patched token_logprobs == those of the checkpoint's weights, bit for bit.
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
-import ray
 import torch
 
 from rl_engine.cli import main
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
-from tests.executors.jobs import job_config
+from tests.executors.jobs import job_config, private_ray
 
 pytestmark = pytest.mark.multiprocess
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    os.environ.pop("RAY_ADDRESS", None)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    yield from private_ray(2)
 
 
 def test_moe_job_has_parity_one_at_every_step_and_exports_the_same_logprobs(tmp_path, local_ray):

@@ -90,9 +90,11 @@ def run_job(config: RunConfig, *, resume: bool = False, overwrite: bool = False)
         job.write_reports(status=f"failed: {err}")
         raise JobStopped(f"{err}\n{job.after_stop_note()}", 1) from None
     finally:
-        job.release()
-        if owns_ray:
-            ray.shutdown()
+        try:
+            job.release()
+        finally:  # a failing release must not leave this process connected to its own cluster
+            if owns_ray:
+                ray.shutdown()
 
 
 class _Job:
