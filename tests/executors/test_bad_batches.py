@@ -21,7 +21,7 @@ from tests.executors.bad_batches import CASES
 from tests.executors.cell import cached_completions
 from tests.executors.launch import run_ranks
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.deadline]  # every rank errs within 30 s
 WORLD = 2
 
 

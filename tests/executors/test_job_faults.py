@@ -17,7 +17,7 @@ from rl_engine.executors.job.run_dir import read_metrics
 from tests.executors.jobs import actor_pid, job_config, start_cli, wait_for, write_config
 
 # each test runs `rl-engine train` (its own Ray cluster) once or twice: 35-75 s each
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.deadline]
 
 STEPS = 30  # long enough to be stopped mid-run (about 0.1-0.3 s a step)
 

@@ -15,7 +15,7 @@ from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import read_metrics, resume_config
 from tests.executors.jobs import job_config, private_ray, without_timings
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.deadline]  # a 3 s collective timeout
 
 
 @pytest.fixture(scope="module")

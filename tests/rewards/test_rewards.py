@@ -132,6 +132,7 @@ def test_raises_bad_results_and_timeouts_are_scores_of_zero(verl_file):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.deadline  # a stuck worker is replaced at its timeout
 def test_ray_pool_scores_in_order_and_replaces_a_stuck_worker(verl_file):
     """Two workers; a reward blocking the time-limit signal cannot be interrupted inside its
     worker, so the driver kills that worker at timeout + grace and starts another."""
