@@ -10,18 +10,24 @@ accepts the dtype the test runs, and must pass.
 
 from __future__ import annotations
 
+import atexit
 import functools
+import os
 import pickle
 import subprocess
 import sys
 import textwrap
+import threading
+from pathlib import Path
 
 import pytest
 import torch
 
 from rl_engine.kernels import PlatformInvarianceError, get_op
+from tests import thread_worker
 
 REFUSAL = PlatformInvarianceError.__name__
+REPO = Path(__file__).resolve().parents[1]
 
 
 @functools.cache
@@ -63,18 +69,80 @@ def garbage_like(t: torch.Tensor, seed: int = 1) -> torch.Tensor:
     return (torch.randn(t.shape, generator=g) * 1e4).to(t.dtype)
 
 
-def run_with_threads(code: str, threads: int, timeout: float = 300):
-    """Run `code` (which must assign `result`) in a fresh interpreter with `threads` intra-op threads."""
-    script = (
-        textwrap.dedent(
-            f"""
-        import pickle, sys, torch
-        torch.set_num_threads({threads})
-        """
+class _ThreadWorker:
+    """One `tests.thread_worker` process at a fixed thread count, kept for the whole session."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.thread_worker", str(threads)],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
-        + textwrap.dedent(code)
-        + "\nsys.stdout.buffer.write(pickle.dumps(result))\n"
-    )
+
+    def run(self, code: str, timeout: float):
+        # A timer kills a snippet that hangs: the read then ends and the worker is replaced.
+        timer = threading.Timer(timeout, self.proc.kill)
+        timer.start()
+        try:
+            thread_worker.write_frame(self.proc.stdin, pickle.dumps(code))
+            frame = thread_worker.read_frame(self.proc.stdout)
+        finally:
+            timer.cancel()
+        if frame is None:
+            raise RuntimeError(
+                f"thread-count worker ({self.threads} threads) died or ran past {timeout:.0f} s "
+                f"(exit code {self.proc.poll()})"
+            )
+        return pickle.loads(frame)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+_WORKERS: dict[int, _ThreadWorker] = {}
+
+
+@atexit.register
+def _close_workers() -> None:
+    for worker in _WORKERS.values():
+        worker.close()
+
+
+def run_with_threads(code: str, threads: int, timeout: float = 300, *, fresh: bool = False):
+    """Run `code` (which must assign `result`) in an interpreter with `threads` intra-op threads.
+
+    By default in this session's worker at that thread count (tests/thread_worker.py: a new
+    namespace and torch's RNG seeded to 0 per snippet, the imports already done); `fresh=True`
+    starts a new interpreter, for code whose environment must be read at import (an ISA override).
+    """
+    code = textwrap.dedent(code)
+    if fresh:
+        return _run_fresh(code, threads, timeout)
+    worker = _WORKERS.get(threads)
+    if worker is None or worker.proc.poll() is not None:
+        worker = _WORKERS[threads] = _ThreadWorker(threads)
+    try:
+        status, value = worker.run(code, timeout)
+    except RuntimeError:
+        _WORKERS.pop(threads).close()
+        raise
+    if status == "error":
+        _skip_if_platform_refused(value, threads)
+        raise RuntimeError(f"snippet with {threads} threads failed:\n{value[-3000:]}")
+    return value
+
+
+def _run_fresh(code: str, threads: int, timeout: float):
+    script = f"import pickle, sys, torch\ntorch.set_num_threads({threads})\n" + code
+    script += "\nsys.stdout.buffer.write(pickle.dumps(result))\n"
     proc = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, timeout=timeout, check=False
     )

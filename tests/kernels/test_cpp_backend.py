@@ -60,7 +60,7 @@ for dtype in (torch.float32, torch.bfloat16):
 
 def _ops_on(isa: str | None, threads: int) -> dict:
     env = "" if isa is None else f"os.environ['{_extension.ISA_ENV}'] = '{isa}'\n"
-    return run_with_threads("import os\n" + env + OPS_CODE, threads)
+    return run_with_threads("import os\n" + env + OPS_CODE, threads, fresh=True)
 
 
 @pytest.mark.multiprocess
