@@ -18,3 +18,13 @@ TRITON_MARKS = [
         reason="no GPU and TRITON_INTERPRET is not set",
     ),
 ]
+
+
+def dtypes_keeping(kept: torch.dtype, dtypes=(torch.float32, torch.bfloat16)) -> list:
+    """`dtypes` as parameters where only `kept` runs in `make test`: the interpreter takes 5-20 s
+    a case, so a property that holds in both dtypes keeps one there and the other in the
+    exhaustive tier (docs/testing.md); alternate `kept` between properties."""
+    return [
+        pytest.param(dtype, marks=() if dtype == kept else pytest.mark.exhaustive)
+        for dtype in dtypes
+    ]

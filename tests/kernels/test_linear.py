@@ -40,9 +40,18 @@ def _weights(k, n, dtype, seed=0):
     return x_pool, w, b
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+def _backend_shapes() -> list:
+    """Every shape on cpp (the default); native (a fallback) on the odd and the sliced-reduction
+    shape in make test, on SmolLM2's two in the exhaustive tier (6-13 s a case there)."""
+    cases = [pytest.param("cpp", k, n) for k, n in SHAPES]
+    for k, n in SHAPES:
+        smollm2_shape = (k, n) in ((576, 1536), (1536, 576))
+        cases.append(pytest.param("native", k, n, marks=[pytest.mark.exhaustive] * smollm2_shape))
+    return cases
+
+
+@pytest.mark.parametrize(("backend", "k", "n"), _backend_shapes())
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("k,n", SHAPES)
 @pytest.mark.parametrize("op_name", ["linear", "lm_head"])
 def test_row_bits_independent_of_batch(op_name, k, n, dtype, backend):
     skip_if_refused(backend, dtype)

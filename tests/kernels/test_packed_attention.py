@@ -99,13 +99,30 @@ def _check_rows(out, where, alone, what):
 
 
 CPU_BACKENDS = ("cpp", "native")
-HEAD_CASES = [(b, h) for b in CPU_BACKENDS for h in ((4, 2), (3, 1), (2, 2))] + [
-    pytest.param("triton", (4, 2), marks=TRITON_SLOW)
-]
+CPU_HEADS = ((4, 2), (3, 1), (2, 2))  # (query heads, kv heads)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("backend", "heads"), HEAD_CASES)
+def _cases(triton_keeps: torch.dtype, *, heads: bool = False) -> list:
+    """(backend, dtype), or (backend, heads, dtype), parameters: every CPU backend in both
+    dtypes; the Triton interpreter (5-20 s a case) in `triton_keeps` in make test and the other
+    dtype in the exhaustive tier (docs/testing.md)."""
+    cases = []
+    for backend in (*CPU_BACKENDS, "triton"):
+        for dtype in DTYPES:
+            marks, name = [], f"{backend}-{str(dtype).removeprefix('torch.')}"
+            if backend == "triton":
+                marks = [*TRITON_SLOW] + ([] if dtype == triton_keeps else [pytest.mark.exhaustive])
+            if not heads:
+                cases.append(pytest.param(backend, dtype, marks=marks, id=name))
+                continue
+            for hq, hkv in CPU_HEADS[:1] if backend == "triton" else CPU_HEADS:
+                cases.append(
+                    pytest.param(backend, (hq, hkv), dtype, marks=marks, id=f"{name}-{hq}x{hkv}")
+                )
+    return cases
+
+
+@pytest.mark.parametrize(("backend", "heads", "dtype"), _cases(torch.bfloat16, heads=True))
 def test_packed_rows_equal_alone_and_padded(dtype, backend, heads):
     attention = _op(backend)
     seqs = _seqs(_lengths(backend), *heads, 24, dtype)
@@ -140,7 +157,7 @@ def test_triton_quick(dtype):
     assert not out.transpose(1, 2)[pos < 0].any()
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("backend", "dtype"), _cases(torch.float32))
 def test_slot_order_does_not_matter(dtype, backend):
     """Key slots shuffled (keys no longer in place) and query columns shuffled."""
     attention = _op(backend)
@@ -170,7 +187,7 @@ def test_slot_order_does_not_matter(dtype, backend):
     _check_rows(out[:, :, torch.argsort(perm)], where, alone, "shuffled query columns")
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("backend", "dtype"), _cases(torch.bfloat16))
 def test_decode_and_chunks_equal_packed_rows(dtype, backend):
     """Each packed position == its decode step against an aligned cache; a chunk of a packed
     row's queries (some sequences cut in the middle) == the same rows of the full call."""
