@@ -205,7 +205,7 @@ def _load_path(path: Path, dtype: torch.dtype):
                 f"model path {str(path)!r} is a file but not a .gguf file; "
                 "pass a .gguf file or a Hugging Face folder containing config.json"
             )
-        return _load_gguf(path, dtype)
+        return _load_gguf(path, dtype, with_tokenizer=_gguf_has_tokenizer(path))
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"model folder {str(path)!r} has no config.json; "
@@ -218,15 +218,15 @@ def _load_path(path: Path, dtype: torch.dtype):
     return model, tokenizer
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, *, with_tokenizer: bool | None = None):
+def _load_gguf(path: Path, dtype: torch.dtype, *, with_tokenizer: bool):
     # transformers parses the file's metadata again for the config, the weights and the
     # tokenizer, and dequantises every tensor to a dense float (30-40 s for SmolLM2 on 2 cores).
-    # Asking whether it has a tokenizer is one more parse (~10 s): `with_tokenizer` skips it
-    # for a file whose answer is known.
+    # Asking whether a file has a tokenizer is one more parse (~10 s): callers that know the
+    # answer (the packaged SmolLM2) pass it.
     folder, name = path.parent, path.name
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
     tokenizer = None
-    if with_tokenizer or (with_tokenizer is None and _gguf_has_tokenizer(path)):
+    if with_tokenizer:
         tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(folder, gguf_file=name))
     return model, tokenizer
 
