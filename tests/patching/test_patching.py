@@ -191,7 +191,7 @@ def test_token_logprobs_shape_masking_and_accuracy():
     )
 
 
-def test_token_logprobs_never_materialises_full_logits():
+def test_token_logprobs_never_calls_the_lm_head_module():
     model = _model("tiny-llama")
 
     def forbid(*_):
@@ -199,6 +199,55 @@ def test_token_logprobs_never_materialises_full_logits():
 
     model.lm_head.register_forward_hook(forbid)
     token_logprobs(model, torch.randint(3, 999, (2, 6)))
+
+
+# A 1-layer Llama whose (B, T, V) logits dwarf everything else it allocates: 4 x 1025 tokens
+# x 32768 words of fp32 logits are 537 MB, its weights and activations a few MB.
+_PEAK_MEMORY_PROBE = """
+import json, sys, torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+from rl_engine.benchmarks.timing import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+from rl_engine.logprobs import token_logprobs
+from rl_engine.patching import apply_batch_invariant
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=32768, hidden_size=64, intermediate_size=128,
+    num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+model = AutoModelForCausalLM.from_config(config).eval()
+apply_batch_invariant(model)
+ids = torch.randint(0, 32768, (4, 1025))
+with torch.no_grad():
+    token_logprobs(model, ids[:, :16])  # first-call allocations are not the op's peak
+    reset_peak_rss()
+    before = current_rss_bytes()
+    token_logprobs(model, ids) if sys.argv[1] == "token_logprobs" else model(ids).logits
+    print(json.dumps({"peak_extra": peak_rss_bytes() - before}))
+"""
+
+
+def _peak_extra_bytes(case: str) -> int:
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK_MEMORY_PROBE, case], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_extra"]
+
+
+@pytest.mark.multiprocess
+def test_token_logprobs_never_materialises_full_logits():
+    """Peak RSS while scoring stays far below the (B, T-1, V) fp32 logits; the plain forward,
+    which does materialise them (the negative control), reaches at least their size.
+
+    Measured in a fresh process (VmHWM reset just before the call), so any tensor of that size,
+    whatever op allocates it, shows up."""
+    full_logits = 4 * 1024 * 32768 * 4
+    plain = _peak_extra_bytes("forward")
+    assert plain >= full_logits, f"the probe missed the plain forward's logits: {plain} bytes"
+    fused = _peak_extra_bytes("token_logprobs")
+    assert fused < full_logits // 2, f"token_logprobs peaked at {fused} extra bytes"
 
 
 def test_token_logprobs_bad_input():
