@@ -20,33 +20,62 @@ completion.
 from __future__ import annotations
 
 import hashlib
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
+
+from rl_engine.fields import check_int, check_number
 
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-@dataclass(frozen=True)
-class SamplingParams:
+@dataclass(frozen=True, kw_only=True)
+class SamplingKeys:
+    """The sampling keys a run's `rollout:` config section shares with SamplingParams.
+
+    The one place that names them, gives their defaults and checks them: SamplingParams and
+    rl_engine.config's RolloutConfig both inherit these fields, so `rollout.<key>` in YAML,
+    `SamplingParams(<key>=...)` and `SamplingParams.from_config` follow from this class. A new
+    sampling key is a field (with its one-line docstring) here and one line of
+    `check_sampling_keys`; the engine then reads it from the SamplingParams it is given.
+    Keyword-only, so that a new key never shifts the position of another.
+    """
+
+    # also the run config's default: token budgets (trainer.max_tokens_per_micro_batch) are sized to it
+    max_new_tokens: int = 16
+    """Most tokens sampled per completion."""
+    temperature: float = 1.0
+    """Sampling temperature (0 = greedy). Logprobs are log_softmax(logits / T) with T this
+    temperature (1.0 for greedy); the trainer scores each batch at its own T."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off); never renormalises the recorded logprobs."""
+    top_k: int = 0
+    """Sample among the k most likely tokens (0 = off); never renormalises the logprobs."""
+
+    def __post_init__(self) -> None:
+        self.check_sampling_keys()
+
+    def check_sampling_keys(self, section: str = "") -> None:
+        """Raise a ValueError naming the first invalid key, prefixed by `section` ('rollout.')."""
+        check_int(f"{section}max_new_tokens", self.max_new_tokens, 1)
+        check_number(f"{section}temperature", self.temperature, low=0.0)
+        check_number(f"{section}top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_int(f"{section}top_k", self.top_k, 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingParams(SamplingKeys):
     """How to sample completions; one instance applies to every prompt of a `generate` call.
 
+    The sampling keys (max_new_tokens, temperature, top_p, top_k) and their defaults are
+    SamplingKeys's, the same as a run config's `rollout:` section.
     temperature 0 means greedy decoding (argmax of the T = 1 logprobs; top_k / top_p and
     the generator are unused); its logprobs are recorded at T = 1.
     eos_token_id None means: do not stop on an EOS token (only on `stop_token_ids`).
     """
 
-    max_new_tokens: int = 32
-    """Most tokens sampled per completion."""
-    temperature: float = 1.0
-    """Sampling temperature; 0 = greedy. Logprobs are recorded at this T (1.0 when greedy)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass (1.0 = off); never renormalises the recorded logprobs."""
-    top_k: int = 0
-    """Sample among the k most likely tokens (0 = off); never renormalises the logprobs."""
     n: int = 1
     """Completions per prompt (vLLM's name; the config's `rollout.samples_per_prompt`)."""
     seed: int = 0
@@ -57,20 +86,7 @@ class SamplingParams:
     """The EOS id that ends a completion; None: stop only on `stop_token_ids`."""
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if (
-            isinstance(self.top_p, bool)
-            or not isinstance(self.top_p, (int, float))
-            or not 0 < self.top_p <= 1
-        ):
-            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k must be an int >= 0 (0 = no top-k), got {self.top_k!r}")
+        self.check_sampling_keys()
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an int >= 1, got {self.n!r}")
         if not _is_int(self.seed):
@@ -98,11 +114,9 @@ class SamplingParams:
         cls, rollout, *, seed: int, n: int | None = None, eos_token_id: int | None = None
     ) -> SamplingParams:
         """The sampling of a run's `rollout` config section (n defaults to samples_per_prompt)."""
+        keys = {f.name: getattr(rollout, f.name) for f in fields(SamplingKeys)}
         return cls(
-            max_new_tokens=rollout.max_new_tokens,
-            temperature=rollout.temperature,
-            top_p=rollout.top_p,
-            top_k=rollout.top_k,
+            **keys,
             n=rollout.samples_per_prompt if n is None else n,
             seed=seed,
             eos_token_id=eos_token_id if isinstance(eos_token_id, int) else None,

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
+import rl_engine
 from rl_engine.config import AlgorithmConfig, RolloutConfig, RunConfig, TrainerConfig
+from rl_engine.rollout.sampling import SamplingKeys, SamplingParams
+from tests.test_layering import _imports
 
 
 def test_defaults():
@@ -153,7 +157,9 @@ def test_batch_must_split_into_micro_batches_over_ranks_for_training():
 def test_repository_configs_load():
     from pathlib import Path
 
-    for path in sorted(Path(__file__).resolve().parents[2].glob("configs/*.yaml")):
+    paths = sorted(Path(__file__).resolve().parents[2].glob("configs/*.yaml"))
+    assert paths, "no configs/*.yaml found: the glob looks in the wrong place"
+    for path in paths:
         RunConfig.from_yaml(path)
 
 
@@ -191,3 +197,67 @@ def test_zero3_gets_host_memory_defaults_and_the_users_values_win():
     assert not set(ZERO3_MEMORY_DEFAULTS) & set(
         build_deepspeed_config(stage2, 1)["zero_optimization"]
     )
+
+
+# ----------------------------------------------------------------------------- the sampling keys
+
+
+def test_rollout_section_and_sampling_params_share_one_set_of_sampling_keys():
+    """SamplingKeys is the one place: same names and defaults in the `rollout:` section and in
+    SamplingParams, and from_config carries every one of them."""
+    keys = {f.name: f.default for f in dataclasses.fields(SamplingKeys)}
+    assert set(keys) >= {"max_new_tokens", "temperature", "top_p", "top_k"}
+    for cls in (RolloutConfig, SamplingParams):
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        assert {k: defaults[k] for k in keys} == keys, cls.__name__
+    assert RolloutConfig().max_new_tokens == SamplingParams().max_new_tokens == 16
+    rollout = RolloutConfig(max_new_tokens=7, temperature=0.5, top_p=0.9, top_k=3)
+    params = SamplingParams.from_config(rollout, seed=1)
+    assert {k: getattr(params, k) for k in keys} == {k: getattr(rollout, k) for k in keys}
+    assert RunConfig.from_dict({"rollout": {"top_k": 3}}).rollout.top_k == 3
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("max_new_tokens", 0), ("temperature", -0.5), ("top_p", 1.5), ("top_k", -1)],
+)
+def test_a_bad_sampling_key_fails_alike_in_the_config_and_in_sampling_params(key, value):
+    with pytest.raises(ValueError) as config_error:
+        RolloutConfig(**{key: value})
+    with pytest.raises(ValueError) as params_error:
+        SamplingParams(**{key: value})
+    assert str(config_error.value) == f"rollout.{params_error.value}"
+    assert str(params_error.value).startswith(f"{key} must be")
+
+
+# ----------------------------------------------------------------------------- the config's layer
+
+PACKAGE = Path(rl_engine.__file__).parent
+ABOVE_CONFIG = (
+    "rl_engine.executors",
+    "rl_engine.diagnostics",
+    "rl_engine.benchmarks",
+    "rl_engine.cli",
+    "ray",
+    "deepspeed",
+)
+BELOW_CONFIG = ("rollout", "algorithms", "kernels", "patching", "models", "data", "rewards")
+
+
+def test_the_config_imports_only_downward():
+    """rl_engine/config/ sits above rollout/ and algorithms/ (it imports the sampling keys and
+    the estimator names) and below executors/, diagnostics/, benchmarks/ and cli.py."""
+    files = sorted((PACKAGE / "config").rglob("*.py"))
+    assert any(f.name == "run.py" for f in files)
+    offenders = [hit for path in files for hit in _imports(path, ABOVE_CONFIG)]
+    assert not offenders, "rl_engine/config imports a layer above it:\n" + "\n".join(offenders)
+
+
+def test_nothing_below_the_config_imports_it():
+    """The layers the config imports never import it back (rl_engine.fields is plain Python)."""
+    files = [p for name in BELOW_CONFIG for p in sorted((PACKAGE / name).rglob("*.py"))]
+    files += [PACKAGE / "fields.py", PACKAGE / "io.py", PACKAGE / "devices.py"]
+    assert all(f.is_file() for f in files) and len(files) > len(BELOW_CONFIG)
+    offenders = [hit for path in files for hit in _imports(path, ("rl_engine.config",))]
+    offenders += _imports(PACKAGE / "fields.py", ("rl_engine",))
+    assert not offenders, "a layer below the config imports it:\n" + "\n".join(offenders)

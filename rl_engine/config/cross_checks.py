@@ -1,0 +1,117 @@
+"""Checks that span sections: each section checks its own keys; these check how they fit together.
+
+`check_run(config)` runs them in a fixed order once every section is valid (RunConfig's
+`__post_init__`); the first that fails raises a ValueError naming the keys involved.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rl_engine.config.rollout import RolloutConfig
+
+if TYPE_CHECKING:
+    from rl_engine.config.run import RunConfig
+
+
+def check_run(config: RunConfig) -> None:
+    """Every check across sections, in order; raises at the first that fails."""
+    check_prompt_source(config)
+    check_token_budget(config)
+    check_mini_batches(config)
+    check_dapo(config)
+    check_critic(config)
+
+
+def check_prompt_source(config: RunConfig) -> None:
+    """data.train_files / reward.function replace rollout.task: setting both is ambiguous."""
+    default_task = RolloutConfig().task
+    if config.rollout.task != default_task:
+        for key, value in (
+            ("data.train_files", config.data.train_files),
+            ("reward.function", config.reward.function),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"{key} and rollout.task {config.rollout.task!r} both say where prompts or "
+                    f"rewards come from; with {key} set, leave rollout.task at its default "
+                    f"({default_task!r})"
+                )
+    if config.rollout.source is not None and config.data.train_files is not None:
+        raise ValueError(
+            "rollout.source and data.train_files both give the training prompts; set one"
+        )
+    if config.eval.every and config.data.val_files is None:
+        raise ValueError("eval.every needs data.val_files (the prompts to evaluate on)")
+
+
+def check_token_budget(config: RunConfig) -> None:
+    """trainer.max_tokens_per_micro_batch must hold one full-length sequence."""
+    budget = config.trainer.max_tokens_per_micro_batch
+    longest = config.rollout.max_new_tokens + 1
+    if budget and config.rollout.source is None and budget < longest:
+        raise ValueError(
+            f"trainer.max_tokens_per_micro_batch = {budget} is less than rollout.max_new_tokens"
+            f" + 1 = {longest}: a full-length completion with its prompt could never fit"
+        )
+
+
+def check_mini_batches(config: RunConfig) -> None:
+    """trainer.mini_batch_size must split the step evenly over the ranks (and micro-batches)."""
+    mini, per_step = config.trainer.mini_batch_size, config.sequences_per_step
+    if not mini:
+        return
+    ranks, micro = config.trainer.num_ranks, config.trainer.micro_batch_size
+    if mini > per_step or per_step % mini:
+        raise ValueError(
+            f"trainer.mini_batch_size = {mini} must divide rollout.prompts_per_step x "
+            f"rollout.samples_per_prompt = {per_step} sequences per step"
+        )
+    if mini % ranks:
+        raise ValueError(
+            f"trainer.mini_batch_size = {mini} must be a multiple of trainer.num_ranks = "
+            f"{ranks} (each rank takes mini_batch_size / num_ranks sequences of each)"
+        )
+    if not config.trainer.max_tokens_per_micro_batch and (mini // ranks) % micro:
+        raise ValueError(
+            f"trainer.mini_batch_size / trainer.num_ranks = {mini // ranks} must be a "
+            f"multiple of trainer.micro_batch_size = {micro} (or set "
+            "trainer.max_tokens_per_micro_batch)"
+        )
+
+
+def check_dapo(config: RunConfig) -> None:
+    """The overlong buffer lies within the completion limit; filtering needs generation."""
+    penalty, limit = config.algorithm.overlong_penalty, config.rollout.max_new_tokens
+    if penalty is not None and penalty["buffer"] > limit:
+        raise ValueError(
+            f"algorithm.overlong_penalty.buffer = {penalty['buffer']} is more than "
+            f"rollout.max_new_tokens = {limit}"
+        )
+    if config.rollout.filter_groups and config.rollout.source is not None:
+        raise ValueError(
+            "rollout.filter_groups samples more prompts, which rollout.source cannot: "
+            "set one of them"
+        )
+
+
+def check_critic(config: RunConfig) -> None:
+    """The critic's ranks split the step (and its mini-batches) as the trainer's do."""
+    if config.algorithm.name != "ppo":
+        return
+    if config.rollout.source is not None:
+        raise ValueError(
+            "algorithm.name 'ppo' needs the critic's values of the policy's own rollouts; "
+            "rollout.source trains on another engine's: use name 'grpo' with it"
+        )
+    ranks, micro = config.critic_ranks, config.trainer.micro_batch_size
+    mini = config.trainer.mini_batch_size or config.sequences_per_step
+    if mini % ranks:
+        raise ValueError(
+            f"critic.num_ranks = {ranks} must divide the {mini} sequences of each mini-batch"
+        )
+    if not config.trainer.max_tokens_per_micro_batch and (mini // ranks) % micro:
+        raise ValueError(
+            f"{mini} sequences per mini-batch / critic.num_ranks = {ranks} must be a multiple "
+            f"of trainer.micro_batch_size = {micro} (or set trainer.max_tokens_per_micro_batch)"
+        )
