@@ -24,8 +24,9 @@ import hashlib
 import torch
 from torch import nn
 
-from rl_engine.rollout.engine import RolloutEngine, _Stepper
+from rl_engine.rollout.engine import RolloutEngine
 from rl_engine.rollout.sampling import SamplingParams
+from rl_engine.rollout.stepper import _Stepper
 from rl_engine.rollout.tp.collectives import ShardGroup
 from rl_engine.rollout.tp.load import read_shards
 from rl_engine.rollout.tp.shard import (
