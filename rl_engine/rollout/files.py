@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from rl_engine.io import write_text_atomic
-from rl_engine.rollout.engine import Completion
+from rl_engine.rollout.completion import Completion
 
 REQUIRED_FIELDS = ("prompt_token_ids", "token_ids", "logprobs")
 OPTIONAL_FIELDS = (

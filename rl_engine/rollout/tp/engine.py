@@ -24,8 +24,9 @@ import hashlib
 import torch
 from torch import nn
 
-from rl_engine.rollout.engine import RolloutEngine, _Stepper
+from rl_engine.rollout.engine import RolloutEngine
 from rl_engine.rollout.sampling import SamplingParams
+from rl_engine.rollout.stepper import _Stepper
 from rl_engine.rollout.tp.collectives import ShardGroup
 from rl_engine.rollout.tp.load import read_shards
 from rl_engine.rollout.tp.shard import (
@@ -130,25 +131,18 @@ class _ShardedStepper(_Stepper):
         else:
             local = nn.functional.linear(hidden, head.weight, head.bias).float()
         logits = self.shards.gather_last_to_first(local, self.vocab_widths)  # (B, V) on rank 0
-        if logits is None:
-            return None
-        if self.engine.batch_invariant:
-            return self._log_softmax(logits, self.temperature)
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        return torch.log_softmax(logits, dim=-1)
+        return None if logits is None else self._scaled_log_softmax(logits)
 
-    def _sample(self, seqs, logp) -> None:
-        tokens = torch.zeros(len(seqs), dtype=torch.int64, device=self.device)
-        picked = torch.zeros(len(seqs), dtype=torch.float32, device=self.device)
+    def _sample(self, requests, logp) -> None:
+        tokens = torch.zeros(len(requests), dtype=torch.int64, device=self.device)
+        picked = torch.zeros(len(requests), dtype=torch.float32, device=self.device)
         if self.shards.rank == 0:
-            chosen, values = self._choose(seqs, logp)
+            chosen, values = self._choose(requests, logp)
             tokens.copy_(torch.tensor(chosen))
             picked.copy_(torch.tensor(values, dtype=torch.float32))  # fp32 values: exact
         self.shards.broadcast_from_first(tokens)
         self.shards.broadcast_from_first(picked)
-        for seq, token, value in zip(seqs, tokens.tolist(), picked.tolist()):
-            seq.append(token, value, self.sampling)
+        self._append(requests, tokens.tolist(), picked.tolist())
 
 
 def _plain(prompts):

@@ -1,0 +1,150 @@
+"""The forwards of one `generate` call: prefill or decode a batch of requests, score, sample.
+
+A prefill runs the prompts of newly admitted requests, right-padded or, when the
+engine says so, packed into one row with segment-aware attention; a decode feeds
+every running request's last token (one query each). Both write the KV cache
+through the attention hook (`rl_kv_cache`) and score each row's last hidden state:
+patched, through the `lm_head` and `log_softmax` ops the model was patched with
+(`model_op`), the definition the trainer's `linear_logp` computes, so every
+recorded logprob equals its recompute bit for bit; unpatched, through the model's
+own lm_head and `torch.log_softmax`. Each row then draws its token from its own
+generator (`sample_token`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from rl_engine.patching import (
+    KV_CACHE_KWARG,
+    PACKED_KWARG,
+    PackedSegments,
+    lm_head_parameters,
+    model_op,
+)
+from rl_engine.rollout.completion import Request
+from rl_engine.rollout.kv_cache import SlotKVCache
+from rl_engine.rollout.sampling import SamplingParams, sample_token
+
+if TYPE_CHECKING:
+    from rl_engine.rollout.engine import RolloutEngine
+
+PAD_ID = 0  # fills the right padding of a ragged prefill; never attended to, never scored
+
+
+class _Stepper:
+    """One generate call's forwards: prefill / decode a batch of requests, score, sample."""
+
+    def __init__(self, engine: RolloutEngine, cache: SlotKVCache, sampling: SamplingParams):
+        self.engine, self.model, self.cache, self.sampling = engine, engine.model, cache, sampling
+        self.device = engine.device
+        self.temperature = sampling.logprob_temperature
+        if engine.batch_invariant:
+            self._lm_head = model_op(self.model, "lm_head")
+            self._log_softmax = model_op(self.model, "log_softmax")
+            self._head_params = lm_head_parameters(self.model)
+
+    def prefill(self, requests: list[Request]) -> bool:
+        """Run the prompts of newly admitted requests and sample their first token: packed
+        into one row (`_packed_prefill`) when the engine packs prompts of these lengths,
+        else right-padded. Returns whether it ran packed."""
+        requests = sorted(requests, key=lambda r: r.slot)
+        lengths = [len(r.prompt_ids) for r in requests]
+        if self.engine._packs_prefill(lengths):
+            self._packed_prefill(requests)
+            return True
+        ids = torch.full((len(requests), max(lengths)), PAD_ID, dtype=torch.long)  # (B, T)
+        positions = torch.full(ids.shape, -1, dtype=torch.long)  # (B, T), -1 = padding
+        for row, n in enumerate(lengths):
+            ids[row, :n] = torch.tensor(requests[row].prompt_ids)
+            positions[row, :n] = torch.arange(n)
+        last = torch.tensor(lengths) - 1  # (B,)
+        self._step(requests, ids, positions, last)
+        return False
+
+    def _packed_prefill(self, requests: list[Request]) -> None:
+        """The prompts concatenated in one row (positions restarting at 0): segment-aware
+        attention on the row's own keys, which the cache stores for decoding (`bind_packed`).
+        Every token gets the bits of the padded prefill (the invariant ops are row-wise)."""
+        lengths = [len(r.prompt_ids) for r in requests]
+        ids = torch.tensor([[t for r in requests for t in r.prompt_ids]], device=self.device)
+        positions = torch.cat([torch.arange(n) for n in lengths])[None].to(self.device)  # (1, N)
+        segments = torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])[None]
+        token_slots = torch.cat([torch.full((n,), r.slot) for r, n in zip(requests, lengths)])[None]
+        last = torch.tensor(lengths).cumsum(0) - 1  # (B,) column of each prompt's last token
+        packed = PackedSegments(positions, segments.to(self.device))
+        self.cache.bind_packed(token_slots.to(self.device), positions)
+        hidden = self._forward(ids, positions, **{PACKED_KWARG: packed})  # (1, N, H)
+        self._sample(requests, self._logprobs(hidden[0, last.to(self.device)]))
+
+    def decode(self, requests: list[Request]) -> None:
+        """Feed every request's last sampled token (one query each) and sample the next."""
+        requests = sorted(requests, key=lambda r: r.slot)
+        ids = torch.tensor([[r.token_ids[-1]] for r in requests])  # (B, 1)
+        positions = torch.tensor([[r.length - 1] for r in requests])  # (B, 1)
+        self._step(requests, ids, positions, torch.zeros(len(requests), dtype=torch.long))
+
+    def _step(self, requests, ids, positions, last) -> None:
+        slots = torch.tensor([r.slot for r in requests], device=self.device)
+        hidden = self._last_hidden(
+            ids.to(self.device), positions.to(self.device), last.to(self.device), slots
+        )
+        self._sample(requests, self._logprobs(hidden))
+
+    def _last_hidden(self, ids, positions, last, slots) -> torch.Tensor:
+        """(B, H) final-norm hidden state of each row's token at column `last`."""
+        self.cache.bind(slots, positions)
+        hidden = self._forward(ids, positions.clamp(min=0))  # (B, T, H)
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        return hidden[rows, last]  # (B, H)
+
+    def _forward(self, ids, positions, **kwargs) -> torch.Tensor:
+        """(B, T, H) final-norm hidden states of one decoder forward that reads and writes
+        the cache as bound; unbinds it, whatever happens."""
+        try:
+            out = self.model.base_model(
+                input_ids=ids,
+                position_ids=positions,
+                use_cache=False,
+                **{KV_CACHE_KWARG: self.cache},
+                **kwargs,
+            )
+        finally:
+            self.cache.unbind()
+        return out.last_hidden_state
+
+    def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, H) -> (B, V) fp32 log softmax(logits / T) over the full vocabulary."""
+        if self.engine.batch_invariant:
+            weight, bias = self._head_params
+            return self._scaled_log_softmax(self._lm_head(hidden, weight, bias))
+        logits = self.model.get_output_embeddings()(hidden).float()  # (B, V)
+        return self._scaled_log_softmax(logits)
+
+    def _scaled_log_softmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """(B, V) logits of the whole vocabulary -> fp32 log softmax(logits / T): the patched
+        model's op, or plain torch."""
+        if self.engine.batch_invariant:
+            return self._log_softmax(logits, self.temperature)
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        return torch.log_softmax(logits, dim=-1)
+
+    def _sample(self, requests: list[Request], logp: torch.Tensor) -> None:
+        self._append(requests, *self._choose(requests, logp))
+
+    def _choose(self, requests: list[Request], logp: torch.Tensor) -> tuple[list[int], list[float]]:
+        """Each row's sampled token and its logprob (row r of logp is requests[r])."""
+        logp_cpu = logp.cpu()
+        tokens = [
+            sample_token(logp_cpu[row], self.sampling, request.generator)
+            for row, request in enumerate(requests)
+        ]
+        rows = torch.arange(len(requests))
+        return tokens, logp_cpu[rows, torch.tensor(tokens)].tolist()
+
+    def _append(self, requests: list[Request], tokens: list[int], logprobs: list[float]) -> None:
+        for request, token, logprob in zip(requests, tokens, logprobs):
+            request.append(token, logprob, self.sampling)
