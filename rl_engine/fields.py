@@ -21,9 +21,14 @@ def fail(name: str, requirement: str, value: Any) -> None:
     raise ValueError(f"{name} must be {requirement}, got {value!r}")
 
 
+def is_int(value: Any) -> bool:
+    """An int that is not a bool (True is an int to Python, never to a config)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_int(name: str, value: Any, minimum: int) -> None:
     """An int (not a bool) >= minimum."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         fail(name, f"an int >= {minimum}", value)
 
 

@@ -9,11 +9,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from rl_engine.fields import is_int
 from rl_engine.rollout.sampling import SamplingParams
-
-
-def is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_model(model, device: torch.device) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from rl_engine.fields import is_int
 from rl_engine.io import write_text_atomic
 from rl_engine.rollout.completion import Completion
 
@@ -187,10 +188,6 @@ def _parse_line(text: str, vocab_size: int | None) -> dict:
     }
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -200,7 +197,7 @@ def _token_list(record: dict, name: str, vocab_size: int | None) -> list[int]:
     if not isinstance(ids, list) or not ids:
         raise ValueError(f"{name} must be a non-empty list of token ids, got {ids!r:.80}")
     for i, t in enumerate(ids):
-        if not _is_int(t):
+        if not is_int(t):
             raise ValueError(f"{name}[{i}] must be an int token id, got {t!r}")
         if t < 0 or (vocab_size is not None and t >= vocab_size):
             valid = "" if vocab_size is None else f" (vocabulary: 0..{vocab_size - 1})"
@@ -229,7 +226,7 @@ def _positive(record: dict, name: str, default: float) -> float:
 
 def _optional_index(record: dict, name: str) -> int | None:
     value = record.get(name)
-    if value is not None and (not _is_int(value) or value < 0):
+    if value is not None and (not is_int(value) or value < 0):
         raise ValueError(f"{name} must be an int >= 0 or absent, got {value!r}")
     return value
 

@@ -24,11 +24,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from rl_engine.fields import check_int, check_number
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+from rl_engine.fields import check_int, check_number, is_int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,13 +83,13 @@ class SamplingParams(SamplingKeys):
 
     def __post_init__(self) -> None:
         self.check_sampling_keys()
-        if not _is_int(self.n) or self.n < 1:
+        if not is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an int >= 1, got {self.n!r}")
-        if not _is_int(self.seed):
+        if not is_int(self.seed):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
         self._check_stop_tokens()
         if self.eos_token_id is not None and (
-            not _is_int(self.eos_token_id) or self.eos_token_id < 0
+            not is_int(self.eos_token_id) or self.eos_token_id < 0
         ):
             raise ValueError(f"eos_token_id must be None or an int >= 0, got {self.eos_token_id!r}")
 
@@ -104,7 +100,7 @@ class SamplingParams(SamplingKeys):
             raise ValueError(
                 f"stop_token_ids must be a sequence of ints, got {self.stop_token_ids!r}"
             ) from None
-        bad = [t for t in stop if not _is_int(t) or t < 0]
+        bad = [t for t in stop if not is_int(t) or t < 0]
         if bad:
             raise ValueError(f"stop_token_ids must hold ints >= 0, got {bad[0]!r}")
         object.__setattr__(self, "stop_token_ids", stop)  # lists become tuples: stays hashable
