@@ -57,7 +57,7 @@ from rl_engine.executors.job.scorers import reward_runner, step_scorer
 from rl_engine.executors.job.step_batch import train_batch
 from rl_engine.executors.job.step_metrics import StepClock, step_record
 from rl_engine.executors.job.trackers import Trackers
-from rl_engine.executors.job.training import train
+from rl_engine.executors.job.training import train_on_batch
 from rl_engine.executors.job.weight_sync import connect_weight_sync, sync_weights
 from rl_engine.rewards import RewardFailure
 from rl_engine.tasks import make_task
@@ -191,7 +191,9 @@ class _Job:
             completions, rewards, rollout_metrics = self.rollouts(step, generation, clock)
         with clock.phase("batch"):
             batch = train_batch(self.config, completions, rewards, eos)
-        trained = train(self.config, self.trainers, self.critics, batch, completions, step, clock)
+        trained = train_on_batch(
+            self.config, self.trainers, self.critics, batch, completions, step, clock
+        )
         with clock.phase("weight_sync"):  # the whole sync, senders and receivers
             # the worker's version: a skipped (non-finite) update keeps the old weights and version
             self.sync_weights(trained.policy["weight_version"])

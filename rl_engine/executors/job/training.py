@@ -1,10 +1,11 @@
 """The step's train stage: every policy rank trains on its shard of the batch; PPO's critic beside it.
 
-`train`: (PPO: the critic ranks' values of the batch -> GAE advantages and returns,
-`ppo_step.gae_batch` -> the critic's update, started) -> every trainer rank's `train_step`
-on its rows of each of the step's mini-batches (during PPO's `critic.warmup_steps`:
-parity forward only, no update), gathered with the critic's -> rank 0's metrics (they
-are all-reduced) and, for PPO, the critic/* figures (`ppo_step.critic_metrics`).
+`train_on_batch`: (PPO: the critic ranks' values of the batch -> GAE advantages and
+returns, `ppo_step.gae_batch` -> the critic's update, started) -> every trainer rank's
+`train_step` on its rows of each of the step's mini-batches (during PPO's
+`critic.warmup_steps`: parity forward only, no update), gathered with the critic's ->
+rank 0's metrics (they are all-reduced) and, for PPO, the critic/* figures
+(`ppo_step.critic_metrics`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class Trained:
     """critic/* (PPO); empty without a critic."""
 
 
-def train(
+def train_on_batch(
     config: RunConfig,
     trainers: list[ActorInfo],
     critics: list[ActorInfo],
@@ -41,13 +42,14 @@ def train(
     mini_batches, update, critic_calls, figures = config.mini_batches_per_step, True, [], None
     if critics:
         with clock.phase("critic_values"):
-            values = critic_values(critics, batch)  # (B, T-1): V before this step's update
+            values = _critic_values(critics, batch)  # (B, T-1): V before this step's update
         batch, returns = gae_batch(config, batch, completions, values)
-        critic_calls = train_critics(critics, batch, returns, values, mini_batches)
+        critic_calls = _critic_updates(critics, batch, returns, values, mini_batches)
         update = step >= config.critic.warmup_steps
         figures = (values, returns, batch.response_mask)
     with clock.phase("train"):  # the policy and (PPO) the critic at once
-        results = train_on_ranks(trainers, batch, mini_batches, update=update, also=critic_calls)
+        calls = _policy_updates(trainers, batch, mini_batches, update)
+        results = gather(calls + critic_calls)
     policy, critic_results = results[: len(trainers)], results[len(trainers) :]
     clock.add("train_compute", max(m.pop("time/train_compute") for m in policy))
     if figures is None:
@@ -55,24 +57,18 @@ def train(
     return Trained(policy[0], critic_metrics(critic_results, *figures, warmup=not update))
 
 
-def train_on_ranks(
-    trainers: list[ActorInfo], batch, mini_batches: int = 1, *, update: bool = True, also=()
-) -> list[dict]:
-    """Every rank trains on its shard of `batch` (its rows of each of the step's
-    `mini_batches`; `update=False`: parity forward only, the critic warm-up); their metrics
-    (all-reduced), rank 0 first. `also`: more (actor, ref) calls gathered with them (the
-    critic's update runs at the same time), their results after the ranks'."""
+def _policy_updates(trainers: list[ActorInfo], batch, mini_batches: int, update: bool) -> list:
+    """Every rank's train_step on its shard of `batch` (its rows of each of the step's
+    `mini_batches`; `update=False`: parity forward only, the critic warm-up) as (actor, ref)
+    calls, rank 0 first; their metrics come back all-reduced."""
     world = len(trainers)
-    return gather(
-        [
-            (a, a.handle.train_step.remote(batch.shard(r, world, mini_batches), update))
-            for r, a in enumerate(trainers)
-        ]
-        + list(also)
-    )
+    return [
+        (a, a.handle.train_step.remote(batch.shard(r, world, mini_batches), update))
+        for r, a in enumerate(trainers)
+    ]
 
 
-def critic_values(critics: list[ActorInfo], batch):
+def _critic_values(critics: list[ActorInfo], batch):
     """(B, T-1) fp32 values of the whole batch: each critic rank scores its contiguous shard."""
     import torch
 
@@ -81,9 +77,9 @@ def critic_values(critics: list[ActorInfo], batch):
     return torch.cat(gather(calls))
 
 
-def train_critics(critics: list[ActorInfo], batch, returns, old_values, mini_batches: int):
+def _critic_updates(critics: list[ActorInfo], batch, returns, old_values, mini_batches: int):
     """Remote critic updates (each rank its rows of each mini-batch, with their returns and
-    values); the caller gathers them. Returns the (actor, ref) calls."""
+    values) as (actor, ref) calls; the caller gathers them with the policy's."""
     world, calls = len(critics), []
     for r, c in enumerate(critics):
         rows = batch.shard_rows(r, world, mini_batches)
