@@ -48,7 +48,7 @@ Generate = Callable[..., list[Completion]]
 class StepRollouts:
     """`rollouts(step, generate)` -> (completions, rewards, metrics) of one step, saved when configured.
 
-    `generate` is the step's generation (`StepGeneration` on the engines; None with
+    `generate` is the step's generation (`StepGeneration` on the engines; never called with
     `rollout.source`). `prompts` (prompts.TaskPrompts / DatasetPrompts; default: the built-in
     `task`'s) gives each round's prompts and `scorer` (scorers.TaskScorer / FunctionScorer;
     default: the task's reward) their rewards; `metrics` are the scorer's (`reward/*`) and the
