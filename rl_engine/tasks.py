@@ -7,8 +7,8 @@
   completion's final answer is a+b (`answer_matches`).
 - `jsonl:PATH`: prompts from a file, one `{"prompt": str, "answer": str}` per line,
   rewarded by the same rule as `arithmetic`.
-- `module:function`: the user's reward, `fn(samples) -> list[float]`, over the built-in
-  prompts (arithmetic questions with a tokenizer, random token prompts without); each
+- `module:function` (or `path/to/file.py:function`, loaded as `reward.function` is): the
+  user's reward, `fn(samples) -> list[float]`, over the built-in prompts (arithmetic questions with a tokenizer, random token prompts without); each
   sample is a dict with `prompt_ids`, `completion_ids`, `prompt` and `completion` (text,
   or None without a tokenizer) and `answer` (or None).
 
@@ -18,7 +18,6 @@ prompts as an uninterrupted one: the step is the whole task state.
 
 from __future__ import annotations
 
-import importlib
 import json
 import random
 import re
@@ -26,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from rl_engine.rewards import load_function
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
@@ -183,7 +184,7 @@ def make_task(name: str, *, vocab_size: int, tokenizer=None, seed: int = 0) -> T
     if ":" in name:
         builtin = "arithmetic" if tokenizer is not None else "count"
         prompts = make_task(builtin, vocab_size=vocab_size, tokenizer=tokenizer, seed=seed)
-        return FunctionTask(prompts, import_reward_function(name), name, tokenizer)
+        return FunctionTask(prompts, load_task_function(name), name, tokenizer)
     if name == "count":
         return CountTask(vocab_size=vocab_size, seed=seed)
     if name == "arithmetic":
@@ -196,27 +197,15 @@ def check_task_spec(name: str) -> None:
     if name.startswith("jsonl:"):
         read_prompt_file(name[len("jsonl:") :])
     elif ":" in name:
-        import_reward_function(name)
+        load_task_function(name)
     elif name not in ("count", "arithmetic"):
         raise ValueError(f"unknown rollout.task {name!r}; available tasks: {', '.join(TASKS)}")
 
 
-def import_reward_function(spec: str) -> Callable:
-    """`module:function` -> the function; the error says which part failed."""
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"rollout.task {spec!r}: expected module:function")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(
-            f"rollout.task {spec!r}: cannot import module {module_name!r} ({err}); "
-            "is it on PYTHONPATH?"
-        ) from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(f"rollout.task {spec!r}: module {module_name!r} has no function {attr!r}")
-    return fn
+def load_task_function(spec: str) -> Callable:
+    """`module:function` or `path/to/file.py:function` -> the user's reward `fn(samples)`; loaded
+    as `reward.function` is (rl_engine.rewards.load_function), the error says which part failed."""
+    return load_function(spec, "rollout.task", forms="module:function or path/to/file.py:function")
 
 
 def read_prompt_file(path: str) -> list[tuple[str, str]]:

@@ -74,6 +74,18 @@ def test_task_spec_errors_name_the_problem(spec, message):
         make_task(spec, vocab_size=10)
 
 
+def test_a_task_function_loads_from_a_file_path_as_reward_function_does(tmp_path):
+    """rollout.task and reward.function share one loader: `path.py:name` works for both."""
+    reward = tmp_path / "my_reward.py"
+    reward.write_text(
+        "def shorter(samples):\n    return [-float(len(s['completion_ids'])) for s in samples]\n"
+    )
+    task = make_task(f"{reward}:shorter", vocab_size=1000)
+    assert task.rewards([0, 1], [[5, 6, 7], [8]], step=0) == [-3.0, -1.0]
+    with pytest.raises(ValueError, match=r"rollout\.task .*my_reward\.py has no function 'nope'"):
+        make_task(f"{reward}:nope", vocab_size=1000)
+
+
 def _word_tokenizer():
     """A real (word-level) Hugging Face fast tokenizer built in code."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -5,6 +5,7 @@ Code outside this package never imports a backend: it asks `get_op` (and
 `backend_layout` for layout facts) with the device it runs on.
 """
 
+from rl_engine.kernels.common.cpu_flags import cpu_flags
 from rl_engine.kernels.errors import PlatformInvarianceError
 from rl_engine.kernels.facts import kernel_facts
 from rl_engine.kernels.registry import (
@@ -25,6 +26,7 @@ __all__ = [
     "OpImpl",
     "PlatformInvarianceError",
     "backend_layout",
+    "cpu_flags",
     "get_op",
     "interpreter_enabled",
     "kernel_facts",

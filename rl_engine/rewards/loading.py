@@ -1,15 +1,17 @@
-"""`reward.function` -> a verl-style `compute_score` callable.
+"""Loading a user's reward plug-in: `reward.function` and `rollout.task`'s `module:function`.
 
-Forms:
-- `math`, `gsm8k`: the built-ins (rl_engine.rewards.math_answer, .gsm8k);
-- `path/to/file.py:name` (or `path/to/file.py`, name `compute_score`): a verl reward file,
-  loaded from its path as it is (its own folder is put on sys.path for its imports);
-- `package.module:name`: an importable function;
-- null: by each sample's data_source, as verl's default_compute_score does (`gsm8k` in
-  the name: gsm8k; anything else: math).
+One loader (`load_function`) serves both keys, in the same forms:
+- `path/to/file.py:name` (for `reward.function` also `path/to/file.py`, name
+  `compute_score`): a file, loaded from its path as it is (its own folder is put on
+  sys.path for its imports);
+- `package.module:name`: an importable function.
 
-The function is called as fn(data_source=, solution_str=, ground_truth=, extra_info=,
-**reward.kwargs) and returns a float (bool, int) or a dict with a numeric 'score'.
+`reward.function` (`load_reward_function`) also takes the built-ins `math` and `gsm8k`
+(rl_engine.rewards.math_answer, .gsm8k), and null: by each sample's data_source, as verl's
+default_compute_score does (`gsm8k` in the name: gsm8k; anything else: math). It is called
+as fn(data_source=, solution_str=, ground_truth=, extra_info=, **reward.kwargs) and returns
+a float (bool, int) or a dict with a numeric 'score'; that signature is checked on load.
+A `rollout.task` function is called as fn(samples) -> list[float] (rl_engine.tasks).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ DEFAULT_NAME = "compute_score"
 
 
 class RewardSpecError(ValueError):
-    """reward.function names nothing callable with verl's signature (exit code 2)."""
+    """reward.function (or rollout.task's module:function) names nothing callable with the
+    signature its key needs (exit code 2)."""
 
 
 def by_data_source(data_source: str, solution_str: str, ground_truth, extra_info=None, **kwargs):
@@ -48,17 +51,30 @@ def load_reward_function(spec: str | None, kwargs: dict | None = None) -> Callab
         )
         fn = module.compute_score
     else:
-        target, _, name = spec.rpartition(":") if ":" in spec else (spec, "", DEFAULT_NAME)
-        if not target or not name:
-            raise RewardSpecError(
-                f"reward.function {spec!r}: expected math, gsm8k, path/to/file.py:function or "
-                "module:function"
-            )
-        module = _load_file(target, spec) if _is_file_spec(target) else _import(target, spec)
-        fn = getattr(module, name, None)
-        if not callable(fn):
-            raise RewardSpecError(f"reward.function {spec!r}: {target} has no function {name!r}")
+        fn = load_function(
+            spec,
+            "reward.function",
+            forms="math, gsm8k, path/to/file.py:function or module:function",
+            default_name=DEFAULT_NAME,
+        )
     _check_signature(fn, spec, kwargs or {})
+    return fn
+
+
+def load_function(spec: str, key: str, *, forms: str, default_name: str | None = None) -> Callable:
+    """The function `spec` (the value of config key `key`) names: `module:name` or
+    `path/to/file.py:name` (without `:name`: `default_name`, when there is one).
+    RewardSpecError names the key and says which part is wrong (`forms`: what the key takes)."""
+    target, _, name = spec.rpartition(":") if ":" in spec else (spec, "", default_name)
+    if not target or not name:
+        raise RewardSpecError(f"{key} {spec!r}: expected {forms}")
+    if _is_file_spec(target):
+        module = _load_file(target, spec, key)
+    else:
+        module = _import(target, spec, key)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise RewardSpecError(f"{key} {spec!r}: {target} has no function {name!r}")
     return fn
 
 
@@ -76,10 +92,10 @@ def _is_file_spec(target: str) -> bool:
     return target.endswith(".py") or "/" in target or "\\" in target
 
 
-def _load_file(target: str, spec: str):
+def _load_file(target: str, spec: str, key: str):
     path = Path(target).expanduser().resolve()
     if not path.is_file():
-        raise RewardSpecError(f"reward.function {spec!r}: file {str(path)!r} does not exist")
+        raise RewardSpecError(f"{key} {spec!r}: file {str(path)!r} does not exist")
     # One module per file path, named after it: two reward files called reward.py never clash.
     name = f"rl_engine_reward_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
     if name in sys.modules:
@@ -95,17 +111,17 @@ def _load_file(target: str, spec: str):
     except Exception as err:
         del sys.modules[name]
         raise RewardSpecError(
-            f"reward.function {spec!r}: importing {path} raised {type(err).__name__}: {err}"
+            f"{key} {spec!r}: importing {path} raised {type(err).__name__}: {err}"
         ) from None
     return module
 
 
-def _import(target: str, spec: str):
+def _import(target: str, spec: str, key: str):
     try:
         return importlib.import_module(target)
     except ImportError as err:
         raise RewardSpecError(
-            f"reward.function {spec!r}: cannot import module {target!r} ({err}); is it on "
+            f"{key} {spec!r}: cannot import module {target!r} ({err}); is it on "
             "PYTHONPATH, or did you mean a file path ending in .py?"
         ) from None
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from rl_engine.config import RunConfig
-from rl_engine.executors.job.rollout_source import StepRollouts, prompt_key, step_sampling
+from rl_engine.executors.job.prompts import prompt_key
+from rl_engine.executors.job.rollouts import StepRollouts, step_sampling
 from rl_engine.tasks import CountTask
 from tests.executors.cell import rollout_engine
 

@@ -7,7 +7,7 @@ import torch
 from rl_engine.config import RunConfig
 from rl_engine.data import PromptDataset, PromptRecord
 from rl_engine.executors.job.evaluation import Evaluator, eval_metrics, eval_seed
-from rl_engine.executors.job.rollout_source import step_sampling
+from rl_engine.executors.job.rollouts import step_sampling
 from rl_engine.rewards import Score
 from rl_engine.rollout import Completion
 

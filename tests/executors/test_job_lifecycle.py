@@ -83,8 +83,8 @@ def test_export_is_a_hf_folder_whose_patched_logprobs_equal_the_trainers(tmp_pat
     a DeepSpeed rank restored from the same checkpoint scores those tokens: torch.equal."""
     from transformers import AutoModelForCausalLM
 
-    from rl_engine.executors.job.ray_job import TrainerActor
-    from rl_engine.executors.job.rollout_source import step_sampling
+    from rl_engine.executors.job.actors.trainers import TrainerActor
+    from rl_engine.executors.job.rollouts import step_sampling
     from rl_engine.executors.worker.batch import TrainBatch
     from rl_engine.patching import apply_batch_invariant
     from rl_engine.rollout import RolloutEngine
@@ -118,7 +118,7 @@ def test_export_is_a_hf_folder_whose_patched_logprobs_equal_the_trainers(tmp_pat
 
 def test_a_rank_left_alone_in_a_collective_fails_after_the_timeout(tmp_path, local_ray):
     """Rank 1 never joins rank 0's train_step: rank 0 raises TimeoutError naming the setting."""
-    from rl_engine.executors.job.ray_job import TrainerActor
+    from rl_engine.executors.job.actors.trainers import TrainerActor
     from rl_engine.executors.worker.batch import TrainBatch
     from rl_engine.rollout import Completion
 

@@ -12,7 +12,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from rl_engine.config import RunConfig
-from rl_engine.executors.job.ray_job import actor_resources
+from rl_engine.executors.job.actors.launch import actor_resources
 
 
 def test_actor_resources_follow_the_device():

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rl_engine.config import RunConfig
-from rl_engine.executors.job.rollout_source import StepRollouts
+from rl_engine.executors.job.rollouts import StepRollouts
 from rl_engine.rollout import RolloutFileError, read_rollouts
 from rl_engine.tasks import CountTask
 

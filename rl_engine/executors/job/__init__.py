@@ -1,7 +1,8 @@
 """The Ray job around the worker: `ray_job.run_job` and the modules of its concerns.
 
-`actors` (engine and trainer-rank actors, weight sync), `cluster` (join or start Ray,
-placement, kernel facts), `preflight` (config checks before Ray starts), `run_dir`,
-`job_checkpoints`, `faults`, `job_reports`, `progress`, `rollout_source`, `export`.
-Depends on `executors.worker`, never the reverse.
+The step's stages, one module each: `prompts`, `rollouts` (with `scorers`), `step_batch`,
+`training` (with `ppo_step`), `weight_sync`, `step_metrics` (with `trackers`); the actors
+(`actors/`: their classes, placement, kernel check and start); around the loop `cluster`,
+`preflight`, `run_dir`, `job_checkpoints`, `faults`, `evaluation`, `reward_workers`,
+`job_reports`, `progress`, `export`. Depends on `executors.worker`, never the reverse.
 """

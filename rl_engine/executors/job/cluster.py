@@ -137,11 +137,12 @@ def kernel_facts(device: str) -> dict:
 
     from rl_engine import kernels
 
+    present = kernels.cpu_flags()  # /proc/cpuinfo's flags, read once per process
     facts = {
         "torch": torch.__version__,
         "device": device,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_flags": " ".join(_cpu_flags()),
+        "cpu_flags": " ".join(flag for flag in KERNEL_CPU_FLAGS if flag in present),
     }
     # the backend's own numerics (cpp: its version and bf16 dot flavour)
     facts.update({f"kernels.{k}": v for k, v in kernels.kernel_facts(device).items()})
@@ -149,18 +150,6 @@ def kernel_facts(device: str) -> dict:
         facts["gpu"] = torch.cuda.get_device_name()
         facts["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
     return facts
-
-
-def _cpu_flags() -> list[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    present = set(line.split(":", 1)[1].split())
-                    return [flag for flag in KERNEL_CPU_FLAGS if flag in present]
-    except OSError:
-        pass
-    return []
 
 
 def check_same_kernels(facts: dict[str, dict]) -> None:

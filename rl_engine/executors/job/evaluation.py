@@ -30,6 +30,10 @@ from collections import defaultdict
 
 from rl_engine.config import RunConfig
 from rl_engine.data import PromptDataset
+from rl_engine.executors.job.faults import ActorInfo
+from rl_engine.executors.job.prompts import load_prompt_files
+from rl_engine.executors.job.rollouts import generate_on_engines
+from rl_engine.executors.job.scorers import FunctionScorer
 
 log = logging.getLogger("rl_engine.job")
 
@@ -61,7 +65,7 @@ def eval_metrics(records, completions, scores, k: int, prefix: str = "eval/") ->
 
 
 class Evaluator:
-    """Runs the validation set through `generate(prompts, sampling)` and scores it."""
+    """Runs the validation set on the rollout engines and scores it."""
 
     def __init__(self, config: RunConfig, dataset: PromptDataset, scorer, eos_token_id):
         self.config, self.dataset, self.scorer = config, dataset, scorer
@@ -88,11 +92,12 @@ class Evaluator:
             eos_token_id=self.eos_token_id,
         )
 
-    def run(self, generate, updates: int) -> dict[str, float]:
+    def run(self, engines: list[ActorInfo], updates: int) -> dict[str, float]:
         """Every validation prompt, k completions each; the figures of the policy after `updates` steps."""
         records = self.dataset.records
         k = self.config.eval.samples_per_prompt
-        completions = generate([r.prompt_ids for r in records], self.sampling(updates))
+        prompts = [r.prompt_ids for r in records]
+        completions, _ = generate_on_engines(engines, prompts, self.sampling(updates))
         scores, _ = self.scorer.score_all(records, completions)
         metrics = eval_metrics(records, completions, scores, k)
         metrics["eval/num_prompts"] = float(len(records))
@@ -126,8 +131,24 @@ class Evaluator:
         return metrics
 
 
+def build_evaluator(config: RunConfig, runner, tokenizer, eos_token_id) -> Evaluator | None:
+    """The Evaluator of `data.val_files` (tokenized with the engines' tokenizer, scored by the
+    training reward's `runner` under `eval/`); None without a validation set."""
+    if config.data.val_files is None:
+        return None
+    val = load_prompt_files(config, "validation", tokenizer)
+    scorer = FunctionScorer(runner, tokenizer, config.reward.on_error, "eval/")
+    return Evaluator(config, val, scorer, eos_token_id)
+
+
 def run_if_due(
-    evaluator: Evaluator | None, generate, step: int, clock, *, before: bool, updates: int
+    evaluator: Evaluator | None,
+    engines: list[ActorInfo],
+    step: int,
+    clock,
+    *,
+    before: bool,
+    updates: int,
 ):
     """Validation figures due before (step 0) or after `step`, timed as the clock's "eval"
     phase; {} when none is due (or the run has no validation set)."""
@@ -136,4 +157,4 @@ def run_if_due(
     if not (evaluator.due_before(step) if before else evaluator.due_after(step)):
         return {}
     with clock.phase("eval"):
-        return evaluator.run(generate, updates=updates)
+        return evaluator.run(engines, updates=updates)

@@ -77,7 +77,7 @@ def check_reward(config: RunConfig) -> None:
     """The reward function loads and takes verl's arguments (the built-ins: their package is there)."""
     import importlib.util
 
-    from rl_engine.executors.job.inputs import trains_on_reward_function
+    from rl_engine.executors.job.scorers import trains_on_reward_function
     from rl_engine.rewards import load_reward_function
 
     if not (trains_on_reward_function(config) or config.data.val_files is not None):

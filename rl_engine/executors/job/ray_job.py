@@ -1,20 +1,24 @@
 """The RL job: Ray starts N DeepSpeed ranks and M rollout engines (and, for PPO, the critic's
 own DeepSpeed ranks) and runs GRPO / PPO steps.
 
-One step (`_Job.step`, top to bottom): (step 0: validation of the initial policy) ->
-prompts -> engines generate, recording logprobs (or the next groups of `rollout.source`)
--> rewards -> TrainBatch -> (PPO: the critic's values -> GAE advantages and returns,
-`ppo_step`; the critic's update runs beside the policy's) -> every rank trains on its
-shard (PPO's warm-up steps: no update), checking its logprobs against
-the rollout's bit for bit -> the ranks' new weights straight into every engine over the
-weight group (as the worker's weight_version; the driver never holds them) -> validation
-when due -> the metrics row to every tracker -> a checkpoint (weights written by rank 0).
+One step (`_Job.step`) reads top to bottom, one call per stage, each stage a module:
 
-Each concern has its own module: `actors` (start, generation, training, weight sync),
-`inputs` (prompts, rewards and the validation set of the run), `step_prompts` (a step's
-prompts and scorer), `rollout_source` (completions, rewards, sampling, batch),
-`reward_workers`, `evaluation`, `step_metrics` (the row and its timings), `trackers`,
-`preflight`, `run_dir`, `cluster`, `job_checkpoints`, `faults`, `job_reports`, `progress`.
+    (step 0: validation of the initial policy)                     evaluation
+    rollouts: the step's prompts -> the engines generate,           rollouts, prompts, scorers
+        recording logprobs (or the next groups of rollout.source)
+        -> rewards (filter_groups: more rounds)
+    batch: completions and rewards -> the TrainBatch                step_batch
+    train: (PPO: the critic's values -> GAE advantages, the         training, ppo_step
+        critic's update beside the policy's) every rank trains on
+        its shard, checking its logprobs against the rollout's
+    sync: the ranks' new weights straight into every engine (as     weight_sync
+        the worker's weight_version; the driver never holds them)
+    (validation when due)                                           evaluation
+    report: the metrics row -> every tracker, the progress bar      step_metrics, trackers
+    (a checkpoint when due; weights written by rank 0)              job_checkpoints
+
+Around the steps: `actors` (the actor classes; placing, checking and starting them),
+`preflight`, `run_dir`, `cluster`, `faults`, `job_reports`, `progress`.
 """
 
 from __future__ import annotations
@@ -28,22 +32,14 @@ import ray
 from rl_engine.config import RunConfig
 from rl_engine.executors.job import cluster
 from rl_engine.executors.job import job_checkpoints as ckpt
-from rl_engine.executors.job.actors import (
-    RolloutActor,
-    TrainerActor,
-    actor_resources,
-    connect_weight_sync,
-    critic_values,
+from rl_engine.executors.job.actors.launch import (
+    check_kernel_parity,
     describe_actors,
-    generate_on_engines,
     spawn_actors,
     spawn_critics,
     start_actors,
-    sync_weights,
-    train_critics,
-    train_on_ranks,
 )
-from rl_engine.executors.job.evaluation import run_if_due
+from rl_engine.executors.job.evaluation import build_evaluator, run_if_due
 from rl_engine.executors.job.faults import (
     ActorFailure,
     ActorInfo,
@@ -51,18 +47,22 @@ from rl_engine.executors.job.faults import (
     StopOnSignal,
     stop_actors,
 )
-from rl_engine.executors.job.inputs import JobInputs, build_inputs
-from rl_engine.executors.job.job_reports import after_stop_note, resume_command, write_summary
-from rl_engine.executors.job.ppo_step import critic_metrics, gae_batch
+from rl_engine.executors.job.job_reports import after_stop_note, write_summary
 from rl_engine.executors.job.preflight import validate_before_start
 from rl_engine.executors.job.progress import StepProgress
-from rl_engine.executors.job.rollout_source import step_sampling, train_batch
+from rl_engine.executors.job.prompts import run_prompts
+from rl_engine.executors.job.rollouts import StepGeneration, StepRollouts
 from rl_engine.executors.job.run_dir import CONFIG_SNAPSHOT, prepare_run_dir, truncate_metrics
+from rl_engine.executors.job.scorers import reward_runner, step_scorer
+from rl_engine.executors.job.step_batch import train_batch
 from rl_engine.executors.job.step_metrics import StepClock, step_record
 from rl_engine.executors.job.trackers import Trackers
+from rl_engine.executors.job.training import train_on_batch
+from rl_engine.executors.job.weight_sync import connect_weight_sync, sync_weights
 from rl_engine.rewards import RewardFailure
+from rl_engine.tasks import make_task
 
-__all__ = ["RolloutActor", "TrainerActor", "actor_resources", "resume_command", "run_job"]
+__all__ = ["run_job"]
 
 log = logging.getLogger("rl_engine.job")
 
@@ -108,27 +108,45 @@ class _Job:
         self.groups = []
         self.version = 0  # the weight version the engines serve
         self.last_checkpoint: ckpt.Checkpoint | None = None
-        self.inputs: JobInputs | None = None
+        self.reward_runner = None  # DriverRewards or a RewardPool (closed at the end), if any
 
     def start(self, resume_from: ckpt.Checkpoint | None) -> None:
-        """Place and spawn the actors, compare their kernel facts, then load models (and state)."""
+        """Place and spawn the actors, check that they compute with the same kernels, then load
+        models (and state) and build what the steps read."""
         self.trainers, self.engines = spawn_actors(self.config, self.groups)
         self.critics = spawn_critics(self.config, self.groups)
         describe_actors(self.actors, self.run_dir)
+        check_kernel_parity(self.actors)  # bitwise parity's precondition, before any model loads
         started = time.perf_counter()
         resume_dir = str(resume_from.deepspeed_dir) if resume_from else None
         critic_dir = str(resume_from.critic_dir) if resume_from and self.critics else None
         self.info = start_actors(
             self.trainers, self.engines, resume_dir, critics=(self.critics, critic_dir)
         )
-        self.inputs = build_inputs(self.config, self.info)
-        self.rollouts, self.evaluator = self.inputs.rollouts, self.inputs.evaluator
+        self.prepare_steps()
         connect_weight_sync(self.trainers, self.engines)
         if resume_from is not None:
             self.sync_weights(resume_from.weight_version)
             self.rollouts.prompts.restore(resume_from.driver, resume_from.step)
             self.last_checkpoint = resume_from
         log.info("actors ready in %.1f s", time.perf_counter() - started)
+
+    def prepare_steps(self) -> None:
+        """What the steps read, built once the engines have reported their model facts (the
+        tokenizer datasets are tokenized with, vocab size, eos): the prompt source, the scorer
+        (and the reward runner behind it), the step's rollouts, the validation set's evaluator."""
+        config, info = self.config, self.info
+        tokenizer, vocab = info["tokenizer"], info["vocab_size"]
+        task = make_task(
+            config.rollout.task, vocab_size=vocab, tokenizer=tokenizer, seed=config.seed
+        )
+        self.reward_runner = reward_runner(config)
+        scorer = step_scorer(config, task, self.reward_runner, tokenizer)
+        prompts = run_prompts(config, task, tokenizer)
+        self.rollouts = StepRollouts(config, task, vocab, prompts=prompts, scorer=scorer)
+        self.evaluator = build_evaluator(
+            config, self.reward_runner, tokenizer, info["eos_token_id"]
+        )
 
     @property
     def actors(self) -> list[ActorInfo]:
@@ -165,71 +183,39 @@ class _Job:
         self.write_reports(status="complete")
 
     def step(self, step: int, stop: StopOnSignal) -> dict:
-        """One RL step: rollout -> rewards -> batch -> train -> weight sync -> eval -> metrics -> checkpoint."""
-        clock = StepClock()
+        """One RL step: rollouts -> batch -> train -> weight sync -> (eval) -> report -> (checkpoint)."""
+        clock, eos = StepClock(), self.info["eos_token_id"]
         evaluation = self.evaluate(step, clock, before=True)  # the initial policy, into row 0
-        with clock.phase("rollout"):  # engines + rewards, or the next groups of rollout.source
-            completions, rewards, rollout_metrics = self.rollouts(
-                step, lambda prompts, attempt=0: self.generate(prompts, step, clock, attempt), clock
-            )
+        with clock.phase("rollout"):  # prompts -> engines (or rollout.source) -> rewards
+            generation = StepGeneration(self.engines, self.config, step, eos, clock)
+            completions, rewards, rollout_metrics = self.rollouts(step, generation, clock)
         with clock.phase("batch"):
-            batch = train_batch(self.config, completions, rewards, self.info["eos_token_id"])
-        critic, update = self.critic_phase(batch, completions, step, clock)
-        with clock.phase("train"):  # the policy and (PPO) the critic at once
-            results = train_on_ranks(
-                self.trainers,
-                batch if critic is None else critic["batch"],
-                self.config.mini_batches_per_step,
-                update=update,
-                also=() if critic is None else critic["calls"],
-            )
-        results, critic_results = results[: len(self.trainers)], results[len(self.trainers) :]
-        clock.add("train_compute", max(m.pop("time/train_compute") for m in results))
+            batch = train_batch(self.config, completions, rewards, eos)
+        trained = train_on_batch(
+            self.config, self.trainers, self.critics, batch, completions, step, clock
+        )
         with clock.phase("weight_sync"):  # the whole sync, senders and receivers
             # the worker's version: a skipped (non-finite) update keeps the old weights and version
-            self.sync_weights(results[0]["weight_version"])
+            self.sync_weights(trained.policy["weight_version"])
         evaluation.update(self.evaluate(step, clock, before=False))
-        if critic is not None:
-            figures = (critic["values"], critic["returns"], batch.response_mask)
-            evaluation.update(critic_metrics(critic_results, *figures, warmup=not update))
-        record = step_record(
-            step, results[0], rewards, {**rollout_metrics, **evaluation}, clock.totals()
-        )
-        self.trackers.log(record)
-        self.history.append(record)
-        self.progress.update(record)
+        extra = {**rollout_metrics, **evaluation, **trained.critic}
+        record = step_record(step, trained.policy, rewards, extra, clock.totals())
+        self.report(record)
         if ckpt.due(self.config, step + 1, stop.requested):
             self.save_checkpoint(step + 1)
         return record
 
-    def critic_phase(self, batch, completions, step: int, clock: StepClock):
-        """PPO: the critic's values of the batch -> GAE advantages and returns -> the critic's
-        update, started (gathered with the policy's). Returns ({batch, values, returns,
-        calls} or None without a critic, whether the policy updates this step)."""
-        if not self.critics:
-            return None, True
-        with clock.phase("critic_values"):
-            values = critic_values(self.critics, batch)  # (B, T-1): V before this step's update
-        batch, returns = gae_batch(self.config, batch, completions, values)
-        mini = self.config.mini_batches_per_step
-        calls = train_critics(self.critics, batch, returns, values, mini)
-        critic = {"batch": batch, "values": values, "returns": returns, "calls": calls}
-        return critic, step >= self.config.critic.warmup_steps
-
     def evaluate(self, step: int, clock: StepClock, *, before: bool) -> dict:
         """Validation figures due before (step 0) or after this step; {} when none is due."""
         return run_if_due(
-            self.evaluator, self._generate_eval, step, clock, before=before, updates=self.version
+            self.evaluator, self.engines, step, clock, before=before, updates=self.version
         )
 
-    def _generate_eval(self, prompts: list[list[int]], sampling):
-        return generate_on_engines(self.engines, prompts, sampling)[0]
-
-    def generate(self, prompts: list[list[int]], step: int, clock: StepClock, attempt: int = 0):
-        sampling = step_sampling(self.config, step, self.info["eos_token_id"], attempt)
-        completions, seconds = generate_on_engines(self.engines, prompts, sampling)
-        clock.add("generate_compute", seconds)
-        return completions
+    def report(self, record: dict) -> None:
+        """The step's metrics row to every tracker, the run's history and the progress bar."""
+        self.trackers.log(record)
+        self.history.append(record)
+        self.progress.update(record)
 
     def sync_weights(self, version: int) -> None:
         """The ranks' weights (of `version`) into every engine; nothing to do when the engines
@@ -261,7 +247,7 @@ class _Job:
         stop_actors(self.actors)
 
     def release(self) -> None:
-        if self.inputs is not None:
-            self.inputs.close()
+        if self.reward_runner is not None:
+            self.reward_runner.close()
         self.stop_actors()
         cluster.release(self.groups)

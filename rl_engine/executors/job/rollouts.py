@@ -1,7 +1,8 @@
-"""Where a job step's completions and rewards come from, and where they are saved.
+"""The step's rollouts stage: a step's completions and their rewards, and where they are saved.
 
-By default the rollout engines generate them and the task scores them. With
-`rollout.source` (a rollout file, or a folder of `step_N.jsonl` files; see
+By default the rollout engines generate them (`StepGeneration`: the step's prompts spread
+over the engines, sampled with the step's seeds, `step_sampling`) and the scorer scores
+them. With `rollout.source` (a rollout file, or a folder of `step_N.jsonl` files; see
 docs/rollouts.md) the job trains on that source's completions instead: its GRPO
 groups are served `rollout.prompts_per_step` at a time, in file order, starting
 over at the end; each group must hold `rollout.samples_per_prompt` completions,
@@ -17,7 +18,8 @@ kept, at most `rollout.filter_groups_max_tries` rounds (then the dropped groups 
 rest, in order: `rollout/filter_filled`). Round 0 is the step as it would be unfiltered;
 round k draws a built-in task's prompts from `prompt_key(step, k)` and samples with seeds
 from (seed, step, k), and a dataset's prompts are the stream's next ones (its cursor is
-checkpointed), so a resumed run repeats every round.
+checkpointed), so a resumed run repeats every round. That is why this stage takes the
+prompt source and the engines rather than one list of prompts: a round draws its own.
 """
 
 from __future__ import annotations
@@ -26,10 +28,14 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rl_engine.config import RunConfig
+from rl_engine.executors.job.faults import ActorInfo, gather
+from rl_engine.executors.job.prompts import TaskPrompts, prompt_key, records_of_source
+from rl_engine.executors.job.scorers import TaskScorer
+from rl_engine.executors.job.step_metrics import StepClock
 from rl_engine.rollout import Completion, RolloutFileError, write_rollouts
 from rl_engine.rollout.files import parse_rollouts
 
@@ -42,15 +48,14 @@ Generate = Callable[..., list[Completion]]
 class StepRollouts:
     """`rollouts(step, generate)` -> (completions, rewards, metrics) of one step, saved when configured.
 
-    `prompts` (step_prompts.TaskPrompts / DatasetPrompts; default: the built-in `task`'s)
-    gives the step's prompts and `scorer` (TaskScorer / FunctionScorer; default: the task's
-    reward) their rewards; `metrics` are the scorer's
-    (`reward/*`) and the dataset's (`data/*`), empty for a built-in task.
+    `generate` is the step's generation (`StepGeneration` on the engines; never called with
+    `rollout.source`). `prompts` (prompts.TaskPrompts / DatasetPrompts; default: the built-in
+    `task`'s) gives each round's prompts and `scorer` (scorers.TaskScorer / FunctionScorer;
+    default: the task's reward) their rewards; `metrics` are the scorer's (`reward/*`) and the
+    dataset's (`data/*`), empty for a built-in task.
     """
 
     def __init__(self, config: RunConfig, task, vocab_size: int, *, prompts=None, scorer=None):
-        from rl_engine.executors.job.step_prompts import TaskPrompts, TaskScorer
-
         self.config = config
         self.prompts = TaskPrompts(task) if prompts is None else prompts
         self.scorer = TaskScorer(task) if scorer is None else scorer
@@ -160,8 +165,6 @@ class StepRollouts:
         metrics: dict[str, float] = {}
         if missing:
             if records is None:
-                from rl_engine.executors.job.step_prompts import records_of_source
-
                 records = records_of_source(completions)
             scored, metrics = self.scorer.score(records, [completions[i] for i in missing], step)
             for i, reward in zip(missing, scored):
@@ -171,13 +174,60 @@ class StepRollouts:
         return rewards, dict(metrics)
 
 
-def prompt_key(step: int, attempt: int) -> int:
-    """The key a built-in task draws a round's prompts (and rewards) from: the step itself for
-    round 0, else a negative 63-bit hash of (step, attempt), never a step's own key."""
-    if attempt == 0:
-        return step
-    digest = hashlib.blake2b(f"filter/{step}/{attempt}".encode(), digest_size=8).digest()
-    return -(int.from_bytes(digest, "little") >> 1) - 1
+@dataclass
+class StepGeneration:
+    """Generation of step `step` on the engines, as `StepRollouts` calls it: (prompts of round
+    `attempt`) -> their completions in prompt order, sampled with the round's seeds
+    (`step_sampling`); the slowest engine's own seconds go to the clock's generate_compute."""
+
+    engines: list[ActorInfo]
+    config: RunConfig
+    step: int
+    eos_token_id: object
+    clock: StepClock
+
+    def __call__(self, prompts: list[list[int]], attempt: int = 0) -> list[Completion]:
+        sampling = step_sampling(self.config, self.step, self.eos_token_id, attempt)
+        completions, seconds = generate_on_engines(self.engines, prompts, sampling)
+        self.clock.add("generate_compute", seconds)
+        return completions
+
+
+def generate_on_engines(engines: list[ActorInfo], prompts: list[list[int]], sampling):
+    """Prompts spread over the engines: (completions in prompt order, the slowest engine's
+    seconds). Every TP rank of an engine gets its engine's prompts; its rank 0 answers."""
+    count = len(engine_leads(engines))
+    shards = [list(range(i, len(prompts), count)) for i in range(count)]
+    calls = [
+        (e, e.handle.generate.remote([prompts[j] for j in shards[e.rank]], sampling))
+        for e in engines
+    ]
+    answers = [answer for e, answer in zip(engines, gather(calls)) if not e.tp_rank]
+    completions, seconds = [], 0.0
+    for idx, (result, spent) in zip(shards, answers):
+        seconds = max(seconds, spent)
+        for c in result:
+            c.prompt_index = idx[c.prompt_index]
+            completions.append(c)
+    completions.sort(key=lambda c: (c.prompt_index, c.sample_index))
+    return completions, seconds
+
+
+def engine_leads(engines: list[ActorInfo]) -> list[ActorInfo]:
+    """One process per engine (its TP rank 0): the engines as the driver counts them."""
+    return [e for e in engines if not e.tp_rank]
+
+
+def step_sampling(config: RunConfig, step: int, eos_token_id, attempt: int = 0):
+    """The step's SamplingParams: the config's, seeded from (seed, step) so a resumed run repeats
+    it; a later generation round of the step (rollout.filter_groups) from (seed, step, attempt)."""
+    from rl_engine.rollout import SamplingParams
+
+    seed = config.seed * 100_003 + step
+    if attempt:
+        text = f"filter/{config.seed}/{step}/{attempt}"
+        seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
+    return SamplingParams.from_config(config.rollout, seed=seed, eos_token_id=eos_token_id)
 
 
 def _groups_of(completions: list[Completion], rewards: list[float]):
@@ -195,36 +245,6 @@ def _merge_round_metrics(total: dict, round_metrics: dict) -> None:
             total[key] += value
         else:
             total.setdefault(key, value)
-
-
-def step_sampling(config: RunConfig, step: int, eos_token_id, attempt: int = 0):
-    """The step's SamplingParams: the config's, seeded from (seed, step) so a resumed run repeats
-    it; a later generation round of the step (rollout.filter_groups) from (seed, step, attempt)."""
-    from rl_engine.rollout import SamplingParams
-
-    seed = config.seed * 100_003 + step
-    if attempt:
-        text = f"filter/{config.seed}/{step}/{attempt}"
-        seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 1
-    return SamplingParams.from_config(config.rollout, seed=seed, eos_token_id=eos_token_id)
-
-
-def train_batch(config: RunConfig, completions: list[Completion], rewards: list[float], eos):
-    """The step's TrainBatch, padded with EOS; its advantages are `algorithm.advantage`'s
-    (rl_engine.algorithms.compute_advantages) over the prompts' groups. PPO: zeros here, GAE
-    from the critic's values of this layout later in the step (`ppo_step.gae_batch`)."""
-    from rl_engine.executors.worker.batch import TrainBatch
-
-    algo = config.algorithm
-    return TrainBatch.from_completions(
-        completions,
-        rewards,
-        samples_per_prompt=config.rollout.samples_per_prompt,
-        pad_token_id=eos if isinstance(eos, int) else 0,
-        normalize_std=algo.normalize_std,
-        advantage=None if algo.name == "ppo" else algo.advantage,
-        gamma=algo.gamma,
-    )
 
 
 def load_groups(config: RunConfig, vocab_size: int) -> list[list[Completion]]:

@@ -1,0 +1,120 @@
+"""`RolloutActor`: one rollout engine in its own process, or one rank of a tensor-parallel engine.
+
+`start` loads the model (first moved to the actor's device, then patched: the device picks
+the kernels), `generate` samples a shard of the step's prompts, and `weight_plan` /
+`connect_weight_group` / `receive_weights` are the engine's side of a weight sync.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+
+from rl_engine.config import RunConfig
+from rl_engine.executors.job.actors.process import (
+    JobActor,
+    actor_device,
+    quiet_model_loading,
+    release_free_heap,
+)
+from rl_engine.executors.job.faults import weight_sync_kill_switch
+
+
+@ray.remote
+class RolloutActor(JobActor):
+    """One rollout engine in its own process, or one rank of a tensor-parallel engine
+    (`rollout.tensor_parallel_size` > 1: its ranks join their own gloo / NCCL group at
+    `start`); `start` loads the model."""
+
+    def __init__(self, config: RunConfig, index: int = 0, tp_rank: int = 0):
+        self.config, self.index, self.tp_rank = config, index, tp_rank
+        self.receiver = self.group = None
+
+    def start(self, tp_address: str | None = None, tp_port: int | None = None) -> dict:
+        from rl_engine.models import has_safetensors, load_model
+        from rl_engine.patching import apply_batch_invariant
+        from rl_engine.rollout import RolloutEngine
+
+        quiet_model_loading()
+        config = self.config
+        device, batch = actor_device(config), config.rollout.max_batch_size
+        if config.rollout.tensor_parallel_size > 1:
+            self._join_tp_group(device, tp_address, tp_port)
+        if config.rollout.tensor_parallel_size > 1 and has_safetensors(config.model):
+            from rl_engine.rollout.tp.engine import engine_from_folder
+
+            # this rank reads only its rows of the folder's weights
+            self.engine, tokenizer = engine_from_folder(
+                config.model,
+                dtype=config.torch_dtype,
+                device=device,
+                patch=config.batch_invariant,
+                max_batch_size=batch,
+            )
+            model = self.engine.model
+        else:
+            model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+            model.to(device)  # first move, then patch: the ops are resolved for this device
+            if config.batch_invariant:
+                apply_batch_invariant(model)
+            if config.rollout.tensor_parallel_size > 1:
+                from rl_engine.rollout.tp import TensorParallelEngine
+
+                self.engine = TensorParallelEngine(model, device=device, max_batch_size=batch)
+            else:
+                self.engine = RolloutEngine(model, device=device, max_batch_size=batch)
+        release_free_heap()
+        return {
+            "vocab_size": model.config.vocab_size,
+            "eos_token_id": model.config.eos_token_id,
+            "tokenizer": tokenizer,
+        }
+
+    def _join_tp_group(self, device: str, address: str, port: int) -> None:
+        """The engine's TP ranks' process group: this process's default group."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            "nccl" if device.startswith("cuda") else "gloo",
+            init_method=f"tcp://{address}:{port}",
+            rank=self.tp_rank,
+            world_size=self.config.rollout.tensor_parallel_size,
+            timeout=timedelta(seconds=self.config.trainer.collective_timeout_s),
+        )
+
+    def generate(self, prompts, sampling):
+        """(completions, seconds spent generating)."""
+        started = time.perf_counter()
+        completions = self.engine.generate(prompts, sampling, progress=False)
+        seconds = time.perf_counter() - started
+        release_free_heap()
+        return completions, seconds
+
+    def weight_plan(self, manifest, receiver: int):
+        """Check the trainer ranks' manifest against this engine's model (ValueError naming the
+        key); what this process (receiver `receiver` of the sync) receives of every sync:
+        everything, or a TP rank's own shards."""
+        self.receiver = self.engine.weight_receiver(
+            manifest,
+            receiver=receiver,
+            bucket_bytes=self.config.trainer.weight_sync_bucket_bytes,
+        )
+        return self.receiver.plan
+
+    def connect_weight_group(self, address: str, port: int, rank: int, size: int) -> None:
+        from rl_engine.executors.worker.weight_transport import WeightGroup
+
+        if self.group is not None:
+            self.group.close()
+        timeout = self.config.trainer.collective_timeout_s
+        self.group = WeightGroup.connect(
+            address, port, rank, size, self.engine.device.type, timeout
+        )
+
+    def receive_weights(self) -> int:
+        """One weight sync from the trainer ranks, in place; returns the version now served."""
+        hook = weight_sync_kill_switch(f"rollout engine {self.index}")
+        return self.engine.receive_weights(self.receiver, self.group, on_bucket=hook)
