@@ -90,7 +90,6 @@ class DeepSpeedTrainingWorker:
         self._deepspeed.init_distributed(dist_backend=backend)
         validate_with_deepspeed(self.ds_config)
         self.comm = Collectives(self.env.rank, self.env.world_size, self.device)
-        self._parity = ParityCheck(config.parity, self.comm)
         policy = prepare_policy(model, config, self.device)
         self.reference = frozen_copy(policy) if config.algorithm.kl_coef > 0 else None
         self.router = RouterTerms(policy, config.algorithm.router_aux_loss_coef, config.model)
@@ -123,6 +122,8 @@ class DeepSpeedTrainingWorker:
     global_step = property(
         lambda self: int(self.engine.global_steps), doc="optimizer steps taken, skipped or not"
     )
+    # read at each use: `config.parity` may change between steps
+    _parity = property(lambda self: ParityCheck(self.config.parity, self.comm))
 
     # -------------------------------------------------------------- the step
 

@@ -11,6 +11,8 @@ left waiting in a collective. The worker checks forwards of the pre-update polic
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from rl_engine.executors.worker.distributed import Collectives
@@ -19,11 +21,12 @@ from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.parity import MismatchMetrics, ParitySums, parity_sums
 
 
+@dataclass(frozen=True, slots=True)
 class ParityCheck:
-    """One rank's parity checks under mode `mode` ('off' | 'report' | 'strict')."""
+    """One rank's parity checks under `mode` ('off' | 'report' | 'strict')."""
 
-    def __init__(self, mode: str, comm: Collectives):
-        self.mode, self.comm = mode, comm
+    mode: str
+    comm: Collectives
 
     @property
     def active(self) -> bool:
