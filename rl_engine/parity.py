@@ -290,18 +290,18 @@ def correction_sums(
     has_tokens = valid.any(dim=1)
     dropped_rows = has_tokens & ~correction.mask.any(dim=1)
     k3 = kl_k3(rollout, trainer.detach(), mask=valid)  # KL(rollout || trainer)
-    return CorrectionSums(
-        tokens=float(valid.sum()),
-        truncated=float(correction.truncated.sum()),
-        dropped=float(correction.dropped.sum()),
-        ratio_sum=float(ratio.sum()),
-        ratio_max=float(ratio.max()),
-        neg_ratio_min=float(-ratio.min()),
-        k3_sum=float(k3.double().sum()),
-        trainer_logp_sum=float(a.sum()),
-        rollout_logp_sum=float(b.sum()),
-        sequences=float(has_tokens.sum()),
-        dropped_sequences=float(dropped_rows.sum()),
+    return CorrectionSums.from_tensors(
+        tokens=valid.sum(),
+        truncated=correction.truncated.sum(),
+        dropped=correction.dropped.sum(),
+        ratio_sum=ratio.sum(),
+        ratio_max=ratio.max(),
+        neg_ratio_min=-ratio.min(),
+        k3_sum=k3.double().sum(),
+        trainer_logp_sum=a.sum(),
+        rollout_logp_sum=b.sum(),
+        sequences=has_tokens.sum(),
+        dropped_sequences=dropped_rows.sum(),
     )
 
 

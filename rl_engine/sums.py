@@ -55,6 +55,13 @@ class Sums:
         return torch.tensor([getattr(self, f.name) for f in fields(self)], dtype=torch.float64)
 
     @classmethod
+    def from_tensors(cls, **values: torch.Tensor) -> Self:
+        """The record of 0-d tensors by field name (any device and dtype; fp64 holds every fp32
+        value and count exactly), copied to the host at once: one device sync, not one each."""
+        host = torch.stack([v.detach().to(torch.float64) for v in values.values()]).cpu()
+        return cls(**dict(zip(values, host.tolist())))
+
+    @classmethod
     def unpack(cls, packed: torch.Tensor) -> Self:
         """The record `pack` gave `packed`."""
         values, names = packed.tolist(), [f.name for f in fields(cls)]

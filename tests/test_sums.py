@@ -88,3 +88,10 @@ def test_finite_sees_every_field():
     assert LossSums(loss=1.0, tokens=2).finite()
     assert not LossSums(loss=math.inf, tokens=2).finite()
     assert not LossSums(kl=math.nan).finite()
+
+
+def test_from_tensors_keeps_each_value_exactly_and_defaults_the_rest():
+    loss, tokens = torch.tensor(0.1, dtype=torch.float32), torch.tensor([1, 1, 0]).sum()
+    record = LossSums.from_tensors(loss=loss, tokens=tokens)
+    assert record == LossSums(loss=float(loss), tokens=2.0)  # the fp32 value, not 0.1
+    assert record.loss != 0.1

@@ -182,11 +182,7 @@ class CriticWorker:
         old = old_values[rows, :width].to(values.device)
         per_token, clipped = value_loss_terms(values, target, old, mask, clip=self.value_clip)
         loss = per_token.sum() / units
-        record = ValueLossSums(
-            loss=float(loss.detach().double()),
-            clipped=float(clipped.sum().double()),
-            tokens=float(mask.sum().double()),
-        )
+        record = ValueLossSums.from_tensors(loss=loss, clipped=clipped.sum(), tokens=mask.sum())
         return loss * scale, record
 
     def _mini_batch_tokens(self, minis) -> list[float]:

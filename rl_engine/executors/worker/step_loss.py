@@ -124,20 +124,15 @@ def micro_loss(
             kl = aggregate(per_token, loss_mask, algo.loss_aggregation)
     share = aggregation_units(loss_mask, algo.loss_aggregation) / units
     loss = (pg + algo.kl_coef * kl) * share
-    record = LossSums(
-        loss=_value(loss),
-        policy_loss=_value(pg * share),
-        clipped=_value(clipped),
-        kl=_value(kl * share),
-        neg_logp=_value(-logp[mask].sum()),
-        tokens=_value(mask.sum()),
+    record = LossSums.from_tensors(
+        loss=loss,
+        policy_loss=pg * share,
+        clipped=clipped,
+        kl=kl * share,
+        neg_logp=-logp[mask].sum(),
+        tokens=mask.sum(),
     )
     return loss * scale, record
-
-
-def _value(term: torch.Tensor) -> float:
-    """A loss term as a Python float (fp64, exact for fp32 terms and integer counts)."""
-    return float(term.detach().double())
 
 
 def step_metrics(
