@@ -1,8 +1,8 @@
 """Mismatch between two sets of per-token logprobs (trainer vs. rollout): the one definition.
 
 Both the worker's `parity/*` step metrics and the diagnostics' report come from
-`parity_sums`, a vector of sums that adds up over micro-batches and ranks
-(`merge_sums`, `reduce_sums`) and turns into metrics at the end.
+`parity_sums`, a `ParitySums` record that adds up over micro-batches and ranks
+(`merge`, `all_reduce`: `rl_engine.sums`) and turns into metrics at the end.
 
 The exact-match fraction comes first: with batch-invariant kernels it must be
 1.0, and no tolerance hides a near miss. The rest are the metrics the RL
@@ -15,9 +15,9 @@ samples the rollout engine drew; with bitwise parity it is exactly 1. Its
 distribution (`ratio_distribution`: min, max, quantiles, fraction outside
 [1/C, C] per token and per sequence, the sequence ratio being exp of the sum of
 its token log-ratios) and `mismatch_by_position` serve the diagnostics;
-`correction_sums` / `correction_metrics` are the worker's `correction/*` step
-metrics (what the rollout correction truncated or dropped), summed over
-micro-batches and ranks like `parity_sums`.
+`correction_sums` (a `CorrectionSums` record) and its `metrics` are the worker's
+`correction/*` step metrics (what the rollout correction truncated or dropped),
+summed over micro-batches and ranks like `parity_sums`.
 """
 
 from __future__ import annotations
@@ -29,10 +29,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from rl_engine.algorithms import kl_k3
-
-# entries of the sums vector; MAX is the one reduced with max instead of sum
-EXACT, TOKENS, ABS_SUM, ABS_MAX, K3_SUM, PROB_ABS_SUM = range(6)
-NUM_SUMS = 6
+from rl_engine.sums import Sums, maximum
 
 
 def _check(trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor | None):
@@ -44,33 +41,49 @@ def _check(trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor | No
         raise ValueError(f"mask shape {tuple(mask.shape)} != logprobs shape {tuple(trainer.shape)}")
 
 
+@dataclass(frozen=True, slots=True)
+class ParitySums(Sums):
+    """Sums over the compared tokens that the mismatch metrics are read from."""
+
+    exact: float = 0.0
+    """Tokens whose trainer and rollout logprobs are equal (==)."""
+    tokens: float = 0.0
+    """Tokens compared."""
+    abs_sum: float = 0.0
+    """Sum of |trainer - rollout| (fp64)."""
+    abs_max: float = maximum()
+    """Largest |trainer - rollout|."""
+    k3_sum: float = 0.0
+    """Sum of the k3 estimate of KL(rollout || trainer)."""
+    prob_abs_sum: float = 0.0
+    """Sum of |p_trainer - p_rollout| of the tokens."""
+
+    @property
+    def mismatches(self) -> float:
+        """Tokens whose logprobs differ."""
+        return self.tokens - self.exact
+
+
 def parity_sums(
     trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    """(6,) fp64 CPU [exact matches, tokens, sum |d|, max |d|, sum k3, sum |dprob|] over `mask`'s tokens."""
+) -> ParitySums:
+    """The parity sums of the tokens `mask` selects (all tokens when None)."""
     _check(trainer, rollout, mask)
     keep = torch.ones_like(trainer, dtype=torch.bool) if mask is None else mask.bool()
     a, b = trainer[keep], rollout[keep]
     if a.numel() == 0:
-        return torch.zeros(NUM_SUMS, dtype=torch.float64)
+        return ParitySums()
     diff = (a.double() - b.double()).abs()
     k3 = kl_k3(b, a)  # KL(rollout || trainer): samples come from the rollout
     prob = (a.double().exp() - b.double().exp()).abs()
-    values = [(a == b).sum(), a.numel(), diff.sum(), diff.max(), k3.double().sum(), prob.sum()]
-    return torch.tensor([float(v) for v in values], dtype=torch.float64)
-
-
-def merge_sums(total: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
-    merged = total + part
-    merged[ABS_MAX] = torch.maximum(total[ABS_MAX], part[ABS_MAX])
-    return merged
-
-
-def reduce_sums(sums: torch.Tensor, all_reduce) -> torch.Tensor:
-    """Sums over ranks; `all_reduce(tensor, op)` with op 'sum' or 'max'."""
-    out = all_reduce(sums, "sum")
-    out[ABS_MAX] = all_reduce(sums[ABS_MAX : ABS_MAX + 1], "max")[0]
-    return out
+    return ParitySums(
+        exact=float((a == b).sum()),
+        tokens=float(a.numel()),
+        abs_sum=float(diff.sum()),
+        abs_max=float(diff.max()),
+        k3_sum=float(k3.double().sum()),
+        prob_abs_sum=float(prob.sum()),
+    )
 
 
 @dataclass(frozen=True)
@@ -84,18 +97,17 @@ class MismatchMetrics:
     mean_abs_prob_diff: float
 
     @classmethod
-    def from_sums(cls, sums: torch.Tensor) -> MismatchMetrics:
-        values = sums.tolist()
-        tokens = values[TOKENS]
+    def from_sums(cls, sums: ParitySums) -> MismatchMetrics:
+        tokens = sums.tokens
         if tokens == 0:
             return cls(0, 1.0, 0.0, 0.0, 0.0, 0.0)
         return cls(
             num_tokens=int(tokens),
-            exact_match_fraction=values[EXACT] / tokens,
-            max_abs_diff=values[ABS_MAX],
-            mean_abs_diff=values[ABS_SUM] / tokens,
-            k3_kl=values[K3_SUM] / tokens,
-            mean_abs_prob_diff=values[PROB_ABS_SUM] / tokens,
+            exact_match_fraction=sums.exact / tokens,
+            max_abs_diff=sums.abs_max,
+            mean_abs_diff=sums.abs_sum / tokens,
+            k3_kl=sums.k3_sum / tokens,
+            mean_abs_prob_diff=sums.prob_abs_sum / tokens,
         )
 
     def as_dict(self) -> dict[str, float]:
@@ -219,86 +231,78 @@ def mismatch_by_position(
 
 # ---------------------------------------------------------------------------- per training step
 
-STEP_SUMS = (
-    "tokens",
-    "truncated",
-    "dropped",
-    "ratio_sum",
-    "ratio_max",
-    "neg_ratio_min",
-    "k3_sum",
-    "trainer_logp_sum",
-    "rollout_logp_sum",
-    "sequences",
-    "dropped_sequences",
-)
-_MAX_SUMS = (STEP_SUMS.index("ratio_max"), STEP_SUMS.index("neg_ratio_min"))
+
+@dataclass(frozen=True, slots=True)
+class CorrectionSums(Sums):
+    """A step's rollout-correction sums over its micro-batches and ranks; `metrics` reads them."""
+
+    tokens: float = 0.0
+    """Completion tokens the correction saw."""
+    truncated: float = 0.0
+    """Tokens whose importance weight was truncated."""
+    dropped: float = 0.0
+    """Tokens the correction masked out."""
+    ratio_sum: float = 0.0
+    """Sum of the token ratios trainer / rollout."""
+    ratio_max: float = maximum(-math.inf)
+    """Largest token ratio."""
+    neg_ratio_min: float = maximum(-math.inf)
+    """Minus the smallest token ratio (a max, so that one all-reduce op serves both)."""
+    k3_sum: float = 0.0
+    """Sum of the k3 estimate of KL(rollout || trainer)."""
+    trainer_logp_sum: float = 0.0
+    rollout_logp_sum: float = 0.0
+    sequences: float = 0.0
+    """Sequences with a completion token."""
+    dropped_sequences: float = 0.0
+    """Sequences the correction left without a token."""
+
+    def metrics(self) -> dict[str, float]:
+        """`correction/*` metrics of a step: ratio stats, fractions truncated / masked, k3 KL,
+        perplexities."""
+        tokens = max(self.tokens, 1.0)
+        return {
+            "correction/ratio_mean": self.ratio_sum / tokens,
+            "correction/ratio_min": -self.neg_ratio_min,
+            "correction/ratio_max": self.ratio_max,
+            "correction/truncated_fraction": self.truncated / tokens,
+            "correction/masked_fraction": self.dropped / tokens,
+            "correction/masked_sequence_fraction": self.dropped_sequences
+            / max(self.sequences, 1.0),
+            "correction/k3_kl": self.k3_sum / tokens,
+            "correction/trainer_ppl": _exp(-self.trainer_logp_sum / tokens),
+            "correction/rollout_ppl": _exp(-self.rollout_logp_sum / tokens),
+        }
 
 
-def correction_sums(trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, correction):
-    """(len(STEP_SUMS),) fp64 sums of one micro-batch: add them up (max for the *_max / neg_*_min).
+def correction_sums(
+    trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor, correction
+) -> CorrectionSums:
+    """The correction sums of one micro-batch.
 
     trainer / rollout / mask: (B, T); `correction`: the RolloutCorrection applied to them.
     """
     valid = mask.bool()
     if not bool(valid.any()):
-        return empty_correction_sums()
+        return CorrectionSums()
     a, b = trainer.detach().double()[valid], rollout.double()[valid]
     ratio = torch.exp(a - b)
     has_tokens = valid.any(dim=1)
     dropped_rows = has_tokens & ~correction.mask.any(dim=1)
-    values = [
-        valid.sum(),
-        correction.truncated.sum(),
-        correction.dropped.sum(),
-        ratio.sum(),
-        ratio.max(),
-        -ratio.min(),
-        kl_k3(rollout, trainer.detach(), mask=valid).double().sum(),  # KL(rollout || trainer)
-        a.sum(),
-        b.sum(),
-        has_tokens.sum(),
-        dropped_rows.sum(),
-    ]
-    return torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in values]).cpu()
-
-
-def merge_correction_sums(total: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
-    merged = total + part
-    for i in _MAX_SUMS:
-        merged[i] = torch.maximum(total[i], part[i])
-    return merged
-
-
-def reduce_correction_sums(sums: torch.Tensor, all_reduce) -> torch.Tensor:
-    """Over ranks: `all_reduce(tensor, "sum" | "max")` returns the reduced copy."""
-    summed = all_reduce(sums, "sum")
-    idx = list(_MAX_SUMS)
-    summed[idx] = all_reduce(sums[idx].clone(), "max")
-    return summed
-
-
-def empty_correction_sums() -> torch.Tensor:
-    sums = torch.zeros(len(STEP_SUMS), dtype=torch.float64)
-    sums[list(_MAX_SUMS)] = -float("inf")
-    return sums
-
-
-def correction_metrics(sums: torch.Tensor) -> dict[str, float]:
-    """`correction/*` metrics of a step: ratio stats, fractions truncated / masked, k3 KL, perplexities."""
-    s = dict(zip(STEP_SUMS, sums.tolist()))
-    tokens = max(s["tokens"], 1.0)
-    return {
-        "correction/ratio_mean": s["ratio_sum"] / tokens,
-        "correction/ratio_min": -s["neg_ratio_min"],
-        "correction/ratio_max": s["ratio_max"],
-        "correction/truncated_fraction": s["truncated"] / tokens,
-        "correction/masked_fraction": s["dropped"] / tokens,
-        "correction/masked_sequence_fraction": s["dropped_sequences"] / max(s["sequences"], 1.0),
-        "correction/k3_kl": s["k3_sum"] / tokens,
-        "correction/trainer_ppl": _exp(-s["trainer_logp_sum"] / tokens),
-        "correction/rollout_ppl": _exp(-s["rollout_logp_sum"] / tokens),
-    }
+    k3 = kl_k3(rollout, trainer.detach(), mask=valid)  # KL(rollout || trainer)
+    return CorrectionSums.from_tensors(
+        tokens=valid.sum(),
+        truncated=correction.truncated.sum(),
+        dropped=correction.dropped.sum(),
+        ratio_sum=ratio.sum(),
+        ratio_max=ratio.max(),
+        neg_ratio_min=-ratio.min(),
+        k3_sum=k3.double().sum(),
+        trainer_logp_sum=a.sum(),
+        rollout_logp_sum=b.sum(),
+        sequences=has_tokens.sum(),
+        dropped_sequences=dropped_rows.sum(),
+    )
 
 
 def _exp(x: float) -> float:

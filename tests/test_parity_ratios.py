@@ -36,25 +36,18 @@ def test_mismatch_by_position_averages_over_the_sequences_that_reach_it():
 
 def test_step_metrics_merge_over_micro_batches_and_report_what_the_correction_did():
     from rl_engine.algorithms import rollout_correction
-    from rl_engine.parity import (
-        correction_metrics,
-        correction_sums,
-        empty_correction_sums,
-        merge_correction_sums,
-    )
+    from rl_engine.parity import CorrectionSums, correction_sums
 
     rollout = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, float("nan")]])
     trainer = rollout + torch.tensor([[0.0, math.log(3.0), 0.0], [math.log(0.25), 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]], dtype=torch.bool)
-    total = empty_correction_sums()
+    total = CorrectionSums()
     for rows in (slice(0, 1), slice(1, 2)):  # two micro-batches
         c = rollout_correction(
             trainer[rows], rollout[rows], mask[rows], mode="token_mask", threshold=2.0
         )
-        total = merge_correction_sums(
-            total, correction_sums(trainer[rows], rollout[rows], mask[rows], c)
-        )
-    m = correction_metrics(total)
+        total = total.merge(correction_sums(trainer[rows], rollout[rows], mask[rows], c))
+    m = total.metrics()
     assert m["correction/ratio_max"] == pytest.approx(3.0) and m[
         "correction/ratio_min"
     ] == pytest.approx(0.25)
@@ -70,11 +63,11 @@ def test_step_metrics_merge_over_micro_batches_and_report_what_the_correction_di
 
 def test_step_metrics_of_non_finite_logprobs_are_reported_not_raised():
     from rl_engine.algorithms import rollout_correction
-    from rl_engine.parity import correction_metrics, correction_sums
+    from rl_engine.parity import correction_sums
 
     rollout = torch.tensor([[-1.0, -2.0]])
     trainer = torch.tensor([[-1.0, -float("inf")]])
     mask = torch.ones(1, 2, dtype=torch.bool)
     c = rollout_correction(trainer, rollout, mask, mode="token_truncate", threshold=2.0)
-    m = correction_metrics(correction_sums(trainer, rollout, mask, c))
+    m = correction_sums(trainer, rollout, mask, c).metrics()
     assert m["correction/trainer_ppl"] == math.inf and m["correction/ratio_min"] == 0.0

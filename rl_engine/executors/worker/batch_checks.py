@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from rl_engine.config import RunConfig
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.distributed import Collectives
 from rl_engine.executors.worker.errors import BatchError
@@ -107,6 +108,37 @@ def step_mini_batches(
                 )
         minis.append(micro)
     return minis
+
+
+def plan_step(
+    config: RunConfig, batch, *, vocab_size: int, device, weight_version: int | None = None
+) -> list[list[MicroBatch]]:
+    """`step_mini_batches` of a training step's shard under the run's trainer settings."""
+    trainer = config.trainer
+    return step_mini_batches(
+        batch,
+        vocab_size=vocab_size,
+        micro_batch_size=trainer.micro_batch_size,
+        device=device,
+        sequences=config.sequences_per_rank,
+        mini_batch=config.mini_batch_per_rank,
+        weight_version=weight_version,
+        packing=trainer.packing,
+        max_tokens=trainer.max_tokens_per_micro_batch,
+    )
+
+
+def plan_scoring(config: RunConfig, batch, *, vocab_size: int, device) -> list[MicroBatch]:
+    """`micro_batches` of any number of sequences (a no-grad scoring) under the run's settings."""
+    trainer = config.trainer
+    return micro_batches(
+        batch,
+        vocab_size=vocab_size,
+        micro_batch_size=trainer.micro_batch_size,
+        device=device,
+        packing=trainer.packing,
+        max_tokens=trainer.max_tokens_per_micro_batch,
+    )
 
 
 def _planned(batch, micro_batch_size: int, max_tokens: int, packing: bool) -> list[MicroBatch]:

@@ -19,6 +19,7 @@ the all-or-none update guard and checkpoints are the policy worker's own helpers
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,18 +30,28 @@ from rl_engine.config import RunConfig
 from rl_engine.devices import check_device
 from rl_engine.executors.worker import checkpoints
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.batch_checks import agree_on_batch, micro_batches, step_mini_batches
+from rl_engine.executors.worker.batch_checks import agree_on_batch, plan_scoring, plan_step
 from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_deepspeed
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
 from rl_engine.executors.worker.errors import BatchError
 from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.executors.worker.policy import StepGuard, prepare_policy
 from rl_engine.executors.worker.value_model import ValueModule
+from rl_engine.sums import Sums
 
 logger = logging.getLogger(__name__)
 
-# entries of a micro-batch's record; summed over micro-batches and ranks
-_LOSS, _CLIPPED, _TOKENS = range(3)
+
+@dataclass(frozen=True, slots=True)
+class ValueLossSums(Sums):
+    """A micro-batch's clipped value loss and token counts, summed over micro-batches and ranks."""
+
+    loss: float = 0.0
+    """Its share of its mini-batch's token-mean clipped value loss."""
+    clipped: float = 0.0
+    """Completion tokens whose clipped error was the larger."""
+    tokens: float = 0.0
+    """Its completion tokens."""
 
 
 class CriticWorker:
@@ -96,18 +107,10 @@ class CriticWorker:
     def values(self, batch: TrainBatch) -> torch.Tensor:
         """fp32 (B, T-1) values of the current critic, aligned with `batch.response_mask`, 0 off
         it. Any number of sequences; collective under ZeRO-3 (every rank calls it)."""
-        trainer = self.config.trainer
         micro = agree_on_batch(
             self.comm,
             lambda: [
-                micro_batches(
-                    batch,
-                    vocab_size=self.vocab_size,
-                    micro_batch_size=trainer.micro_batch_size,
-                    device=self.device,
-                    packing=trainer.packing,
-                    max_tokens=trainer.max_tokens_per_micro_batch,
-                )
+                plan_scoring(self.config, batch, vocab_size=self.vocab_size, device=self.device)
             ],
         )[0]
         self.engine.eval()
@@ -140,48 +143,46 @@ class CriticWorker:
         units = self._mini_batch_tokens(minis)
         # engine.backward divides by DeepSpeed's gradient_accumulation_steps: undone here
         scale = self.engine.gradient_accumulation_steps() * self.world_size
-        sums, outcomes = torch.zeros(3, dtype=torch.float64), []
+        sums, outcomes = ValueLossSums(), []
         self.engine.train()
         for _ in range(self.config.trainer.epochs):
             for j, micro in enumerate(minis):
                 last = len(micro) - 1
-                step_sums = torch.zeros(3, dtype=torch.float64)
+                step_sums = ValueLossSums()
                 for i, mb in enumerate(micro):
                     self.engine.set_gradient_accumulation_boundary(i == last)
                     loss, record = self._micro_loss(mb, returns, old_values, units[j], scale)
-                    step_sums += record
+                    step_sums = step_sums.merge(record)
                     self.engine.backward(loss)
                     if i == last:
-                        self.guard.arm(force_skip=not bool(torch.isfinite(step_sums).all()))
+                        self.guard.arm(force_skip=not step_sums.finite())
                     self.engine.step()
-                sums += step_sums
+                sums = sums.merge(step_sums)
                 outcomes.append(self.guard.outcome)
-        sums = self.comm.all_reduce(sums)
+        sums = sums.all_reduce(self.comm.all_reduce)
         skipped = sum(outcome != "stepped" for outcome in outcomes)
         self.updates += len(outcomes) - skipped
         return {
-            "critic/value_loss": float(sums[_LOSS]) / len(outcomes),
-            "critic/clip_fraction": float(sums[_CLIPPED]) / max(float(sums[_TOKENS]), 1.0),
+            "critic/value_loss": sums.loss / len(outcomes),
+            "critic/clip_fraction": sums.clipped / max(sums.tokens, 1.0),
             "critic/updates": len(outcomes),
             "critic/skipped_update": skipped,
         }
 
     def _micro_loss(self, mb: MicroBatch | None, returns, old_values, units: float, scale: int):
-        """(loss to backpropagate, record (3,) fp64) of one micro-batch: its share of the
+        """(loss to backpropagate, its ValueLossSums) of one micro-batch: its share of the
         mini-batch's token-mean loss. An empty micro-batch (None: another rank has more)
         runs a dummy forward and backpropagates zero."""
         values = self._forward(mb)
         if mb is None:
-            return values.sum() * 0.0, torch.zeros(3, dtype=torch.float64)
+            return values.sum() * 0.0, ValueLossSums()
         mask = mb.batch.response_mask
         rows, width = list(mb.sequences), mask.shape[1]
         target = returns[rows, :width].to(values.device)
         old = old_values[rows, :width].to(values.device)
         per_token, clipped = value_loss_terms(values, target, old, mask, clip=self.value_clip)
         loss = per_token.sum() / units
-        record = torch.stack(
-            [loss.detach().double().cpu(), clipped.sum().double().cpu(), mask.sum().double().cpu()]
-        )
+        record = ValueLossSums.from_tensors(loss=loss, clipped=clipped.sum(), tokens=mask.sum())
         return loss * scale, record
 
     def _mini_batch_tokens(self, minis) -> list[float]:
@@ -194,17 +195,7 @@ class CriticWorker:
         return [max(float(t), 1.0) for t in total]
 
     def _mini_batches(self, batch) -> list[list[MicroBatch]]:
-        trainer = self.config.trainer
-        return step_mini_batches(
-            batch,
-            vocab_size=self.vocab_size,
-            micro_batch_size=trainer.micro_batch_size,
-            device=self.device,
-            sequences=self.config.sequences_per_rank,
-            mini_batch=self.config.mini_batch_per_rank,
-            packing=trainer.packing,
-            max_tokens=trainer.max_tokens_per_micro_batch,
-        )
+        return plan_step(self.config, batch, vocab_size=self.vocab_size, device=self.device)
 
     @staticmethod
     def _check_targets(batch: TrainBatch, returns, old_values) -> None:

@@ -8,17 +8,18 @@ mini-batches, then for every epoch and mini-batch each micro-batch is scored at 
 logprobs when no update has happened yet (parity), its loss (`step_loss`) backpropagated,
 and DeepSpeed steps at the mini-batch's end with every rank applying the update or none
 (`policy.StepGuard`).
-Rollout correction's bookkeeping: `step_corrections`. Setup: `distributed`, `ds_config`,
-`policy.prepare_policy`; weights and checkpoints: `checkpoints`; weights straight into the
-rollout engines over a process group of their own: `weight_transport`.
+The step's parts: `parity_check` (the parity check and its parity/* metrics), `step_loss`
+(a micro-batch's loss and its `LossSums`, the step's metrics), `step_corrections` (rollout
+correction's bookkeeping), `router_terms` (MoE), `recovery` (an exception mid-step).
+Setup: `distributed`, `ds_config`, `policy.prepare_policy`; weights and checkpoints:
+`checkpoints`; weights straight into the rollout engines over a process group of their own:
+`weight_transport`.
 """
 
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -27,28 +28,24 @@ from rl_engine.config import RunConfig
 from rl_engine.devices import check_device
 from rl_engine.executors.worker import checkpoints
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.batch_checks import (
-    agree_on_batch,
-    micro_batches,
-    step_mini_batches,
-)
+from rl_engine.executors.worker.batch_checks import agree_on_batch, plan_scoring, plan_step
 from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_deepspeed
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
-from rl_engine.executors.worker.errors import BatchError, ParityError, parity_error
-from rl_engine.executors.worker.micro_batches import MicroBatch
+from rl_engine.executors.worker.errors import BatchError, ParityError
+from rl_engine.executors.worker.micro_batches import MicroBatch, MicroSlot
+from rl_engine.executors.worker.parity_check import ParityCheck
 from rl_engine.executors.worker.policy import (
     LogprobModule,
     StepGuard,
     frozen_copy,
+    micro_batch_logprobs,
     prepare_policy,
-    release_zero3_parameters,
 )
+from rl_engine.executors.worker.recovery import MidStepFailures
 from rl_engine.executors.worker.router_terms import RouterTerms
-from rl_engine.executors.worker.step_corrections import StepCorrections, needs_scoring_pass
+from rl_engine.executors.worker.step_corrections import StepCorrections, scoring_pass
 from rl_engine.executors.worker.step_loss import (
-    NEG_LOGP,
-    RECORD_SIZE,
-    TOKENS,
+    LossSums,
     grad_norm,
     micro_loss,
     step_metrics,
@@ -57,24 +54,16 @@ from rl_engine.executors.worker.step_loss import (
 from rl_engine.executors.worker.weight_transport import (
     WeightGroup,
     WeightSender,
+    agree_on_group,
     held_ranges,
     policy_manifest,
 )
-from rl_engine.logprobs import IGNORE_INDEX
-from rl_engine.parity import NUM_SUMS, MismatchMetrics, merge_sums, parity_sums, reduce_sums
+from rl_engine.parity import ParitySums
 from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
 
 __all__ = ["BatchError", "DeepSpeedTrainingWorker", "ParityError", "build_deepspeed_config"]
 
 logger = logging.getLogger(__name__)
-
-
-class MicroSlot(NamedTuple):
-    """Where a training forward sits in the step: epoch, mini-batch, micro-batch."""
-
-    epoch: int
-    mini: int
-    micro: int
 
 
 class DeepSpeedTrainingWorker:
@@ -118,7 +107,8 @@ class DeepSpeedTrainingWorker:
         self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
             model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
         )
-        self.weight_version, self._unusable = 0, None
+        self._mid_step = MidStepFailures(self.engine, zero3=self.zero_stage == 3)
+        self.weight_version = 0
         self._weight_sync = None  # (manifest, sender, group) once connect_weight_sync ran
         self._log(
             f"DeepSpeed worker ready: {self.world_size} rank(s), ZeRO-{self.zero_stage}, "
@@ -132,6 +122,8 @@ class DeepSpeedTrainingWorker:
     global_step = property(
         lambda self: int(self.engine.global_steps), doc="optimizer steps taken, skipped or not"
     )
+    # read at each use: `config.parity` may change between steps
+    _parity = property(lambda self: ParityCheck(self.config.parity, self.comm))
 
     # -------------------------------------------------------------- the step
 
@@ -163,19 +155,18 @@ class DeepSpeedTrainingWorker:
         on every rank, no update taken. After an exception that follows a backward, the worker
         refuses further steps (gradients are left inside DeepSpeed).
         """
-        self._require_usable()
+        self._mid_step.require_usable()
         minis = agree_on_batch(self.comm, lambda: self._mini_batches(batch))
         if not update:
             return self._forward_only_step(minis)
         # engine.backward divides by DeepSpeed's gradient_accumulation_steps: undone here
         scale = self.engine.gradient_accumulation_steps() * self.world_size
-        sums = torch.zeros(RECORD_SIZE, dtype=torch.float64)
-        parity = torch.zeros(NUM_SUMS, dtype=torch.float64)
-        norm, outcomes = None, []
+        sums, parity, norm, outcomes = LossSums(), ParitySums(), None, []
         self._ref_logp = {}
         self.engine.train()
-        with self._recoverable():
-            scored, parity = self._scoring_pass(minis)  # before any update: parity and proximal
+        with self._mid_step.recoverable():
+            # before any update: the pre-update logprobs parity and the rollout correction need
+            scored, parity = scoring_pass(minis, self._forward, self._parity, self.config)
             corrections = StepCorrections(
                 self.config.algorithm,
                 [[None if mb is None else mb.batch for mb in micro] for micro in minis],
@@ -186,33 +177,31 @@ class DeepSpeedTrainingWorker:
             for epoch in range(self.config.trainer.epochs):
                 for j, micro in enumerate(minis):
                     record, norm = self._update(epoch, j, micro, corrections, scale, norm)
-                    sums, parity = sums + record[0], merge_sums(parity, record[1])
+                    sums, parity = sums.merge(record[0]), parity.merge(record[1])
                     outcomes.append(self.guard.outcome)
         return self._finish_step(sums, parity, norm, corrections, outcomes)
 
     def _forward_only_step(self, minis) -> dict[str, float]:
         """A step without an update: every sequence scored once, no grad, parity checked."""
-        sums = torch.zeros(RECORD_SIZE, dtype=torch.float64)
-        parity = torch.zeros(NUM_SUMS, dtype=torch.float64)
+        sums, parity = LossSums(), ParitySums()
         self.engine.eval()
         self.router.start(minis, self.comm.all_reduce)  # MoE: zero counts (no aux loss here)
-        with torch.no_grad(), self._recoverable():
+        with torch.no_grad(), self._mid_step.recoverable():
             for micro in minis:
                 for mb in micro:
                     logp = self._forward(mb)  # every rank runs as many forwards (ZeRO-3)
-                    parity = merge_sums(parity, self._check_parity(mb, logp))
+                    parity = parity.merge(self._parity.check(mb, logp))
                     if mb is not None:
                         mask = mb.batch.response_mask
-                        sums[NEG_LOGP] -= float(logp[mask].double().sum())
-                        sums[TOKENS] += float(mask.sum())
+                        neg_logp = -float(logp[mask].double().sum())
+                        sums = sums.merge(LossSums(neg_logp=neg_logp, tokens=float(mask.sum())))
         no_corrections = StepCorrections(self.config.algorithm, [], {}, self.comm.all_reduce)
         return self._finish_step(sums, parity, float("nan"), no_corrections, [])
 
     def _update(self, epoch: int, j: int, micro, corrections, scale: int, norm):
         """One optimizer step on mini-batch `j`: its micro-batches' forwards and backwards, the
-        accumulation boundary on its last one. Returns ((record, parity sums), grad norm)."""
-        sums = torch.zeros(RECORD_SIZE, dtype=torch.float64)
-        parity = torch.zeros(NUM_SUMS, dtype=torch.float64)
+        accumulation boundary on its last one. Returns ((LossSums, ParitySums), grad norm)."""
+        sums, parity = LossSums(), ParitySums()
         last = len(micro) - 1
         for i, mb in enumerate(micro):
             # Micro-batch counts vary per mini-batch: DeepSpeed reduces gradients and may update
@@ -221,38 +210,17 @@ class DeepSpeedTrainingWorker:
             loss, record, mb_parity = self._micro_loss(
                 MicroSlot(epoch, j, i), mb, corrections, scale
             )
-            sums, parity = sums + record, merge_sums(parity, mb_parity)
-            self._backward_taken = True
+            sums, parity = sums.merge(record), parity.merge(mb_parity)
+            self._mid_step.backward_taken = True
             self.engine.backward(loss)
             if i == last:  # the accumulation boundary: step() may update
                 norm = self._stage0_grad_norm()  # before step() clips and clears the grads
-                self.guard.arm(force_skip=not bool(torch.isfinite(sums[:TOKENS]).all()))
+                self.guard.arm(force_skip=not sums.finite())
             self.engine.step()
         return (sums, parity), norm
 
-    def _scoring_pass(self, minis) -> tuple[dict, torch.Tensor]:
-        """The no-grad forward of the mini-batches whose training forward comes after an update,
-        where parity (`trainer.parity_scope: all`) or the rollout correction needs their
-        pre-update logprobs; mask corrections need every mini-batch's. Returns (logprobs by
-        (mini-batch, micro-batch), parity sums). Nothing to do with one mini-batch."""
-        algo, scope = self.config.algorithm, self.config.trainer.parity_scope
-        checks = self.config.parity != "off" and scope == "all"
-        logps, parity = {}, torch.zeros(NUM_SUMS, dtype=torch.float64)
-        with torch.no_grad():
-            for j, micro in enumerate(minis):
-                check = checks and j > 0
-                if not (check or needs_scoring_pass(algo, j)):
-                    continue
-                for i, mb in enumerate(micro):
-                    logp = self._forward(mb)  # every rank runs as many forwards (ZeRO-3)
-                    if mb is not None:
-                        logps[(j, i)] = logp
-                    if j > 0 and self.config.parity != "off":  # checked here, not after an update
-                        parity = merge_sums(parity, self._check_parity(mb, logp))
-        return logps, parity
-
     def _micro_loss(self, slot: MicroSlot, mb: MicroBatch | None, corrections, scale: int):
-        """(loss to backpropagate, record, parity sums) of the micro-batch at `slot`.
+        """(loss to backpropagate, LossSums, ParitySums) of the micro-batch at `slot`.
 
         Its forward is checked for parity when it is the step's first of these tokens (the
         first mini-batch in the first epoch: no update has happened yet). An empty
@@ -262,11 +230,10 @@ class DeepSpeedTrainingWorker:
         pre_update = slot.epoch == 0 and slot.mini == 0
         with self.router.recording() as routing:  # MoE policies: router logits, experts
             logp = self._forward(mb)  # (b, T-1) fp32
-        no_parity = torch.zeros(NUM_SUMS, dtype=torch.float64)
         if mb is None:
-            parity = self._check_parity(None, logp) if pre_update else no_parity
-            return logp.sum() * 0.0, torch.zeros(RECORD_SIZE, dtype=torch.float64), parity
-        parity = self._check_parity(mb, logp.detach()) if pre_update else no_parity
+            parity = self._parity.check(None, logp) if pre_update else ParitySums()
+            return logp.sum() * 0.0, LossSums(), parity
+        parity = self._parity.check(mb, logp.detach()) if pre_update else ParitySums()
         key = (slot.mini, slot.micro)
         corrected = corrections.take(key, mb.batch, logp if pre_update else None)
         ref_logp = self._reference_logp(key, mb)
@@ -283,61 +250,21 @@ class DeepSpeedTrainingWorker:
         return (loss if aux is None else loss + aux), record, parity
 
     def _mini_batches(self, batch) -> list[list[MicroBatch]]:
-        strict, trainer = self.config.parity == "strict", self.config.trainer
-        return step_mini_batches(
+        strict = self.config.parity == "strict"
+        return plan_step(
+            self.config,
             batch,
             vocab_size=self.vocab_size,
-            micro_batch_size=trainer.micro_batch_size,
             device=self.device,
-            sequences=self.config.sequences_per_rank,
-            mini_batch=self.config.mini_batch_per_rank,
             weight_version=self.weight_version if strict else None,
-            packing=trainer.packing,
-            max_tokens=trainer.max_tokens_per_micro_batch,
         )
 
     def _micro_batches(self, batch) -> list[MicroBatch]:
-        trainer = self.config.trainer
-        return micro_batches(
-            batch,
-            vocab_size=self.vocab_size,
-            micro_batch_size=trainer.micro_batch_size,
-            device=self.device,
-            packing=trainer.packing,
-            max_tokens=trainer.max_tokens_per_micro_batch,
-        )
+        return plan_scoring(self.config, batch, vocab_size=self.vocab_size, device=self.device)
 
     def _forward(self, mb: MicroBatch | None, module=None) -> torch.Tensor:
-        """(b, T-1) fp32 logprobs of the padded view at the batch's own temperature, 0 off the
-        response mask; packed micro-batches run packed. None: the empty micro-batch's forward
-        ((1, 1) zeros, on the autograd graph)."""
-        module = self.engine if module is None else module
-        if mb is None:
-            ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
-            ignore = torch.full((1, 1), IGNORE_INDEX, dtype=torch.long, device=self.device)
-            return module(ids, torch.ones_like(ids), ignore, 1.0)
-        b, targets = mb.batch, mb.targets()
-        if mb.packed is None:
-            return module(b.input_ids, b.attention_mask, targets, b.logprob_temperature)
-        p = mb.packed
-        logp = module(p.input_ids, None, targets, b.logprob_temperature, p.positions, p.segments)
-        return mb.logprobs_view(logp)
-
-    def _check_parity(self, mb: MicroBatch | None, logp: torch.Tensor) -> torch.Tensor:
-        """Parity sums of one micro-batch; under parity 'strict' every rank raises on any mismatch
-        (an empty micro-batch adds nothing but takes part in that check's all-reduce)."""
-        if self.config.parity == "off":
-            return torch.zeros(NUM_SUMS, dtype=torch.float64)
-        if mb is None:
-            sums = torch.zeros(NUM_SUMS, dtype=torch.float64)
-        else:
-            sums = parity_sums(logp, mb.batch.rollout_logprobs, mb.batch.response_mask)
-        if self.config.parity == "strict":
-            mismatches = int(self.comm.all_reduce(sums[1:2] - sums[0:1])[0])
-            if mismatches > 0:
-                view, rows = (None, ()) if mb is None else (mb.batch, mb.sequences)
-                raise parity_error(self.rank, logp, view, rows, mismatches)
-        return sums
+        """(b, T-1) fp32 logprobs of `mb` by the engine (or `module`): `micro_batch_logprobs`."""
+        return micro_batch_logprobs(self.engine if module is None else module, mb, self.device)
 
     def _reference_logp(self, key: tuple[int, int], mb: MicroBatch) -> torch.Tensor | None:
         """The frozen reference's logprobs of micro-batch `key`, computed once per step."""
@@ -356,9 +283,15 @@ class DeepSpeedTrainingWorker:
         return grad_norm(self.module)
 
     def _finish_step(
-        self, sums, parity, stage0_norm: float | None, corrections: StepCorrections, outcomes
+        self,
+        sums: LossSums,
+        parity: ParitySums,
+        stage0_norm: float | None,
+        corrections: StepCorrections,
+        outcomes: list[str | None],
     ) -> dict[str, float]:
-        sums, parity = self.comm.all_reduce(sums), reduce_sums(parity, self.comm.all_reduce)
+        """The step's metrics over every rank (collective); counts the updates applied."""
+        sums, mismatch = sums.all_reduce(self.comm.all_reduce), self._parity.metrics(parity)
         correction = corrections.metrics(self.comm.all_reduce)
         # an outcome of None: DeepSpeed skipped that update on every rank
         skipped = sum(outcome != "stepped" for outcome in outcomes)
@@ -367,7 +300,7 @@ class DeepSpeedTrainingWorker:
         norm = stage0_norm if norm is None else norm
         metrics = step_metrics(
             sums,
-            None if self.config.parity == "off" else MismatchMetrics.from_sums(parity),
+            mismatch,
             skipped,
             updates=len(outcomes),
             epochs=self.config.trainer.epochs if outcomes else 1,  # a warm-up scores once
@@ -378,36 +311,8 @@ class DeepSpeedTrainingWorker:
             **correction,
             **self.router.metrics(self.comm.all_reduce, max(len(outcomes), 1)),
         )
-        self._log_step(metrics)
+        self._log(summary(metrics))
         return metrics
-
-    # -------------------------------------------------------------- failures mid-step
-
-    @contextmanager
-    def _recoverable(self):
-        """On an exception: release ZeRO-3 parameters; after a backward, refuse further steps."""
-        self._backward_taken = False
-        try:
-            yield
-        except BaseException as err:
-            reason = None
-            if self.zero_stage == 3:
-                try:
-                    release_zero3_parameters(self.engine)
-                except Exception as release_err:  # pragma: no cover - DeepSpeed internals
-                    reason = f"its ZeRO-3 parameters could not be released ({release_err})"
-            if self._backward_taken:
-                reason = reason or "gradients were already accumulated inside DeepSpeed"
-            if reason is not None:
-                self._unusable = f"an earlier call raised {type(err).__name__} and {reason}"
-            raise
-
-    def _require_usable(self) -> None:
-        if self._unusable is not None:
-            raise RuntimeError(
-                f"this worker is unusable: {self._unusable}; build a new worker "
-                "(and load_checkpoint) to continue"
-            )
 
     # -------------------------------------------------------------- logprobs, weights, checkpoints
 
@@ -418,11 +323,11 @@ class DeepSpeedTrainingWorker:
         Runs in micro-batches through the DeepSpeed engine; under ZeRO-3 that is collective
         (every rank calls it with the same number of micro-batches).
         """
-        self._require_usable()
+        self._mid_step.require_usable()
         micro = agree_on_batch(self.comm, lambda: [self._micro_batches(batch)])[0]
         self.engine.eval()
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
-        with self._recoverable():
+        with self._mid_step.recoverable():
             for mb in micro:
                 logp = self._forward(mb).cpu()  # every rank runs as many forwards (ZeRO-3)
                 if mb is not None:
@@ -473,26 +378,12 @@ class DeepSpeedTrainingWorker:
 
         Blocks until every member has joined; the receivers join with `WeightGroup.connect`.
         """
-        manifest = self.weight_manifest()
-        if len(plans) != group_size - self.world_size:
-            raise ValueError(
-                f"{len(plans)} receiver plans for a weight group of {group_size} with "
-                f"{self.world_size} trainer ranks"
-            )
-        theirs = self.comm.all_gather(manifest.to_json())
-        if any(other != theirs[0] for other in theirs):
-            raise RuntimeError("trainer ranks computed different weight manifests")
+        manifest, trainer = self.weight_manifest(), self.config.trainer
+        agree_on_group(manifest, plans, group_size, self.comm)
         self.close_weight_sync()
-        bucket = self.config.trainer.weight_sync_bucket_bytes
-        sender = WeightSender(manifest, list(plans), self.rank, bucket)
-        group = WeightGroup.connect(
-            address,
-            port,
-            self.rank,
-            group_size,
-            self.device.type,
-            self.config.trainer.collective_timeout_s,
-        )
+        sender = WeightSender(manifest, list(plans), self.rank, trainer.weight_sync_bucket_bytes)
+        device, timeout = self.device.type, trainer.collective_timeout_s
+        group = WeightGroup.connect(address, port, self.rank, group_size, device, timeout)
         self._weight_sync = (manifest, sender, group)
 
     def send_weights(self, on_bucket=None) -> dict[str, float]:
@@ -504,7 +395,7 @@ class DeepSpeedTrainingWorker:
         """
         if self._weight_sync is None:
             raise RuntimeError("send_weights before connect_weight_sync")
-        self._require_usable()
+        self._mid_step.require_usable()
         manifest, sender, group = self._weight_sync
         zero3 = self.zero_stage == 3
         held = held_ranges(self.module.policy, manifest, self.rank, zero3)
@@ -535,6 +426,3 @@ class DeepSpeedTrainingWorker:
     def _log(self, message: str) -> None:
         if self.rank == 0:
             logger.info(message)
-
-    def _log_step(self, m: dict) -> None:
-        self._log(summary(m))

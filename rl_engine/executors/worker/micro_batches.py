@@ -19,6 +19,7 @@ logprobs are moved back to that view (`MicroBatch.logprobs_view`), bit for bit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -47,6 +48,14 @@ class MicroBatch:
     def logprobs_view(self, logp: torch.Tensor) -> torch.Tensor:
         """The forward's logprobs in the padded view (b, T-1) (packed: moved, differentiably)."""
         return logp if self.packed is None else self.packed.unpack_values(logp)
+
+
+class MicroSlot(NamedTuple):
+    """Where a training forward sits in the step: epoch, mini-batch, micro-batch."""
+
+    epoch: int
+    mini: int
+    micro: int
 
 
 def plan(

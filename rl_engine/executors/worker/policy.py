@@ -19,7 +19,8 @@ from torch import nn
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.worker.distributed import Collectives
-from rl_engine.logprobs import packed_score_targets, score_targets
+from rl_engine.executors.worker.micro_batches import MicroBatch
+from rl_engine.logprobs import IGNORE_INDEX, packed_score_targets, score_targets
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, lm_head_parameters, patch_handle
 
@@ -48,6 +49,23 @@ class LogprobModule(nn.Module):
         return packed_score_targets(
             self.policy, input_ids, positions, segments, targets, temperature=temperature
         )
+
+
+def micro_batch_logprobs(module, mb: MicroBatch | None, device: torch.device) -> torch.Tensor:
+    """(b, T-1) fp32 logprobs of `mb`'s padded view by `module` (a LogprobModule, or the
+    DeepSpeed engine around one) at the batch's own temperature, 0 off the response mask;
+    packed micro-batches run packed. None: the empty micro-batch's forward on a two-token
+    dummy row ((1, 1) zeros, on the autograd graph)."""
+    if mb is None:
+        ids = torch.zeros((1, 2), dtype=torch.long, device=device)
+        ignore = torch.full((1, 1), IGNORE_INDEX, dtype=torch.long, device=device)
+        return module(ids, torch.ones_like(ids), ignore, 1.0)
+    b, targets = mb.batch, mb.targets()
+    if mb.packed is None:
+        return module(b.input_ids, b.attention_mask, targets, b.logprob_temperature)
+    p = mb.packed
+    logp = module(p.input_ids, None, targets, b.logprob_temperature, p.positions, p.segments)
+    return mb.logprobs_view(logp)
 
 
 class StepGuard:

@@ -20,22 +20,45 @@ from collections.abc import Callable
 import torch
 
 from rl_engine.algorithms import aggregation_units
-from rl_engine.config import AlgorithmConfig
+from rl_engine.config import AlgorithmConfig, RunConfig
 from rl_engine.executors.worker.batch import TrainBatch
+from rl_engine.executors.worker.micro_batches import MicroBatch
+from rl_engine.executors.worker.parity_check import ParityCheck
 from rl_engine.executors.worker.step_loss import Corrected
-from rl_engine.parity import (
-    correction_metrics,
-    correction_sums,
-    empty_correction_sums,
-    merge_correction_sums,
-    reduce_correction_sums,
-)
+from rl_engine.parity import CorrectionSums, ParitySums, correction_sums
+from rl_engine.sums import AllReduce
 
 
 def needs_scoring_pass(algo: AlgorithmConfig, mini: int) -> bool:
     """Whether the correction of mini-batch `mini` needs the step's scoring pass."""
     mode = algo.rollout_correction
     return mode.endswith("_mask") or (mode != "none" and mini > 0)
+
+
+@torch.no_grad()
+def scoring_pass(
+    minis: list[list[MicroBatch | None]],
+    forward: Callable[[MicroBatch | None], torch.Tensor],
+    parity: ParityCheck,
+    config: RunConfig,
+) -> tuple[dict[tuple[int, int], torch.Tensor], ParitySums]:
+    """The no-grad forward of the mini-batches whose training forward comes after an update,
+    where parity (`trainer.parity_scope: all`) or the rollout correction needs their
+    pre-update logprobs; mask corrections need every mini-batch's. `forward(mb)`: the policy's
+    (b, T-1) logprobs (every rank runs as many forwards: ZeRO-3). Returns (logprobs by
+    (mini-batch, micro-batch), parity sums). Nothing to do with one mini-batch."""
+    checks = parity.active and config.trainer.parity_scope == "all"
+    logps, sums = {}, ParitySums()
+    for j, micro in enumerate(minis):
+        if not ((checks and j > 0) or needs_scoring_pass(config.algorithm, j)):
+            continue
+        for i, mb in enumerate(micro):
+            logp = forward(mb)
+            if mb is not None:
+                logps[(j, i)] = logp
+            if j > 0 and parity.active:  # checked here, not after an update
+                sums = sums.merge(parity.check(mb, logp))
+    return logps, sums
 
 
 class StepCorrections:
@@ -55,7 +78,7 @@ class StepCorrections:
         all_reduce: Callable[[torch.Tensor], torch.Tensor],
     ):
         self.algo = algo
-        self._sums = empty_correction_sums()
+        self._sums = CorrectionSums()
         self._taken: dict[tuple[int, int], Corrected] = {}
         for key in sorted(scored):
             mb = minis[key[0]][key[1]]
@@ -101,13 +124,12 @@ class StepCorrections:
 
     def _count(self, key, mb: TrainBatch, corrected: Corrected) -> None:
         self._taken[key] = corrected
-        self._sums = merge_correction_sums(
-            self._sums,
+        self._sums = self._sums.merge(
             correction_sums(
                 corrected.proximal, mb.rollout_logprobs, mb.response_mask, corrected.correction
-            ),
+            )
         )
 
-    def metrics(self, all_reduce: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, float]:
+    def metrics(self, all_reduce: AllReduce) -> dict[str, float]:
         """correction/* over every rank (collective)."""
-        return correction_metrics(reduce_correction_sums(self._sums, all_reduce))
+        return self._sums.all_reduce(all_reduce).metrics()

@@ -32,10 +32,27 @@ from rl_engine.algorithms import (
 from rl_engine.config import AlgorithmConfig
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.parity import MismatchMetrics
+from rl_engine.sums import Sums
 
-# entries of a micro-batch's record; summed over micro-batches and ranks
-LOSS, POLICY_LOSS, CLIPPED, KL, NEG_LOGP, TOKENS = range(6)
-RECORD_SIZE = 6
+
+@dataclass(frozen=True, slots=True)
+class LossSums(Sums):
+    """A micro-batch's loss terms and token counts, summed over the step's micro-batches,
+    updates and ranks (`step_metrics` reads them)."""
+
+    loss: float = 0.0
+    """Its share of its mini-batch's loss: (policy loss + kl_coef x kl) x share."""
+    policy_loss: float = 0.0
+    """Its share of its mini-batch's policy loss."""
+    clipped: float = 0.0
+    """Completion tokens whose ratio was clipped."""
+    kl: float = 0.0
+    """Its share of its mini-batch's k3 KL to the reference policy."""
+    neg_logp: float = 0.0
+    """Minus the sum of its completion tokens' logprobs (the entropy estimate)."""
+    tokens: float = 0.0
+    """Its completion tokens (response_mask), counted at every forward that scores them: a
+    count, always finite, so `finite()` asks whether every loss term is."""
 
 
 @dataclass(frozen=True)
@@ -76,8 +93,8 @@ def micro_loss(
     units: float,
     scale: int,
     corrected: Corrected | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss to backpropagate, record (6,) fp64 CPU) of one micro-batch.
+) -> tuple[torch.Tensor, LossSums]:
+    """(loss to backpropagate, its LossSums) of one micro-batch.
 
     `units`: the global normaliser of the step; `scale`: DeepSpeed's gradient_accumulation_steps x world_size;
     `corrected`: None without rollout correction (mode 'none').
@@ -107,21 +124,19 @@ def micro_loss(
             kl = aggregate(per_token, loss_mask, algo.loss_aggregation)
     share = aggregation_units(loss_mask, algo.loss_aggregation) / units
     loss = (pg + algo.kl_coef * kl) * share
-    tokens = mask.sum()
-    record = [
-        loss,
-        pg * share,
-        clipped,
-        kl * share,
-        -logp[mask].sum(),
-        tokens,
-    ]
-    record = torch.stack([v.detach().double() for v in record]).cpu()
+    record = LossSums.from_tensors(
+        loss=loss,
+        policy_loss=pg * share,
+        clipped=clipped,
+        kl=kl * share,
+        neg_logp=-logp[mask].sum(),
+        tokens=mask.sum(),
+    )
     return loss * scale, record
 
 
 def step_metrics(
-    sums: torch.Tensor,
+    sums: LossSums,
     parity: MismatchMetrics | None,
     skipped: int,
     *,
@@ -129,24 +144,23 @@ def step_metrics(
     epochs: int = 1,
     **extra,
 ) -> dict[str, float]:
-    """The step's metrics from the all-reduced record sums over its `updates` optimizer steps
+    """The step's metrics from the all-reduced sums over its `updates` optimizer steps
     and `epochs` passes (see `train_step`): loss terms are means over the updates, per-token
     figures over every training forward's tokens, `tokens` those of the batch."""
-    tokens, steps = max(float(sums[TOKENS]), 1.0), max(updates, 1)  # 0 updates: a warm-up step
+    tokens, steps = max(sums.tokens, 1.0), max(updates, 1)  # 0 updates: a warm-up step
     metrics = {
-        "loss": float(sums[LOSS]) / steps,
-        "policy_loss": float(sums[POLICY_LOSS]) / steps,
-        "clip_fraction": float(sums[CLIPPED]) / tokens,
-        "kl": float(sums[KL]) / steps,
-        "entropy": float(sums[NEG_LOGP]) / tokens,
-        "tokens": int(sums[TOKENS]) // epochs,
+        "loss": sums.loss / steps,
+        "policy_loss": sums.policy_loss / steps,
+        "clip_fraction": sums.clipped / tokens,
+        "kl": sums.kl / steps,
+        "entropy": sums.neg_logp / tokens,
+        "tokens": int(sums.tokens) // epochs,
         **extra,
         "updates": int(updates),
         "skipped_update": int(skipped),
     }
     if skipped:
-        finite_loss = bool(torch.isfinite(sums[:TOKENS]).all())
-        metrics["skip_reason"] = "non-finite gradient" if finite_loss else "non-finite loss"
+        metrics["skip_reason"] = "non-finite gradient" if sums.finite() else "non-finite loss"
     if parity is not None:
         metrics.update(parity.step_metrics())
     return metrics

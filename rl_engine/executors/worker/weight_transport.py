@@ -32,6 +32,7 @@ from datetime import timedelta
 import torch
 from torch import nn
 
+from rl_engine.executors.worker.distributed import Collectives
 from rl_engine.rollout.weight_pieces import plan_pieces, source_elements
 from rl_engine.rollout.weight_plan import (
     TensorSpec,
@@ -163,6 +164,21 @@ def held_ranges(policy: nn.Module, manifest: WeightManifest, rank: int, zero3: b
         else:
             held.append(tensor.detach().reshape(-1)[lo:hi])
     return held
+
+
+def agree_on_group(
+    manifest: WeightManifest, plans: list[WeightPlan], group_size: int, comm: Collectives
+) -> None:
+    """Before joining a weight group of `group_size` (the trainer ranks, then one per receiver
+    plan): the plans fill it and every trainer rank computed the same manifest (collective)."""
+    if len(plans) != group_size - comm.world_size:
+        raise ValueError(
+            f"{len(plans)} receiver plans for a weight group of {group_size} with "
+            f"{comm.world_size} trainer ranks"
+        )
+    theirs = comm.all_gather(manifest.to_json())
+    if any(other != theirs[0] for other in theirs):
+        raise RuntimeError("trainer ranks computed different weight manifests")
 
 
 class WeightSender:

@@ -1,0 +1,57 @@
+"""The worker's parity check: a micro-batch's trainer logprobs against the rollout's.
+
+`config.parity` decides what a check does. 'off': nothing is compared and the step reports
+no parity/* metrics. 'report': the micro-batch's `ParitySums` join the step's parity/*
+metrics (`rl_engine.parity`: one definition for the worker and the diagnostics). 'strict':
+also, before the micro-batch's backward, the ranks all-reduce its mismatch count, and a
+mismatch on any rank raises ParityError on every rank, so no update is taken and no rank is
+left waiting in a collective. The worker checks forwards of the pre-update policy only
+(`trainer.parity_scope`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rl_engine.executors.worker.distributed import Collectives
+from rl_engine.executors.worker.errors import parity_error
+from rl_engine.executors.worker.micro_batches import MicroBatch
+from rl_engine.parity import MismatchMetrics, ParitySums, parity_sums
+
+
+@dataclass(frozen=True, slots=True)
+class ParityCheck:
+    """One rank's parity checks under `mode` ('off' | 'report' | 'strict')."""
+
+    mode: str
+    comm: Collectives
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "off"
+
+    def check(self, mb: MicroBatch | None, logp: torch.Tensor) -> ParitySums:
+        """Parity sums of one micro-batch (b, T-1) logprobs; under 'strict' every rank raises on
+        any mismatch (an empty micro-batch, None, adds nothing but takes part in that check's
+        all-reduce)."""
+        if not self.active:
+            return ParitySums()
+        if mb is None:
+            sums = ParitySums()
+        else:
+            sums = parity_sums(logp, mb.batch.rollout_logprobs, mb.batch.response_mask)
+        if self.mode == "strict":
+            count = torch.tensor([sums.mismatches], dtype=torch.float64)
+            mismatches = int(self.comm.all_reduce(count)[0])
+            if mismatches > 0:
+                view, rows = (None, ()) if mb is None else (mb.batch, mb.sequences)
+                raise parity_error(self.comm.rank, logp, view, rows, mismatches)
+        return sums
+
+    def metrics(self, sums: ParitySums) -> MismatchMetrics | None:
+        """The step's mismatch metrics over every rank (collective), None under 'off'."""
+        if not self.active:
+            return None
+        return MismatchMetrics.from_sums(sums.all_reduce(self.comm.all_reduce))
