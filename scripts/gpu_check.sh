@@ -56,7 +56,7 @@ TRITON_CACHE_DIR="$OUT/triton_cache_launched" timeout 25 $PY scripts/compile_gpu
 echo "== deepspeed worker (one rank)"
 if $PY -c "import deepspeed" 2>/dev/null; then
     DS_ACCELERATOR=cuda timeout 30 $PY -m pytest -q -p no:cacheprovider -m gpu -rs \
-        tests/executors/test_worker_gpu.py --junitxml="$OUT/deepspeed.xml" 2>&1 | tee "$OUT/deepspeed.log"
+        tests/parity/test_worker_gpu.py --junitxml="$OUT/deepspeed.xml" 2>&1 | tee "$OUT/deepspeed.log"
 else
     echo "skipped: deepspeed is not installed (carry a wheel in .whl/ to run it)" | tee "$OUT/deepspeed.log"
 fi

@@ -1,0 +1,96 @@
+"""Small real jobs for the driver tests: configs, a CLI subprocess, metrics without timings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import ray
+import yaml
+
+from rl_engine.config import RunConfig
+from rl_engine.executors.job.run_dir import read_metrics
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def private_ray(num_cpus: int):
+    """A module fixture's body: a fresh local Ray cluster of its own (never RAY_ADDRESS's, never
+    a connection an earlier test in this process left behind), shut down afterwards."""
+    os.environ.pop("RAY_ADDRESS", None)
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def job_config(run_dir: Path, *, steps: int = 3, **sections) -> RunConfig:
+    """A tiny-llama job of a few seconds; `sections` update the rollout/trainer/checkpoint keys."""
+    data = {
+        "model": "tiny-llama",
+        "dtype": "float32",
+        "seed": 3,
+        "parity": "strict",
+        "output_dir": str(run_dir),
+        "steps": steps,
+        "rollout": {
+            "num_engines": 1,
+            "max_batch_size": 4,
+            "prompts_per_step": 2,
+            "samples_per_prompt": 4,
+            "max_new_tokens": 6,
+        },
+        "trainer": {"micro_batch_size": 4, "lr": 1e-2},
+    }
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return RunConfig.from_dict(data)
+
+
+def without_timings(run_dir: Path) -> list[dict]:
+    """metrics.jsonl with every wall-clock field (the `time/` keys) removed."""
+    return [
+        {k: v for k, v in m.items() if not k.startswith("time/")} for m in read_metrics(run_dir)
+    ]
+
+
+def start_cli(args: list[str], log_path: Path) -> subprocess.Popen:
+    """`rl-engine ...` in a new session (so a test can signal its whole process group)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(PYTHONPATH=str(REPO), DS_ACCELERATOR="cpu")
+    return subprocess.Popen(
+        [sys.executable, "-m", "rl_engine.cli", *args],
+        env=env,
+        cwd=REPO,
+        stdout=open(log_path, "w"),  # noqa: SIM115 - the child owns it
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def write_config(config: RunConfig, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    return path
+
+
+def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) before {what}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def actor_pid(run_dir: Path, role: str, rank: int) -> int:
+    actors = json.loads((run_dir / "actors.json").read_text())
+    return next(a["pid"] for a in actors if a["role"] == role and a["rank"] == rank)

@@ -1,0 +1,149 @@
+"""Checkpoints, resume, export and collective timeouts with real Ray actors and real DeepSpeed.
+
+One local Ray cluster (3 CPUs, started here, never an existing one) serves the module.
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+
+from rl_engine.cli import main
+from rl_engine.executors.job import job_checkpoints as ckpt
+from rl_engine.executors.job.ray_job import run_job
+from rl_engine.executors.job.run_dir import read_metrics, resume_config
+from tests.executors.job.jobs import job_config, private_ray, without_timings
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.deadline]  # a 3 s collective timeout
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    yield from private_ray(3)
+
+
+@pytest.mark.slow  # 30-45 s (1 rank) and 45-70 s (2 ranks): three jobs each
+@pytest.mark.parametrize(
+    ("num_ranks", "zero_stage", "layout"),
+    [
+        # packed (the default), micro_batch_size sequences per micro-batch
+        pytest.param(1, 0, {}, marks=pytest.mark.exhaustive),
+        pytest.param(2, 3, {}, marks=pytest.mark.exhaustive),
+        pytest.param(1, 0, {"packing": False}, marks=pytest.mark.exhaustive),  # padded layout
+        (2, 3, {"max_tokens_per_micro_batch": 30}),  # packed, 2-3 sequences per micro-batch
+    ],
+    ids=["1rank-zero0", "2ranks-zero3", "1rank-padded", "2ranks-zero3-budget"],
+)
+def test_stopped_and_resumed_run_equals_uninterrupted(
+    tmp_path, local_ray, num_ranks, zero_stage, layout
+):
+    """Run A: 3 steps. Run B: 2 steps (checkpoint at the end), then --resume to 3 steps.
+    metrics.jsonl of A == of B on every key but the `time/` ones, parity 1.0 at every step.
+    With a token budget the micro-batch plan (a function of the lengths) is the same too."""
+    trainer = {"num_ranks": num_ranks, "zero_stage": zero_stage, **layout}
+    whole = tmp_path / "whole"
+    history = run_job(job_config(whole, steps=3, trainer=trainer))
+    _check_complete_run(whole, history, num_ranks)
+    part = tmp_path / "part"
+    run_job(job_config(part, steps=2, trainer=trainer))
+    assert ckpt.latest(part).step == 2
+    run_job(resume_config(part, None, ["steps=3"]), resume=True)
+
+    expected = without_timings(whole)
+    assert [m["step"] for m in expected] == [0, 1, 2]
+    assert without_timings(part) == expected
+    assert all(m["parity/exact_match_fraction"] == 1.0 for m in expected)
+    assert [m["weight_version"] for m in expected] == [1, 2, 3]
+    timings = read_metrics(part)[-1]
+    for phase in ("step", "rollout", "batch", "train", "weight_sync", "driver_overhead"):
+        assert timings[f"time/{phase}"] >= 0
+    assert ckpt.latest(part).step == 3 and ckpt.complete_tags(part) == ["step000002", "step000003"]
+
+
+def _check_complete_run(run, history: list[dict], num_ranks: int) -> None:
+    """Every step exact (max |dlogp| 0 over > 0 tokens), every file in place, no temporaries."""
+    import json
+
+    assert [m["step"] for m in history] == [m["step"] for m in read_metrics(run)]
+    for m in history:
+        assert m["parity/max_abs_diff"] == 0.0 and m["parity/num_tokens"] > 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["steps"] == history
+    assert summary["config"]["trainer"]["num_ranks"] == num_ranks
+    assert len(json.loads((run / "actors.json").read_text())) == num_ranks + 1
+    assert (run / "training.png").is_file() and (run / "config.yaml").is_file()
+    assert not list(run.rglob(".*.tmp")), "atomic writes left temporary files behind"
+
+
+@pytest.mark.slow  # 15-50 s: a job, an export and one more DeepSpeed rank
+@pytest.mark.exhaustive  # make test exports in test_moe_job (logprobs equal) and test_ppo_job
+def test_export_is_a_hf_folder_whose_patched_logprobs_equal_the_trainers(tmp_path, local_ray):
+    """checkpoint after step 1 -> export -> from_pretrained -> patched RolloutEngine samples;
+    a DeepSpeed rank restored from the same checkpoint scores those tokens: torch.equal."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_engine.executors.job.actors.trainers import TrainerActor
+    from rl_engine.executors.job.rollouts import step_sampling
+    from rl_engine.executors.worker.batch import TrainBatch
+    from rl_engine.patching import apply_batch_invariant
+    from rl_engine.rollout import RolloutEngine
+
+    run, out = tmp_path / "run", tmp_path / "hf"
+    config = job_config(run, steps=2, checkpoint={"every": 1})
+    run_job(config)
+    assert main(["export", str(run), "--to", str(out), "--step", "1"]) == 0
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    step1, step2 = ckpt.at_step(run, 1).load_weights(), ckpt.at_step(run, 2).load_weights()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, step1[name]), name
+    assert any(not torch.equal(step1[k], step2[k]) for k in step1)  # --step chose step 1
+
+    apply_batch_invariant(model)
+    engine = RolloutEngine(model, device="cpu", max_batch_size=4)
+    prompts = [[5, 9, 31, 4, 77], [8, 8, 2]]
+    completions = engine.generate(prompts, step_sampling(config, 7, None), progress=False)
+    batch = TrainBatch.from_completions(
+        completions, [0.0] * len(completions), samples_per_prompt=4, pad_token_id=0
+    )
+    trainer = TrainerActor.options(num_cpus=1).remote(config, 0, 1)
+    ray.get(trainer.start.remote("127.0.0.1", ray.get(trainer.free_port.remote()), None))
+    ray.get(trainer.load_checkpoint.remote(str(ckpt.at_step(run, 1).deepspeed_dir)))
+    trainer_logprobs = ray.get(trainer.compute_logprobs.remote(batch))
+    assert batch.num_tokens > 0
+    assert torch.equal(trainer_logprobs, batch.rollout_logprobs)
+    assert main(["export", str(run), "--to", str(out)]) == 2  # never into a non-empty folder
+
+
+def test_a_rank_left_alone_in_a_collective_fails_after_the_timeout(tmp_path, local_ray):
+    """Rank 1 never joins rank 0's train_step: rank 0 raises TimeoutError naming the setting."""
+    from rl_engine.executors.job.actors.trainers import TrainerActor
+    from rl_engine.executors.worker.batch import TrainBatch
+    from rl_engine.rollout import Completion
+
+    config = job_config(tmp_path / "run", trainer={"num_ranks": 2, "collective_timeout_s": 3})
+    ranks = [TrainerActor.options(num_cpus=1).remote(config, r, 2) for r in range(2)]
+    port = ray.get(ranks[0].free_port.remote())
+    ray.get([r.start.remote("127.0.0.1", port, None) for r in ranks])
+    completions = [
+        Completion(
+            prompt_ids=[3, 4],
+            token_ids=[5, 6],
+            logprobs=torch.zeros(2),
+            finish_reason="length",
+            weight_version=0,
+            prompt_index=i // 4,
+            sample_index=i % 4,
+        )
+        for i in range(8)
+    ]
+    batch = TrainBatch.from_completions(
+        completions, [0.0] * 8, samples_per_prompt=4, pad_token_id=0
+    )
+    with pytest.raises(ray.exceptions.RayTaskError) as err:
+        ray.get(ranks[0].train_step.remote(batch.shard(0, 2)), timeout=120)
+    assert isinstance(err.value.cause, TimeoutError)
+    assert "trainer.collective_timeout_s = 3 s" in str(err.value.cause)
+    for rank in ranks:
+        ray.kill(rank)
