@@ -187,7 +187,9 @@ def cases(dtypes, s: Sizes = FULL) -> list[Case]:
     return [Case(op, shape, dt, build) for dt in dtypes for op, shape, build in specs]
 
 
-def run_timings(dtypes=(torch.float32, torch.bfloat16), reps: int = 5, s: Sizes = FULL):
+def run_timings(
+    dtypes=(torch.float32, torch.bfloat16), reps: int = 5, s: Sizes = FULL
+) -> list[Result]:
     results = []
     for case in tqdm(cases(dtypes, s), desc="kernels", unit="case"):
         ours, plain = case.build(case.dtype)

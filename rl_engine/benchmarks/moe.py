@@ -1,20 +1,21 @@
 """`rl-engine bench moe`: one mixture-of-experts block, batch-invariant vs. plain Hugging Face, same run.
 
 The block is transformers' Qwen3-MoE sparse block with 64 experts, top-8 and
-renormalised weights, hidden 1024, expert width 256 (`Block`; `--tiny` shrinks it). "plain" is the
-block as HF runs it here, with the experts implementation transformers picks
-for a model on this CPU (`grouped_mm`: `torch._grouped_mm`, printed in the
-header) and, for reference, its `eager` loop; "invariant" is the same block
-with its router and experts patched (`moe_router`, `moe_experts` of the CPU's
-default backend), the same Parameter objects. Shapes: decode (8 tokens) and
-training (4096 tokens), forward; training also forward + backward. Ratios are
-invariant / grouped_mm from interleaved runs (medians).
+renormalised weights, hidden 1024, expert width 256 (`Block`; `--tiny` shrinks
+it). "plain" is the block as HF runs it here, with the experts implementation
+transformers picks for a model on this CPU (`grouped_mm`: `torch._grouped_mm`,
+printed in the header) and, for reference, its `eager` loop; "invariant" is the
+same block with its router and experts patched (`moe_router`, `moe_experts` of
+the CPU's default backend), the same Parameter objects. Shapes: decode (8
+tokens) and training (4096 tokens), forward; training also forward + backward.
+Ratios are invariant / grouped_mm from interleaved runs (medians).
 
 Memory: the peak extra RSS of one 4096-token forward for 16, 64 and 256 experts
 (weights and inputs allocated before the peak is reset), one fresh process per
-case: `python -m rl_engine.benchmarks.moe {invariant|grouped_mm|eager} E TOKENS DTYPE [BLOCK]`
-prints {"peak_extra": bytes} (BLOCK: the block's sizes as JSON, default the full ones). The invariant experts run each expert on exactly
-its rows, so the peak does not grow with E.
+case: `python -m rl_engine.benchmarks.moe {invariant|grouped_mm|eager} E TOKENS
+DTYPE [BLOCK]` prints {"peak_extra": bytes} (BLOCK: the block's sizes as JSON;
+default the full ones). The invariant experts run each expert on exactly its
+rows, so the peak does not grow with E.
 """
 
 from __future__ import annotations
