@@ -194,7 +194,7 @@ def test_bench_train_packing(capsys):
 def test_bench_train_mini_batches(capsys):
     (rows,) = bench(capsys, "train", "--case", "mini-batches")
     assert [r["updates"] for r in rows] == ["1", "2", "2"]
-    assert rows[1]["step"].endswith("parity_scope first") and rows[1]["vs parity_scope first"]
+    assert rows[1]["step"].endswith("parity_scope first")
     assert number(rows[1]["vs parity_scope first"]) == 1.0
     assert_figures(rows, times=("s",), ratios=("vs parity_scope first",))
 
@@ -208,7 +208,7 @@ def test_bench_moe(capsys):
     assert {r["dtype"] for r in timings} == DTYPES and len(timings) == 6
     times = ("batch_invariant=true ms", "plain grouped_mm ms", "plain eager ms")
     assert_figures(timings, times=times, ratios=("ratio vs grouped_mm",))
-    assert [(r["experts"]) for r in memory] == ["8"]
+    assert [r["experts"] for r in memory] == ["8"]
     assert_figures(memory, memory=("invariant MiB", "grouped_mm MiB"))
 
 
@@ -228,7 +228,7 @@ def test_bench_job_model_and_run_configs_at_tiny_size(tmp_path):
     assert (path / "model.safetensors").stat().st_mtime_ns == stamp  # not built again
     model, _ = load_model(str(path))
     assert model.config.num_hidden_layers == 2 and model.config.vocab_size == real_size.VOCAB
-    args = argparse.Namespace(seed=0, **{k: v for k, v in real_size.TINY_ARGS.items()})
+    args = argparse.Namespace(seed=0, **real_size.TINY_ARGS)
     for invariant in (True, False):
         config = RunConfig.from_dict(real_size.job_config(path, tmp_path / "run", invariant, args))
         assert config.batch_invariant is invariant
