@@ -109,60 +109,61 @@ def _check_diagnose_args(parser: argparse.ArgumentParser, args) -> None:
     args.dtype = args.dtype or "float32"
 
 
-_BENCH_CASES = {
-    "train": ("invariance", "packing"),
-    "rollout": ("decode", "prefill", "tp"),
-    "kernels": (),
-    "moe": (),
+# `rl-engine bench WHAT [--case CASE]` -> the modules of rl_engine.benchmarks that run it, in
+# order (None: WHAT without --case). Each module's `main(argv)` takes --quick and --tiny and
+# prints its table. tests/test_layering.py checks that every benchmark module is reachable here.
+BENCH_CASES: dict[str, dict[str | None, tuple[str, ...]]] = {
+    "kernels": {
+        None: ("kernels",),
+        "gemm": ("gemm",),
+        "native-linear": ("native_linear",),
+        "attention": ("attention_cpp",),
+    },
+    "rollout": {
+        None: ("rollout",),
+        "decode": ("rollout",),
+        "prefill": ("prefill",),
+        "tp": ("tensor_parallel",),
+    },
+    "train": {
+        None: ("train_step", "packing"),
+        "invariance": ("train_step",),
+        "packing": ("packing",),
+        "mini-batches": ("mini_batches",),
+    },
+    "moe": {None: ("moe",)},
+    "job": {None: ("real_size",), "real-size": ("real_size",)},
+}
+# `--device cuda`: the Triton backend vs cuBLAS / SDPA (every other benchmark runs on the CPU)
+BENCH_CASES_CUDA: dict[str, dict[str | None, tuple[str, ...]]] = {
+    "kernels": {None: ("gpu_kernels",)},
 }
 
 
+def _bench_table(device: str) -> dict[str, dict[str | None, tuple[str, ...]]]:
+    return BENCH_CASES_CUDA if device == "cuda" else BENCH_CASES
+
+
 def _check_bench_args(parser: argparse.ArgumentParser, args) -> None:
-    if (
-        args.command == "bench"
-        and args.case is not None
-        and args.case not in _BENCH_CASES[args.what]
-    ):
-        valid = ", ".join(_BENCH_CASES[args.what]) or "none"
-        parser.error(f"bench {args.what} --case {args.case}: valid cases are {valid}")
+    if args.command != "bench":
+        return
+    table = _bench_table(args.device)
+    if args.what not in table:
+        parser.error(f"bench {args.what} --device {args.device}: only bench kernels runs there")
+    if args.case not in table[args.what]:
+        valid = ", ".join(case for case in table[args.what] if case is not None) or "none"
+        where = " --device cuda" if args.device == "cuda" else ""
+        parser.error(f"bench {args.what}{where} --case {args.case}: valid cases are {valid}")
 
 
 def cmd_bench(args) -> int:
-    if args.what == "kernels" and args.device == "cuda":
-        from rl_engine.benchmarks.gpu_kernels import main
+    import importlib
 
-        main([])
-    elif args.what == "kernels":
-        from rl_engine.benchmarks.kernels import main
-
-        main(quick=args.quick)
-    elif args.what == "rollout" and args.case == "tp":
-        from rl_engine.benchmarks.tensor_parallel import main
-
-        main(quick=args.quick)
-    elif args.what == "rollout" and args.case == "prefill":
-        from rl_engine.benchmarks.prefill import main
-
-        main(quick=args.quick)
-    elif args.what == "rollout":
-        from rl_engine.benchmarks.rollout import main
-
-        main(
-            ["--dtype", "bfloat16", "--batch", "8", "--repeats", "1", "--threads", "1"]
-            if args.quick
-            else []
-        )
-    elif args.what == "train":
-        from rl_engine.benchmarks import packing, train_step
-
-        if args.case in (None, "invariance"):
-            train_step.main(quick=args.quick)
-        if args.case in (None, "packing"):
-            packing.main(quick=args.quick)
-    elif args.what == "moe":
-        from rl_engine.benchmarks.moe import main
-
-        main(quick=args.quick)
+    flags = ["--quick"] * args.quick + ["--tiny"] * args.tiny
+    for name in _bench_table(args.device)[args.what][args.case]:
+        status = importlib.import_module(f"rl_engine.benchmarks.{name}").main(flags)
+        if isinstance(status, int) and status != 0:  # the job benchmark: a run failed
+            return status
     return 0
 
 
@@ -219,8 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diag.set_defaults(fn=cmd_diagnose)
     bench = sub.add_parser("bench", help="benchmarks: invariant path vs. plain torch, same run")
-    bench.add_argument("what", choices=["kernels", "rollout", "train", "moe"])
+    bench.add_argument("what", choices=list(BENCH_CASES))
     bench.add_argument("--quick", action="store_true", help="fewer shapes / repetitions")
+    bench.add_argument(
+        "--tiny",
+        action="store_true",
+        help="smoke run: tiny random model and shapes, one repetition (the figures mean nothing)",
+    )
     bench.add_argument(
         "--device",
         choices=["cpu", "cuda"],
@@ -229,10 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--case",
-        choices=["invariance", "packing", "decode", "prefill", "tp"],
+        choices=sorted({case for table in BENCH_CASES.values() for case in table if case}),
         default=None,
-        help="train: invariance (on vs off) or packing (packed vs padded step; default both); "
-        "rollout: decode (default), prefill (packed vs padded) or tp (TP=2 vs TP=1)",
+        help="kernels: gemm, native-linear or attention (default: the table of every op); "
+        "rollout: decode (default), prefill (packed vs padded) or tp (TP=2 vs TP=1); train: "
+        "invariance (on vs off), packing (packed vs padded step; default both) or mini-batches "
+        "(parity_scope first vs all); job: real-size (default)",
     )
     bench.set_defaults(fn=cmd_bench)
     return parser

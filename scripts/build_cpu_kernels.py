@@ -2,9 +2,9 @@
 
 Exits non-zero with the compiler's reason if the extension does not build, so
 that setup fails instead of a run failing (or worse, running other kernels) later.
-A script, not a module of rl_engine.kernels.cpp: importing that package already
-builds the extension, so only an import inside the `try` below can turn a
-failed build into one line.
+The build itself is rl_engine.kernels.cpp.build; importing that package already builds
+the extension, so only an import inside the `try` below can turn a failed build into one
+line.
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ import sys
 
 def main() -> int:
     try:
-        from rl_engine.kernels.cpp._extension import BUILD_DIR, extension, supported_isas
+        from rl_engine.kernels.cpp.build import build
 
-        extension()
-        paths = supported_isas()
+        build_dir, paths = build()
     except RuntimeError as err:
         print(f"rl_engine C++ kernels: {err}", file=sys.stderr)
         return 1
-    print(f"rl_engine C++ kernels ready in {BUILD_DIR}; ISA paths: {', '.join(paths)}")
+    print(f"rl_engine C++ kernels ready in {build_dir}; ISA paths: {', '.join(paths)}")
     return 0
 
 

@@ -153,3 +153,154 @@ def test_data_and_rewards_import_no_job_ray_or_torch(package):
     assert files, f"no modules under {PACKAGE / package}"
     offenders = [hit for path in files for hit in _imports(path, FORBIDDEN_IN_DATA)]
     assert not offenders, f"rl_engine/{package} imports:\n" + "\n".join(offenders)
+
+
+# ----------------------------------------------------------------------------- scripts are entry points
+
+SCRIPTS = PACKAGE.parent / "scripts"
+
+
+def _private_imports(path: Path, root: Path = PACKAGE.parent) -> list[str]:
+    """Every rl_engine module or name `path` imports whose dotted path has a part starting with
+    '_' (module level or inside a function, or a module-path string)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value] if node.value.startswith("rl_engine.") else []
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "rl_engine" and any(part.startswith("_") for part in parts):
+                found.append((node.lineno, f"{path.relative_to(root)}:{node.lineno}: {name}"))
+    return [hit for _, hit in sorted(found)]
+
+
+def test_scripts_import_only_public_names():
+    """scripts/ holds entry points: what they need of the package is public (a script that
+    reaches for a private name is package logic living in the wrong place)."""
+    files = sorted(SCRIPTS.glob("*.py"))
+    assert any(f.name == "compile_gpu_kernels.py" for f in files)
+    offenders = [hit for path in files for hit in _private_imports(path)]
+    assert not offenders, "scripts import private names:\n" + "\n".join(offenders)
+
+
+def test_the_public_names_check_sees_a_private_import(tmp_path):
+    """Negative control: a private module, a private name, a nested import and a module-path
+    string are flagged; public imports (and private names outside rl_engine) are not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import os._private\n"
+        "from rl_engine.kernels.triton.aot import main\n"
+        "from rl_engine.kernels.cpp._extension import extension\n"
+        "from rl_engine.benchmarks.kernels import _linear\n"
+        "def f():\n"
+        "    import rl_engine._version\n"
+        "    return __import__('importlib').import_module('rl_engine.kernels._x')\n"
+    )
+    assert _private_imports(bad, tmp_path) == [
+        "bad.py:3: rl_engine.kernels.cpp._extension",
+        "bad.py:3: rl_engine.kernels.cpp._extension.extension",
+        "bad.py:4: rl_engine.benchmarks.kernels._linear",
+        "bad.py:6: rl_engine._version",
+        "bad.py:7: rl_engine.kernels._x",
+    ]
+
+
+# ----------------------------------------------------------------------------- benchmarks reachable from the CLI
+
+BENCHMARKS = PACKAGE / "benchmarks"
+
+
+def _bench_references(path: Path) -> set[str]:
+    """The rl_engine.benchmarks modules `path` imports or names as a module-path string
+    (`python -m rl_engine.benchmarks.X`, the fresh-process probes)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[:2] == ["rl_engine", "benchmarks"] and len(parts) > 2:
+                found.add(parts[2])
+    return found
+
+
+def _unreachable_benchmarks(folder: Path, named: set[str]) -> list[str]:
+    """Modules of `folder` (but __init__) that neither `rl-engine bench` names (`named`) nor a
+    named module reaches through imports and module-path strings: code no command runs."""
+    modules = {path.stem for path in folder.glob("*.py")} - {"__init__"}
+    reached, todo = set(), sorted(named & modules)
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += sorted(_bench_references(folder / f"{module}.py") & modules)
+    return sorted(modules - reached)
+
+
+def _cli_benchmarks() -> dict[tuple[str, str | None, str], tuple[str, ...]]:
+    from rl_engine import cli
+
+    return {
+        (what, case, device): modules
+        for device, table in (("cpu", cli.BENCH_CASES), ("cuda", cli.BENCH_CASES_CUDA))
+        for what, cases in table.items()
+        for case, modules in cases.items()
+    }
+
+
+def test_every_benchmark_is_reachable_from_rl_engine_bench():
+    """Each module of rl_engine/benchmarks is run by some `rl-engine bench WHAT [--case C]`
+    (cli.BENCH_CASES), or is a helper such a module imports: no benchmark lives only behind
+    a script."""
+    benchmarks = _cli_benchmarks()
+    named = {module for modules in benchmarks.values() for module in modules}
+    missing = sorted(m for m in named if not (BENCHMARKS / f"{m}.py").is_file())
+    assert not missing, f"cli.BENCH_CASES names modules that do not exist: {missing}"
+    for module in named:  # what cmd_bench calls: main(argv)
+        tree = ast.parse((BENCHMARKS / f"{module}.py").read_text())
+        assert any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body), module
+    unreachable = _unreachable_benchmarks(BENCHMARKS, named)
+    assert not unreachable, f"benchmark modules no `rl-engine bench` reaches: {unreachable}"
+
+
+def test_every_bench_case_parses():
+    """The table and the command line agree: each (WHAT, --case, --device) of the table is
+    accepted, and a case of another WHAT is refused."""
+    from rl_engine import cli
+
+    parser = cli.build_parser()
+    for what, case, device in _cli_benchmarks():
+        argv = ["bench", what, "--device", device] + (["--case", case] if case else [])
+        args = parser.parse_args(argv)
+        cli._check_bench_args(parser, args)
+        assert (args.what, args.case, args.device) == (what, case, device)
+    with pytest.raises(SystemExit):
+        cli._check_bench_args(parser, parser.parse_args(["bench", "moe", "--case", "tp"]))
+
+
+def test_the_reachability_check_sees_an_orphan(tmp_path):
+    """Negative control: a helper imported by a named module and a probe it names by module
+    path are reached; a module nothing names is not."""
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "named.py").write_text("from rl_engine.benchmarks.helper import f\n")
+    (tmp_path / "helper.py").write_text(
+        "def f():\n    return ['python', '-m', 'rl_engine.benchmarks.probe']\n"
+    )
+    (tmp_path / "probe.py").write_text("")
+    (tmp_path / "orphan.py").write_text("import rl_engine.benchmarks.timing\n")
+    assert _unreachable_benchmarks(tmp_path, {"named"}) == ["orphan"]
+    assert _unreachable_benchmarks(tmp_path, set()) == ["helper", "named", "orphan", "probe"]

@@ -1,7 +1,7 @@
 """`rl-engine bench kernels`: each invariant op vs. its plain-torch counterpart, same run.
 
-Shapes follow issue #2: a training shape (4096 tokens, hidden 1024,
-intermediate 2816, vocab 49152) and a decode shape (8 tokens). Reported as
+Shapes (`Sizes`): a training shape (4096 tokens, hidden 1024, intermediate
+2816, vocab 49152) and a decode shape (8 tokens); `--tiny` shrinks them. Reported as
 time(invariant) / time(plain) from interleaved runs, plus the peak extra memory
 of `linear_logp` against materialising the logits. "Invariant" is the CPU's
 default backend (`get_op(name, "cpu")`, the cpp kernels); the header names it.
@@ -16,11 +16,41 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from rl_engine.benchmarks.args import bench_parser
 from rl_engine.benchmarks.logp_memory import materialised_logprobs
 from rl_engine.benchmarks.timing import interleaved_ratio, peak_extra_memory
 from rl_engine.kernels import get_op, kernel_facts
 
-TOKENS, HIDDEN, INTERMEDIATE, VOCAB, DECODE = 4096, 1024, 2816, 49152, 8
+
+@dataclass(frozen=True)
+class Sizes:
+    """The cases' shapes: a training and a decode batch of one transformer layer."""
+
+    tokens: int = 4096
+    hidden: int = 1024
+    intermediate: int = 2816
+    vocab: int = 49152
+    decode: int = 8
+    prefill: int = 2048  # attention prefill tokens
+    cache: int = 512  # attention decode cache length
+    heads: int = 16
+    kv_heads: int = 4
+    head_dim: int = 64
+
+
+FULL = Sizes()
+TINY = Sizes(
+    tokens=24,
+    hidden=40,
+    intermediate=72,
+    vocab=300,
+    decode=3,
+    prefill=20,
+    cache=17,
+    heads=4,
+    kv_heads=2,
+    head_dim=16,
+)
 
 
 @dataclass
@@ -48,21 +78,19 @@ def _randn(*shape, dtype, scale=1.0):
     return (torch.randn(*shape) * scale).to(dtype)
 
 
-def _linear(rows):
+def _linear(rows, s: Sizes):
     def build(dt):
-        x, w = (
-            _randn(rows, HIDDEN, dtype=dt),
-            _randn(INTERMEDIATE, HIDDEN, dtype=dt, scale=HIDDEN**-0.5),
-        )
+        x = _randn(rows, s.hidden, dtype=dt)
+        w = _randn(s.intermediate, s.hidden, dtype=dt, scale=s.hidden**-0.5)
         op = get_op("linear", "cpu")
         return (lambda: op(x, w)), (lambda: F.linear(x, w))
 
     return build
 
 
-def _rms_norm(rows):
+def _rms_norm(rows, s: Sizes):
     def build(dt):
-        x, w = _randn(rows, HIDDEN, dtype=dt), torch.ones(HIDDEN, dtype=dt)
+        x, w = _randn(rows, s.hidden, dtype=dt), torch.ones(s.hidden, dtype=dt)
         op = get_op("rms_norm", "cpu")
 
         def plain():
@@ -74,25 +102,27 @@ def _rms_norm(rows):
     return build
 
 
-def _silu(rows):
+def _silu(rows, s: Sizes):
     def build(dt):
-        x = _randn(rows, INTERMEDIATE, dtype=dt)
+        x = _randn(rows, s.intermediate, dtype=dt)
         op = get_op("silu", "cpu")
         return (lambda: op(x)), (lambda: F.silu(x))
 
     return build
 
 
-def _log_softmax(rows):
+def _log_softmax(rows, s: Sizes):
     def build(dt):
-        x = _randn(rows, VOCAB, dtype=dt, scale=3.0)
+        x = _randn(rows, s.vocab, dtype=dt, scale=3.0)
         op = get_op("log_softmax", "cpu")
         return (lambda: op(x, 0.7)), (lambda: torch.log_softmax(x.float() / 0.7, -1))
 
     return build
 
 
-def _attention_prefill(seq, heads=16, kv_heads=4, head_dim=64):
+def attention_prefill(seq, heads=16, kv_heads=4, head_dim=64):
+    """Builder of a causal prefill case: dtype -> (the CPU's attention op, SDPA)."""
+
     def build(dt):
         q = _randn(1, heads, seq, head_dim, dtype=dt)
         k, v = (_randn(1, kv_heads, seq, head_dim, dtype=dt) for _ in range(2))
@@ -105,7 +135,9 @@ def _attention_prefill(seq, heads=16, kv_heads=4, head_dim=64):
     return build
 
 
-def _attention_decode(batch, cache_len, heads=16, kv_heads=4, head_dim=64):
+def attention_decode(batch, cache_len, heads=16, kv_heads=4, head_dim=64):
+    """Builder of a decode case (one query per sequence over its whole cache): dtype -> (op, SDPA)."""
+
     def build(dt):
         q = _randn(batch, heads, 1, head_dim, dtype=dt)
         k, v = (_randn(batch, kv_heads, cache_len, head_dim, dtype=dt) for _ in range(2))
@@ -118,36 +150,48 @@ def _attention_decode(batch, cache_len, heads=16, kv_heads=4, head_dim=64):
     return build
 
 
-def _linear_logp(rows):
+def _linear_logp(rows, s: Sizes):
     def build(dt):
-        h, w = _randn(rows, HIDDEN, dtype=dt), _randn(VOCAB, HIDDEN, dtype=dt, scale=HIDDEN**-0.5)
-        t = torch.randint(0, VOCAB, (rows,))
+        h = _randn(rows, s.hidden, dtype=dt)
+        w = _randn(s.vocab, s.hidden, dtype=dt, scale=s.hidden**-0.5)
+        t = torch.randint(0, s.vocab, (rows,))
         op = get_op("linear_logp", "cpu")
         return (lambda: op(h, w, t)), (lambda: materialised_logprobs(h, w, t))
 
     return build
 
 
-def cases(dtypes) -> list[Case]:
+def cases(dtypes, s: Sizes = FULL) -> list[Case]:
+    heads = (s.heads, s.kv_heads, s.head_dim)
     specs = [
-        ("linear", f"train {TOKENS}x{HIDDEN}->{INTERMEDIATE}", _linear(TOKENS)),
-        ("linear", f"decode {DECODE}x{HIDDEN}->{INTERMEDIATE}", _linear(DECODE)),
-        ("rms_norm", f"train {TOKENS}x{HIDDEN}", _rms_norm(TOKENS)),
-        ("rms_norm", f"decode {DECODE}x{HIDDEN}", _rms_norm(DECODE)),
-        ("silu", f"train {TOKENS}x{INTERMEDIATE}", _silu(TOKENS)),
-        ("silu", f"decode {DECODE}x{INTERMEDIATE}", _silu(DECODE)),
-        ("log_softmax", f"decode {DECODE}x{VOCAB}", _log_softmax(DECODE)),
-        ("attention", "prefill 2048 tok, 16/4 heads, d64", _attention_prefill(2048)),
-        ("attention", "decode 8 seq x 512 cache", _attention_decode(DECODE, 512)),
-        ("linear_logp", f"train {TOKENS}x{HIDDEN}->{VOCAB}", _linear_logp(TOKENS)),
-        ("linear_logp", f"decode {DECODE}x{HIDDEN}->{VOCAB}", _linear_logp(DECODE)),
+        ("linear", f"train {s.tokens}x{s.hidden}->{s.intermediate}", _linear(s.tokens, s)),
+        ("linear", f"decode {s.decode}x{s.hidden}->{s.intermediate}", _linear(s.decode, s)),
+        ("rms_norm", f"train {s.tokens}x{s.hidden}", _rms_norm(s.tokens, s)),
+        ("rms_norm", f"decode {s.decode}x{s.hidden}", _rms_norm(s.decode, s)),
+        ("silu", f"train {s.tokens}x{s.intermediate}", _silu(s.tokens, s)),
+        ("silu", f"decode {s.decode}x{s.intermediate}", _silu(s.decode, s)),
+        ("log_softmax", f"decode {s.decode}x{s.vocab}", _log_softmax(s.decode, s)),
+        (
+            "attention",
+            f"prefill {s.prefill} tok, {s.heads}/{s.kv_heads} heads, d{s.head_dim}",
+            attention_prefill(s.prefill, *heads),
+        ),
+        (
+            "attention",
+            f"decode {s.decode} seq x {s.cache} cache",
+            attention_decode(s.decode, s.cache, *heads),
+        ),
+        ("linear_logp", f"train {s.tokens}x{s.hidden}->{s.vocab}", _linear_logp(s.tokens, s)),
+        ("linear_logp", f"decode {s.decode}x{s.hidden}->{s.vocab}", _linear_logp(s.decode, s)),
     ]
     return [Case(op, shape, dt, build) for dt in dtypes for op, shape, build in specs]
 
 
-def run_timings(dtypes=(torch.float32, torch.bfloat16), reps: int = 5) -> list[Result]:
+def run_timings(
+    dtypes=(torch.float32, torch.bfloat16), reps: int = 5, s: Sizes = FULL
+) -> list[Result]:
     results = []
-    for case in tqdm(cases(dtypes), desc="kernels", unit="case"):
+    for case in tqdm(cases(dtypes, s), desc="kernels", unit="case"):
         ours, plain = case.build(case.dtype)
         with torch.no_grad():
             t_ours, t_plain = interleaved_ratio(ours, plain, reps=reps)
@@ -163,10 +207,10 @@ def run_timings(dtypes=(torch.float32, torch.bfloat16), reps: int = 5) -> list[R
     return results
 
 
-def run_memory(dtypes=("float32", "bfloat16")) -> list[tuple[str, int, int]]:
-    """(dtype, fused bytes, materialised bytes) at TOKENS x VOCAB."""
+def run_memory(dtypes=("float32", "bfloat16"), s: Sizes = FULL) -> list[tuple[str, int, int]]:
+    """(dtype, fused bytes, materialised bytes) at tokens x vocab."""
     module = "rl_engine.benchmarks.logp_memory"
-    dims = (str(TOKENS), str(HIDDEN), str(VOCAB))
+    dims = (str(s.tokens), str(s.hidden), str(s.vocab))
     return [
         (
             dt,
@@ -177,7 +221,7 @@ def run_memory(dtypes=("float32", "bfloat16")) -> list[tuple[str, int, int]]:
     ]
 
 
-def render(results: list[Result], memory: list[tuple[str, int, int]]) -> str:
+def render(results: list[Result], memory: list[tuple[str, int, int]], s: Sizes = FULL) -> str:
     facts = ", ".join(f"{k}={v}" for k, v in kernel_facts("cpu").items())
     lines = [
         f"threads: {torch.get_num_threads()}, torch {torch.__version__}, {facts}",
@@ -196,16 +240,20 @@ def render(results: list[Result], memory: list[tuple[str, int, int]]) -> str:
             "|---|---:|---:|---:|",
         ]
         lines += [
-            f"| {TOKENS} tok x {VOCAB} vocab, {dt} | {f / 2**20:.0f} | {m / 2**20:.0f} | {f / m:.3f} |"
+            f"| {s.tokens} tok x {s.vocab} vocab, {dt} | {f / 2**20:.0f} | {m / 2**20:.0f} | "
+            f"{f / m if m else float('nan'):.3f} |"
             for dt, f, m in memory
         ]
     return "\n".join(lines)
 
 
-def main(*, quick: bool = False) -> str:
-    dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
-    results = run_timings(dtypes, reps=3 if quick else 5)
-    memory = run_memory(tuple(str(d).removeprefix("torch.") for d in dtypes))
-    table = render(results, memory)
+def main(argv: list[str] | None = None) -> str:
+    args = bench_parser(__doc__, quick="fp32 only, fewer repetitions").parse_args(argv)
+    dtypes = (torch.float32,) if args.quick else (torch.float32, torch.bfloat16)
+    sizes, reps = (TINY, 1) if args.tiny else (FULL, 3 if args.quick else 5)
+    results = run_timings(dtypes, reps=reps, s=sizes)
+    memory_dtypes = dtypes[:1] if args.tiny else dtypes  # one fresh process per probe
+    memory = run_memory(tuple(str(d).removeprefix("torch.") for d in memory_dtypes), sizes)
+    table = render(results, memory, sizes)
     print(table)
     return table

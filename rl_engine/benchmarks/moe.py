@@ -1,30 +1,33 @@
 """`rl-engine bench moe`: one mixture-of-experts block, batch-invariant vs. plain Hugging Face, same run.
 
 The block is transformers' Qwen3-MoE sparse block with 64 experts, top-8 and
-renormalised weights, hidden 1024, expert width 256 (issue #16). "plain" is the
-block as HF runs it here, with the experts implementation transformers picks
-for a model on this CPU (`grouped_mm`: `torch._grouped_mm`, printed in the
-header) and, for reference, its `eager` loop; "invariant" is the same block
-with its router and experts patched (`moe_router`, `moe_experts` of the CPU's
-default backend), the same Parameter objects. Shapes: decode (8 tokens) and
-training (4096 tokens), forward; training also forward + backward. Ratios are
-invariant / grouped_mm from interleaved runs (medians).
+renormalised weights, hidden 1024, expert width 256 (`Block`; `--tiny` shrinks
+it). "plain" is the block as HF runs it here, with the experts implementation
+transformers picks for a model on this CPU (`grouped_mm`: `torch._grouped_mm`,
+printed in the header) and, for reference, its `eager` loop; "invariant" is the
+same block with its router and experts patched (`moe_router`, `moe_experts` of
+the CPU's default backend), the same Parameter objects. Shapes: decode (8
+tokens) and training (4096 tokens), forward; training also forward + backward.
+Ratios are invariant / grouped_mm from interleaved runs (medians).
 
 Memory: the peak extra RSS of one 4096-token forward for 16, 64 and 256 experts
 (weights and inputs allocated before the peak is reset), one fresh process per
-case: `python -m rl_engine.benchmarks.moe {invariant|grouped_mm|eager} E TOKENS DTYPE`
-prints {"peak_extra": bytes}. The invariant experts run each expert on exactly
-its rows, so the peak does not grow with E.
+case: `python -m rl_engine.benchmarks.moe {invariant|grouped_mm|eager} E TOKENS
+DTYPE [BLOCK]` prints {"peak_extra": bytes} (BLOCK: the block's sizes as JSON;
+default the full ones). The invariant experts run each expert on exactly its
+rows, so the peak does not grow with E.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
 
 import torch
 
+from rl_engine.benchmarks.args import bench_parser
 from rl_engine.benchmarks.timing import (
     current_rss_bytes,
     interleaved_ratio,
@@ -34,12 +37,32 @@ from rl_engine.benchmarks.timing import (
 )
 from rl_engine.kernels import get_op, kernel_facts, resolve_backend
 
-EXPERTS, TOP_K, HIDDEN, WIDTH = 64, 8, 1024, 256
-TRAIN, DECODE = 4096, 8
-MEMORY_EXPERTS = (16, 64, 256)
+
+@dataclass(frozen=True)
+class Block:
+    """The block's sizes and the token counts it runs."""
+
+    experts: int = 64
+    top_k: int = 8
+    hidden: int = 1024
+    width: int = 256  # each expert's intermediate size
+    train: int = 4096  # tokens
+    decode: int = 8
+    memory_experts: tuple[int, ...] = (16, 64, 256)
 
 
-def block(implementation: str, dtype: torch.dtype, experts: int = EXPERTS, seed: int = 0):
+FULL = Block()
+# widths that are multiples of 8: HF's grouped_mm runs them in bf16 on a CPU
+TINY = Block(experts=8, top_k=2, hidden=32, width=16, train=24, decode=3, memory_experts=(8,))
+
+
+def block(
+    implementation: str,
+    dtype: torch.dtype,
+    experts: int | None = None,
+    seed: int = 0,
+    sizes: Block = FULL,
+):
     """HF's Qwen3-MoE sparse block; implementation 'invariant' patches its router and experts."""
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
@@ -47,10 +70,10 @@ def block(implementation: str, dtype: torch.dtype, experts: int = EXPERTS, seed:
     from rl_engine.patching.moe import InvariantMoeExperts, InvariantMoeRouter
 
     config = Qwen3MoeConfig(
-        hidden_size=HIDDEN,
-        moe_intermediate_size=WIDTH,
-        num_experts=experts,
-        num_experts_per_tok=TOP_K,
+        hidden_size=sizes.hidden,
+        moe_intermediate_size=sizes.width,
+        num_experts=experts or sizes.experts,
+        num_experts_per_tok=sizes.top_k,
         norm_topk_prob=True,
     )
     config._experts_implementation = (
@@ -108,16 +131,19 @@ def _train_step(moe, x):
     return run
 
 
-def run_timings(dtypes, reps: int) -> list[Result]:
+def run_timings(dtypes, reps: int, sizes: Block = FULL) -> list[Result]:
     results = []
+    decode, train = sizes.decode, sizes.train
     for dtype in dtypes:
-        blocks = {name: block(name, dtype) for name in ("invariant", "grouped_mm", "eager")}
+        blocks = {
+            name: block(name, dtype, sizes=sizes) for name in ("invariant", "grouped_mm", "eager")
+        }
         for shape, tokens, step in (
-            (f"decode {DECODE} tok, forward", DECODE, _forward),
-            (f"train {TRAIN} tok, forward", TRAIN, _forward),
-            (f"train {TRAIN} tok, forward+backward", TRAIN, _train_step),
+            (f"decode {decode} tok, forward", decode, _forward),
+            (f"train {train} tok, forward", train, _forward),
+            (f"train {train} tok, forward+backward", train, _train_step),
         ):
-            x = torch.randn(1, tokens, HIDDEN).to(dtype)
+            x = torch.randn(1, tokens, sizes.hidden).to(dtype)
             runs = {name: step(moe, x) for name, moe in blocks.items()}
             t_inv, t_grouped = interleaved_ratio(runs["invariant"], runs["grouped_mm"], reps=reps)
             _, t_eager = interleaved_ratio(runs["invariant"], runs["eager"], reps=max(1, reps // 2))
@@ -133,25 +159,27 @@ def run_timings(dtypes, reps: int) -> list[Result]:
     return results
 
 
-def run_memory(dtypes, tokens: int = TRAIN) -> list[tuple[str, int, dict[str, int]]]:
-    """(dtype, experts, {implementation: peak extra bytes}) of one forward."""
+def run_memory(dtypes, sizes: Block = FULL) -> list[tuple[str, int, dict[str, int]]]:
+    """(dtype, experts, {implementation: peak extra bytes}) of one forward of `sizes.train` tokens."""
     out = []
+    spec = json.dumps(dataclasses.asdict(sizes))
     for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
-        for experts in MEMORY_EXPERTS:
+        for experts in sizes.memory_experts:
             peaks = {
-                impl: peak_extra_memory(__name__, impl, str(experts), str(tokens), name)
+                impl: peak_extra_memory(__name__, impl, str(experts), str(sizes.train), name, spec)
                 for impl in ("invariant", "grouped_mm")
             }
             out.append((name, experts, peaks))
     return out
 
 
-def render(results: list[Result], memory) -> str:
+def render(results: list[Result], memory, sizes: Block = FULL) -> str:
     facts = ", ".join(f"{k}={v}" for k, v in kernel_facts("cpu").items())
     lines = [
         f"threads: {torch.get_num_threads()}, torch {torch.__version__}, {facts}; block: "
-        f"{EXPERTS} experts, top-{TOP_K}, hidden {HIDDEN}, expert width {WIDTH}; plain = HF's "
+        f"{sizes.experts} experts, top-{sizes.top_k}, hidden {sizes.hidden}, expert width "
+        f"{sizes.width}; plain = HF's "
         "default experts implementation for a model on this CPU: grouped_mm",
         "",
         "| shape | dtype | batch_invariant=true ms | plain grouped_mm ms | plain eager ms | ratio vs grouped_mm |",
@@ -165,7 +193,7 @@ def render(results: list[Result], memory) -> str:
     if memory:
         lines += [
             "",
-            f"| peak extra memory, one {TRAIN}-token forward | experts | invariant MiB | grouped_mm MiB |",
+            f"| peak extra memory, one {sizes.train}-token forward | experts | invariant MiB | grouped_mm MiB |",
             "|---|---:|---:|---:|",
         ]
         lines += [
@@ -175,17 +203,22 @@ def render(results: list[Result], memory) -> str:
     return "\n".join(lines)
 
 
-def main(*, quick: bool = False) -> str:
-    dtypes = (torch.float32,) if quick else (torch.float32, torch.bfloat16)
-    table = render(run_timings(dtypes, reps=3 if quick else 5), run_memory(dtypes))
+def main(argv: list[str] | None = None) -> str:
+    args = bench_parser(__doc__, quick="fp32 only, 3 repetitions").parse_args(argv)
+    dtypes = (torch.float32,) if args.quick else (torch.float32, torch.bfloat16)
+    sizes, reps = (TINY, 1) if args.tiny else (FULL, 3 if args.quick else 5)
+    memory_dtypes = dtypes[:1] if args.tiny else dtypes  # one fresh process per probe
+    table = render(run_timings(dtypes, reps, sizes), run_memory(memory_dtypes, sizes), sizes)
     print(table)
     return table
 
 
-def _memory_probe(implementation: str, experts: int, tokens: int, dtype: str) -> None:
+def _memory_probe(
+    implementation: str, experts: int, tokens: int, dtype: str, sizes: Block = FULL
+) -> None:
     dt = getattr(torch, dtype)
-    moe = block(implementation, dt, experts)
-    x = torch.randn(1, tokens, HIDDEN).to(dt)
+    moe = block(implementation, dt, experts, sizes=sizes)
+    x = torch.randn(1, tokens, sizes.hidden).to(dt)
     with torch.no_grad():
         reset_peak_rss()
         before = current_rss_bytes()
@@ -194,4 +227,6 @@ def _memory_probe(implementation: str, experts: int, tokens: int, dtype: str) ->
 
 
 if __name__ == "__main__":
-    _memory_probe(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    given = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
+    given["memory_experts"] = tuple(given.get("memory_experts", FULL.memory_experts))
+    _memory_probe(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], Block(**given))

@@ -8,7 +8,7 @@ forced to inf / 0 in this process). Prompt-length mixes: all equal, mildly and
 widely spread, one long prompt with short ones. Best of `repeats` interleaved
 runs. The engine's default packs when the padded batch would compute more than
 PACK_PREFILL times the real tokens; the table's padded/real column shows where
-each mix falls.
+each mix falls. `--tiny`: a 1-layer model of a tiny config, the mixes 16 times shorter.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import time
 import torch
 
 import rl_engine.rollout.engine as engine_module
+from rl_engine.benchmarks.args import bench_parser
+from rl_engine.benchmarks.packing import SMOLLM2_SHAPE, TINY_SHAPE, smollm2_shaped_model
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.rollout import RolloutEngine, SamplingParams
 
@@ -36,19 +38,25 @@ def _prefill_seconds(engine, prompts, threshold: float) -> float:
     return time.perf_counter() - start
 
 
-def main(*, quick: bool = False, dtype: torch.dtype = torch.bfloat16) -> str:
-    from rl_engine.benchmarks.packing import _model
-
-    layers, repeats = (4, 2) if quick else (30, 3)
-    model = _model(layers).to(dtype)
+def main(argv: list[str] | None = None) -> str:
+    parser = bench_parser(__doc__, quick="4 of the 30 layers, best of 2")
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    args = parser.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
+    layers, repeats = (4, 2) if args.quick else (30, 3)
+    shape, mixes = SMOLLM2_SHAPE, MIXES
+    if args.tiny:
+        layers, repeats, shape = 1, 1, TINY_SHAPE
+        mixes = {name: [max(1, n // 16) for n in lengths] for name, lengths in MIXES.items()}
+    model = smollm2_shaped_model(layers, shape).to(dtype)
     apply_batch_invariant(model)
     engine = RolloutEngine(model, device="cpu", max_batch_size=8, progress=False)
     g = torch.Generator().manual_seed(0)
     default = engine_module.PACK_PREFILL
     rows = []
     try:
-        for name, lengths in MIXES.items():
-            prompts = [torch.randint(3, 49152, (n,), generator=g).tolist() for n in lengths]
+        for name, lengths in mixes.items():
+            prompts = [torch.randint(3, shape[0], (n,), generator=g).tolist() for n in lengths]
             _prefill_seconds(engine, prompts, 0.0)  # warm-up
             padded, packed = [], []
             for _ in range(repeats):
@@ -56,13 +64,14 @@ def main(*, quick: bool = False, dtype: torch.dtype = torch.bfloat16) -> str:
                 packed.append(_prefill_seconds(engine, prompts, 0.0))
             ratio = len(lengths) * max(lengths) / sum(lengths)
             rows.append(
-                f"| {name} | {ratio:.2f} | {min(padded) * 1e3:.0f} | {min(packed) * 1e3:.0f} | "
+                f"| {name} | {ratio:.2f} | {min(padded) * 1e3:.1f} | {min(packed) * 1e3:.1f} | "
                 f"{min(packed) / min(padded):.2f}x | {'packed' if ratio > default else 'padded'} |"
             )
     finally:
         engine_module.PACK_PREFILL = default
     lines = [
-        f"RolloutEngine prefill of 8 prompts + 1 sampled token, SmolLM2-135M-shaped ({layers} "
+        f"RolloutEngine prefill of 8 prompts + 1 sampled token, "
+        f"{'tiny (prompts / 16)' if args.tiny else 'SmolLM2-135M-shaped'} ({layers} "
         f"layers, random init), {str(dtype).removeprefix('torch.')}, batch_invariant on, threads "
         f"{torch.get_num_threads()}, best of {repeats} interleaved",
         "",

@@ -1,10 +1,10 @@
-"""The real-size job, measured as a user runs it: `python scripts/bench_real_size.py`.
+"""`rl-engine bench job`: the real-size job, measured as a user runs it (`scripts/bench_real_size.py`).
 
 Builds a Qwen2.5-shaped model with random weights (saved once in bf16, with
 `save_pretrained`, to a cache folder outside the repository), then runs
 `rl-engine train` on it (bf16, 2 ZeRO-3 ranks, 1 engine, 16 completions of 32
 tokens a step) with batch_invariant true and false, one after the other, and reads
-off what issue 19's check reads:
+off:
 
 - the medians, over the steps after the first, of `time/weight_sync`,
   `time/train_compute`, `time/generate_compute` (and `time/step`);
@@ -23,7 +23,6 @@ taking other processes down with it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -37,12 +36,25 @@ from pathlib import Path
 
 import yaml
 
+from rl_engine.benchmarks.args import bench_parser
+
 # Qwen2.5 configs (hidden, layers, heads, kv heads, intermediate), all with tied embeddings
-# and the family's vocabulary; `--layers` cuts a shape to fewer layers.
+# and the family's vocabulary; `--layers` cuts a shape to fewer layers. qwen2.5-tiny is no
+# released model: the smoke run's (`--tiny`), the family's vocabulary on a tiny body.
 QWEN25 = {
     "qwen2.5-0.5b": (896, 24, 14, 2, 4864),
     "qwen2.5-1.5b": (1536, 28, 12, 2, 8960),
     "qwen2.5-3b": (2048, 36, 16, 2, 11008),
+    "qwen2.5-tiny": (64, 2, 4, 2, 128),
+}
+# --tiny: the tiny shape, 2 steps of 1 x 4 completions of 4 tokens
+TINY_ARGS = {
+    "shape": "qwen2.5-tiny",
+    "steps": 2,
+    "prompts": 1,
+    "samples": 4,
+    "max_new_tokens": 4,
+    "micro_batch_size": 2,
 }
 VOCAB = 151936
 SAMPLE_S = 0.5
@@ -379,7 +391,7 @@ def markdown(results: list[dict], env_before: dict, env_after: dict, label: str)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__, quick="4 layers of the shape, 2 steps")
     parser.add_argument("--shape", default="qwen2.5-0.5b", choices=sorted(QWEN25))
     parser.add_argument(
         "--model", type=Path, default=None, help="a saved HF folder instead of --shape"
@@ -402,6 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         "--guard-gib", type=float, default=1.5, help="kill the run below this much available memory"
     )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.layers, args.steps = 4, 2
+    if args.tiny:
+        vars(args).update(TINY_ARGS)
     args.cache.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     env_before = environment()

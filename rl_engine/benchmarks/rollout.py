@@ -1,6 +1,7 @@
-"""Decode throughput of the rollout engine vs Hugging Face `generate` (SmolLM2-135M-Instruct).
+"""`rl-engine bench rollout`: decode throughput of the rollout engine vs Hugging Face `generate`.
 
-For each dtype and batch size it measures, in the same process:
+On SmolLM2-135M-Instruct (`--model`: any load_model spec; a tiny model without a tokenizer
+gets random prompts), for each dtype and batch size it measures, in the same process:
   (a) RolloutEngine on the patched model (batch_invariant=true),
   (b) RolloutEngine on the unpatched model (batch_invariant=false),
   (c) HF `generate` on the unpatched model (sampling, T = 1, no top-k/top-p),
@@ -16,7 +17,6 @@ and the first token are subtracted out. Every run generates exactly N tokens
 
 from __future__ import annotations
 
-import argparse
 import copy
 import logging
 import time
@@ -24,6 +24,8 @@ from functools import partial
 
 import torch
 
+from rl_engine.benchmarks.args import bench_parser
+from rl_engine.benchmarks.timing import intra_op_threads
 from rl_engine.models import SMOLLM2_NAME, load_model
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.rollout import RolloutEngine, SamplingParams
@@ -50,6 +52,12 @@ def encode_prompts(tokenizer, batch: int) -> list[list[int]]:
     return prompts
 
 
+def random_prompts(vocab: int, batch: int, length: int = 12) -> list[list[int]]:
+    """`batch` prompts of random token ids (for a model without a tokenizer)."""
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(3, vocab, (length,), generator=g).tolist() for _ in range(batch)]
+
+
 def time_engine(model, prompts, new_tokens: int) -> float:
     engine = RolloutEngine(model, device="cpu", max_batch_size=len(prompts), progress=False)
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=0)
@@ -58,8 +66,7 @@ def time_engine(model, prompts, new_tokens: int) -> float:
     return time.perf_counter() - start
 
 
-def time_hf(model, tokenizer, prompts, new_tokens: int) -> float:
-    pad = tokenizer.pad_token_id
+def time_hf(model, pad: int, prompts, new_tokens: int) -> float:
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padding
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -101,21 +108,27 @@ def rates(runs: dict, batch: int, new_tokens: int, repeats: int) -> dict[str, fl
     return out
 
 
-def bench_dtype(dtype: torch.dtype, threads, batches, new_tokens: int, repeats: int) -> list[dict]:
-    model, tokenizer = load_model(SMOLLM2_NAME, dtype=dtype)
+def bench_dtype(
+    dtype: torch.dtype, threads, batches, new_tokens: int, repeats: int, spec: str = SMOLLM2_NAME
+) -> list[dict]:
+    model, tokenizer = load_model(spec, dtype=dtype)
     patched = copy.deepcopy(model)
     apply_batch_invariant(patched)
+    pad = tokenizer.pad_token_id if tokenizer is not None else 0
     rows = []
     for n_threads in threads:
-        torch.set_num_threads(n_threads)
         for batch in batches:
-            prompts = encode_prompts(tokenizer, batch)
+            if tokenizer is not None:
+                prompts = encode_prompts(tokenizer, batch)
+            else:
+                prompts = random_prompts(model.config.vocab_size, batch)
             runs = {
-                "hf": partial(time_hf, model, tokenizer, prompts),
+                "hf": partial(time_hf, model, pad, prompts),
                 "off": partial(time_engine, model, prompts),
                 "on": partial(time_engine, patched, prompts),
             }
-            r = rates(runs, batch, new_tokens, repeats)
+            with intra_op_threads(n_threads):
+                r = rates(runs, batch, new_tokens, repeats)
             name = str(dtype).removeprefix("torch.")
             rows.append({"dtype": name, "threads": n_threads, "batch": batch, **r})
             print(
@@ -140,8 +153,9 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> str:
+    parser = bench_parser(__doc__, quick="bfloat16, batch 8, 1 repetition, 1 thread")
+    parser.add_argument("--model", default=SMOLLM2_NAME, help="a load_model spec")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument(
@@ -152,17 +166,34 @@ def main(argv=None) -> None:
         "--threads", type=int, nargs="+", default=[1, 2], help="torch intra-op thread counts"
     )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.dtype, args.batch, args.repeats, args.threads = ["bfloat16"], [8], 1, [1]
+    if args.tiny:
+        args.model, args.new_tokens, args.batch, args.repeats, args.threads = (
+            "tiny-llama",
+            3,
+            [2],
+            1,
+            [1],
+        )
     if args.new_tokens < 2:
         raise ValueError(f"--new-tokens must be >= 2, got {args.new_tokens}")
     logging.basicConfig(level=logging.WARNING)
-    print(f"SmolLM2-135M-Instruct, {args.new_tokens} new tokens", flush=True)
+    print(f"{args.model}, {args.new_tokens} new tokens", flush=True)
     rows = []
     for name in args.dtype:
         rows += bench_dtype(
-            getattr(torch, name), args.threads, args.batch, args.new_tokens, args.repeats
+            getattr(torch, name),
+            args.threads,
+            args.batch,
+            args.new_tokens,
+            args.repeats,
+            args.model,
         )
+    table = markdown_table(rows)
     print()
-    print(markdown_table(rows))
+    print(table)
+    return table
 
 
 if __name__ == "__main__":

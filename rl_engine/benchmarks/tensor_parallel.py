@@ -10,31 +10,49 @@ TP = 2: two processes (rl_engine.rollout.tp.launch) of 1 thread each. Prefill st
 Bytes sent per token per layer: counted by the TP ranks' gathers during the K decode
 steps, next to the formulas of this design, (N - 1) / N * (Hq * D + I + 2 * H)
 elements per rank, and of Megatron-style TP, two ring all-reduces of H elements,
-2 * 2 * (N - 1) / N * H.
+2 * 2 * (N - 1) / N * H. `--tiny`: a 1-layer model of a tiny config, fp32, 2 short prompts.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from dataclasses import dataclass
 
 import torch
 
-PROMPTS, PROMPT_LEN = 4, 128
+from rl_engine.benchmarks.args import bench_parser
 
 
-def build(layers: int, dtype: str):
+@dataclass(frozen=True)
+class Shape:
+    """The model (a Llama config) and the prompts it generates for."""
+
+    vocab: int = 32000
+    hidden: int = 1024
+    intermediate: int = 2816
+    heads: int = 16
+    kv_heads: int = 8
+    prompts: int = 4
+    prompt_len: int = 128
+
+
+FULL = Shape()
+TINY = Shape(vocab=1000, hidden=128, intermediate=256, heads=4, kv_heads=2, prompts=2, prompt_len=8)
+
+
+def build(layers: int, dtype: str, shape: Shape = FULL):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from rl_engine.patching import apply_batch_invariant
 
     config = LlamaConfig(
-        vocab_size=32000,
-        hidden_size=1024,
-        intermediate_size=2816,
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
         num_hidden_layers=layers,
-        num_attention_heads=16,
-        num_key_value_heads=8,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
         max_position_embeddings=512,
         tie_word_embeddings=False,
     )
@@ -46,23 +64,36 @@ def build(layers: int, dtype: str):
     return model
 
 
-def _prompts() -> list[list[int]]:
+def _prompts(shape: Shape) -> list[list[int]]:
     g = torch.Generator().manual_seed(0)
-    return [torch.randint(3, 32000, (PROMPT_LEN,), generator=g).tolist() for _ in range(PROMPTS)]
+    return [
+        torch.randint(3, shape.vocab, (shape.prompt_len,), generator=g).tolist()
+        for _ in range(shape.prompts)
+    ]
 
 
-def measure(layers: int, dtype: str, new_tokens: int, repeats: int, tp: bool, rank=0, world=1):
+def measure(
+    layers: int,
+    dtype: str,
+    new_tokens: int,
+    repeats: int,
+    tp: bool,
+    rank=0,
+    world=1,
+    shape: Shape = FULL,
+):
     """Best prefill and decode step seconds, tokens, and (TP) bytes sent per decode token."""
     from rl_engine.rollout import RolloutEngine, SamplingParams
 
-    model = build(layers, dtype)
+    model = build(layers, dtype, shape)
+    batch = shape.prompts
     if tp:
         from rl_engine.rollout.tp import TensorParallelEngine
 
-        engine = TensorParallelEngine(model, device="cpu", max_batch_size=PROMPTS, progress=False)
+        engine = TensorParallelEngine(model, device="cpu", max_batch_size=batch, progress=False)
     else:
-        engine = RolloutEngine(model, device="cpu", max_batch_size=PROMPTS, progress=False)
-    prompts = _prompts()
+        engine = RolloutEngine(model, device="cpu", max_batch_size=batch, progress=False)
+    prompts = _prompts(shape)
 
     def run(n: int):
         sampling = SamplingParams(max_new_tokens=n, temperature=0.0)
@@ -80,7 +111,7 @@ def measure(layers: int, dtype: str, new_tokens: int, repeats: int, tp: bool, ra
         prefill.append(t1)
         decode.append((tk - t1) / new_tokens)
         sent_decode = sentk - sent1
-    per_token_layer = sent_decode / (new_tokens * PROMPTS * layers)
+    per_token_layer = sent_decode / (new_tokens * shape.prompts * layers)
     return {
         "prefill": min(prefill),
         "decode": min(decode),
@@ -89,40 +120,70 @@ def measure(layers: int, dtype: str, new_tokens: int, repeats: int, tp: bool, ra
     }
 
 
-def _tp1(layers, dtype, new_tokens, repeats, threads: int = 2):
+def _tp1(layers, dtype, new_tokens, repeats, shape: Shape, threads: int = 2):
     torch.set_num_threads(threads)
-    return measure(layers, dtype, new_tokens, repeats, tp=False)
+    return measure(layers, dtype, new_tokens, repeats, tp=False, shape=shape)
 
 
-def main(*, quick: bool = False, dtypes=("float32", "bfloat16")) -> str:
+def main(argv: list[str] | None = None) -> str:
+    parser = bench_parser(__doc__, quick="2 layers, 4 decode steps, best of 1")
+    args = parser.parse_args(argv)
+    shape, dtypes = FULL, ("float32", "bfloat16")
+    layers, new_tokens, repeats = (2, 4, 1) if args.quick else (4, 16, 3)
+    if args.tiny:
+        shape, dtypes, (layers, new_tokens, repeats) = TINY, ("float32",), (1, 2, 1)
+    # a tiny run measures TP = 1 in this process: two process starts fewer, same code path
+    table = run(shape, dtypes, layers, new_tokens, repeats, reference_in_process=args.tiny)
+    print(table)
+    return table
+
+
+def run(
+    shape: Shape,
+    dtypes,
+    layers: int,
+    new_tokens: int,
+    repeats: int,
+    *,
+    reference_in_process: bool = False,
+) -> str:
+    """The two tables: measured prefill / decode per dtype, and bytes sent per token. TP = 1
+    runs in a process of its own (like each TP = 2 rank), or in this one."""
+    from rl_engine.benchmarks.timing import intra_op_threads
     from rl_engine.rollout.tp import launch
 
-    layers, new_tokens, repeats = (2, 4, 1) if quick else (4, 16, 3)
+    def tp1(args, threads: int):
+        if not reference_in_process:
+            return launch(lambda_free(_tp1, *args, shape, threads), 1, threads_per_rank=threads)
+        with intra_op_threads(threads):
+            return measure(*args, tp=False, shape=shape)
+
     rows = []
     for dtype in dtypes:
         args = (layers, dtype, new_tokens, repeats)
-        one = launch(lambda_free(_tp1, *args, 2), 1, threads_per_rank=2)
-        single = launch(lambda_free(_tp1, *args, 1), 1, threads_per_rank=1)
-        two = launch(functools.partial(measure, *args, True), 2, threads_per_rank=1)
+        one, single = tp1(args, 2), tp1(args, 1)
+        two = launch(functools.partial(measure, *args, True, shape=shape), 2, threads_per_rank=1)
         if not one["tokens"] == single["tokens"] == two["tokens"]:
             raise RuntimeError("TP = 2 and TP = 1 sampled different tokens")
         rows.append(
-            f"| {dtype} | {single['prefill'] * 1e3:.0f} | {one['prefill'] * 1e3:.0f} | "
-            f"{two['prefill'] * 1e3:.0f} | {two['prefill'] / one['prefill']:.2f}x | "
+            f"| {dtype} | {single['prefill'] * 1e3:.1f} | {one['prefill'] * 1e3:.1f} | "
+            f"{two['prefill'] * 1e3:.1f} | {two['prefill'] / one['prefill']:.2f}x | "
             f"{single['decode'] * 1e3:.1f} | {one['decode'] * 1e3:.1f} | "
             f"{two['decode'] * 1e3:.1f} | {two['decode'] / one['decode']:.2f}x | "
             f"{two['sent_per_token_layer']:.0f} |"
         )
         print(rows[-1], flush=True)
     itemsize = {"float32": 4, "bfloat16": 2}
+    h, q_width = shape.hidden, shape.hidden  # query width: heads x head dim = hidden
     traffic = [
-        f"| {dtype} | {ours(1024, 16 * 64, 2816, 2) * itemsize[dtype]:.0f} | "
-        f"{megatron(1024, 2) * itemsize[dtype]:.0f} |"
+        f"| {dtype} | {ours(h, q_width, shape.intermediate, 2) * itemsize[dtype]:.0f} | "
+        f"{megatron(h, 2) * itemsize[dtype]:.0f} |"
         for dtype in dtypes
     ]
-    table = "\n".join(
+    return "\n".join(
         [
-            f"{layers} layers, {PROMPTS} prompts x {PROMPT_LEN} tokens, {new_tokens} decode steps, "
+            f"{layers} layers, hidden {shape.hidden}, {shape.prompts} prompts x {shape.prompt_len} "
+            f"tokens, {new_tokens} decode steps, "
             f"best of {repeats}; 2 threads in all",
             "",
             "| dtype | prefill TP=1 1 thread ms | prefill TP=1 2 threads ms | prefill TP=2 "
@@ -137,8 +198,6 @@ def main(*, quick: bool = False, dtypes=("float32", "bfloat16")) -> str:
             *traffic,
         ]
     )
-    print(table)
-    return table
 
 
 def ours(hidden: int, q_width: int, intermediate: int, world: int) -> float:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+
+import torch
 
 
 def interleaved_ratio(ours: Callable, plain: Callable, *, reps: int = 5) -> tuple[float, float]:
@@ -21,6 +24,17 @@ def interleaved_ratio(ours: Callable, plain: Callable, *, reps: int = 5) -> tupl
             fn()
             sink.append(time.perf_counter() - start)
     return statistics.median(t_ours), statistics.median(t_plain)
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count is `n` inside, and what it was after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def current_rss_bytes() -> int:

@@ -10,67 +10,85 @@ figure is the median of each. The rollout logprobs are the worker's own
 
 Also: peak memory of the logprob path alone (forward + backward), fused
 `linear_logp` vs. materialised logits + log_softmax, on the same 1024 tokens.
+`--tiny`: tiny-llama, 4 x 12 tokens, fp32, ZeRO-0 only, one timed step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
-SEQS, SEQ_LEN, PROMPT_LEN = 8, 128, 16
+from rl_engine.benchmarks.args import bench_parser
+
 MODEL = "smollm2-135m-instruct"
 REPLY = "@@bench-reply "  # marks the child's answers among DeepSpeed's own prints
 
 
-def _batch(vocab: int, seed: int = 0):
+@dataclass(frozen=True)
+class Case:
+    """The model and the step's batch: `seqs` sequences of `seq_len` tokens, `prompt_len` prompt."""
+
+    model: str = MODEL
+    seqs: int = 8
+    seq_len: int = 128
+    prompt_len: int = 16
+
+
+FULL = Case()
+TINY = Case(model="tiny-llama", seqs=4, seq_len=12, prompt_len=4)
+
+
+def _batch(vocab: int, case: Case, seed: int = 0):
     from rl_engine.executors.worker.batch import TrainBatch
 
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, vocab, (SEQS, SEQ_LEN), generator=g)
-    response = torch.zeros(SEQS, SEQ_LEN - 1, dtype=torch.bool)
-    response[:, PROMPT_LEN - 1 :] = True
+    ids = torch.randint(3, vocab, (case.seqs, case.seq_len), generator=g)
+    response = torch.zeros(case.seqs, case.seq_len - 1, dtype=torch.bool)
+    response[:, case.prompt_len - 1 :] = True
     return TrainBatch(
         input_ids=ids,
         attention_mask=torch.ones_like(ids),
         response_mask=response,
-        rollout_logprobs=torch.zeros(SEQS, SEQ_LEN - 1),
-        advantages=torch.randn(SEQS, generator=g),
-        rewards=torch.zeros(SEQS),
+        rollout_logprobs=torch.zeros(case.seqs, case.seq_len - 1),
+        advantages=torch.randn(case.seqs, generator=g),
+        rewards=torch.zeros(case.seqs),
     )
 
 
-def _worker(zero_stage: int, invariant: bool, dtype: str):
+def _worker(zero_stage: int, invariant: bool, dtype: str, case: Case):
     from rl_engine.config import RunConfig
     from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
 
     config = RunConfig.from_dict(
         {
-            "model": MODEL,
+            "model": case.model,
             "dtype": dtype,
             "batch_invariant": invariant,
             "parity": "report",
-            "rollout": {"prompts_per_step": 1, "samples_per_prompt": SEQS},
-            "trainer": {"micro_batch_size": SEQS, "lr": 1e-6, "zero_stage": zero_stage},
+            "rollout": {"prompts_per_step": 1, "samples_per_prompt": case.seqs},
+            "trainer": {"micro_batch_size": case.seqs, "lr": 1e-6, "zero_stage": zero_stage},
         }
     )
     return DeepSpeedTrainingWorker(config, device="cpu")
 
 
-def serve_steps(zero_stage: int, invariant: bool, dtype: str) -> None:
+def serve_steps(zero_stage: int, invariant: bool, dtype: str, case: Case) -> None:
     """Child process: build the worker, then answer one line per command on stdin.
 
     "step" -> {"seconds": s}; "peak" -> {"peak_extra": bytes since the first step}; EOF ends.
     """
     from rl_engine.benchmarks.timing import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 
-    worker = _worker(zero_stage, invariant, dtype)
-    batch = _batch(worker.vocab_size)
+    worker = _worker(zero_stage, invariant, dtype, case)
+    batch = _batch(worker.vocab_size, case)
     batch.rollout_logprobs = worker.compute_logprobs(batch)  # ratio 1: a real, on-policy step
     reset_peak_rss()
     before = current_rss_bytes()
@@ -88,7 +106,7 @@ def serve_steps(zero_stage: int, invariant: bool, dtype: str) -> None:
 class _LiveWorker:
     """A `serve_steps` child process, driven one command at a time."""
 
-    def __init__(self, zero_stage: int, invariant: bool, dtype: str):
+    def __init__(self, zero_stage: int, invariant: bool, dtype: str, case: Case):
         env = {**os.environ, "DS_ACCELERATOR": "cpu"}
         args = [
             sys.executable,
@@ -98,6 +116,7 @@ class _LiveWorker:
             str(zero_stage),
             str(int(invariant)),
             dtype,
+            json.dumps(dataclasses.asdict(case)),
         ]
         self.proc = subprocess.Popen(
             args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
@@ -117,11 +136,11 @@ class _LiveWorker:
         self.proc.wait(timeout=120)
 
 
-def interleaved_case(zero_stage: int, dtype: str, steps: int) -> dict:
+def interleaved_case(zero_stage: int, dtype: str, steps: int, case: Case = FULL) -> dict:
     """Invariant and plain worker alive together; timed steps alternate. Medians and peaks."""
     workers = {
-        "on": _LiveWorker(zero_stage, True, dtype),
-        "off": _LiveWorker(zero_stage, False, dtype),
+        "on": _LiveWorker(zero_stage, True, dtype, case),
+        "off": _LiveWorker(zero_stage, False, dtype, case),
     }
     try:
         for w in workers.values():
@@ -142,16 +161,17 @@ def interleaved_case(zero_stage: int, dtype: str, steps: int) -> dict:
             w.close()
 
 
-def logp_memory_case(fused: bool, dtype: str) -> dict:
-    """Peak extra memory of scoring 1024 tokens with forward + backward through the LM head only."""
+def logp_memory_case(fused: bool, dtype: str, case: Case = FULL) -> dict:
+    """Peak extra memory of scoring the batch's tokens with forward + backward through the LM head only."""
     from rl_engine.benchmarks.timing import current_rss_bytes, peak_rss_bytes, reset_peak_rss
     from rl_engine.kernels import get_op
     from rl_engine.models import load_model
 
-    model, _ = load_model(MODEL, dtype=getattr(torch, dtype))
+    model, _ = load_model(case.model, dtype=getattr(torch, dtype))
     weight = model.lm_head.weight
-    hidden = torch.randn(SEQS * SEQ_LEN, weight.shape[1], dtype=weight.dtype, requires_grad=True)
-    targets = torch.randint(0, weight.shape[0], (SEQS * SEQ_LEN,))
+    tokens = case.seqs * case.seq_len
+    hidden = torch.randn(tokens, weight.shape[1], dtype=weight.dtype, requires_grad=True)
+    targets = torch.randint(0, weight.shape[0], (tokens,))
     reset_peak_rss()
     before = current_rss_bytes()
     if fused:
@@ -177,43 +197,67 @@ def _subprocess(*args: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main(*, quick: bool = False) -> str:
+def run(case: Case, dtypes, stages, steps: int) -> tuple[list[tuple], list[tuple]]:
+    """([(dtype, stage, interleaved_case result)], [(dtype, fused peak, materialised peak)])."""
     from tqdm import tqdm
 
-    dtypes = ["bfloat16"] if quick else ["float32", "bfloat16"]
-    steps = 2 if quick else 6
-    rows = []
-    cells = [(d, z) for d in dtypes for z in (0, 3)]
-    for dtype, zero in tqdm(cells, desc="train-step", unit="config"):
-        r = interleaved_case(zero, dtype, steps)
-        rows.append(
-            f"| {dtype} | ZeRO-{zero} | {r['on']:.2f} | {r['off']:.2f} | {r['on'] / r['off']:.2f}x "
-            f"| {r['on_peak'] / 2**20:.0f} | {r['off_peak'] / 2**20:.0f} |"
+    steps_table = []
+    for dtype, zero in tqdm([(d, z) for d in dtypes for z in stages], desc="train-step"):
+        steps_table.append((dtype, zero, interleaved_case(zero, dtype, steps, case)))
+    spec = json.dumps(dataclasses.asdict(case))
+    memory = [
+        (
+            d,
+            _subprocess("logp", "1", d, spec)["peak_extra"],
+            _subprocess("logp", "0", d, spec)["peak_extra"],
         )
-    mem = [(d, _subprocess("logp", "1", d), _subprocess("logp", "0", d)) for d in dtypes]
+        for d in dtypes
+    ]
+    return steps_table, memory
+
+
+def render(steps_table, memory, case: Case, steps: int) -> str:
+    rows = [
+        f"| {dtype} | ZeRO-{zero} | {r['on']:.2f} | {r['off']:.2f} | {r['on'] / r['off']:.2f}x "
+        f"| {r['on_peak'] / 2**20:.0f} | {r['off_peak'] / 2**20:.0f} |"
+        for dtype, zero, r in steps_table
+    ]
+    tokens = case.seqs * case.seq_len
     lines = [
-        f"SmolLM2-135M-Instruct, {SEQS} x {SEQ_LEN} tokens, 1 rank, threads {torch.get_num_threads()}, "
-        f"median of {steps} interleaved steps",
+        f"{case.model}, {case.seqs} x {case.seq_len} tokens, 1 rank, threads "
+        f"{torch.get_num_threads()}, median of {steps} interleaved steps",
         "",
-        "| dtype | ZeRO | step s (batch_invariant=true) | step s (batch_invariant=false) | ratio | peak extra MiB (true) | peak extra MiB (false) |",
+        "| dtype | ZeRO | step s (batch_invariant=true) | step s (batch_invariant=false) | ratio "
+        "| peak extra MiB (true) | peak extra MiB (false) |",
         "|---|---|---:|---:|---:|---:|---:|",
         *rows,
         "",
-        "| logprob path, fwd+bwd, 1024 tokens x 49152 vocab | fused MiB | materialised MiB | ratio |",
+        f"| logprob path, fwd+bwd, {tokens} tokens | fused MiB | materialised MiB | ratio |",
         "|---|---:|---:|---:|",
         *[
-            f"| {d} | {f['peak_extra'] / 2**20:.0f} | {m['peak_extra'] / 2**20:.0f} | {f['peak_extra'] / m['peak_extra']:.2f} |"
-            for d, f, m in mem
+            f"| {d} | {f / 2**20:.0f} | {m / 2**20:.0f} | {f / m if m else float('nan'):.2f} |"
+            for d, f, m in memory
         ],
     ]
-    table = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = bench_parser(__doc__, quick="bfloat16 only, 2 timed steps").parse_args(argv)
+    case, dtypes, stages = FULL, ["float32", "bfloat16"], (0, 3)
+    steps = 2 if args.quick else 6
+    if args.quick:
+        dtypes = ["bfloat16"]
+    if args.tiny:
+        case, dtypes, stages, steps = TINY, ["float32"], (0,), 1
+    table = render(*run(case, dtypes, stages, steps), case, steps)
     print(table)
     return table
 
 
 if __name__ == "__main__":
-    kind = sys.argv[1]
+    kind, spec = sys.argv[1], json.loads(sys.argv[-1])
     if kind == "serve":
-        serve_steps(int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4])
+        serve_steps(int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4], Case(**spec))
     else:
-        print(json.dumps(logp_memory_case(sys.argv[2] == "1", sys.argv[3])))
+        print(json.dumps(logp_memory_case(sys.argv[2] == "1", sys.argv[3], Case(**spec))))

@@ -1,21 +1,25 @@
 """The Triton kernels compiled for a GPU target on this CPU machine: one binary per batch, checked code.
 
-`scripts/compile_gpu_kernels.py --targets sm_90 --cases ci` runs every op of the registry
-in fp32 and bf16 through the JIT's own specialisation (a documented subset of the launch
-cases, at least 2 per group; the script's default runs them all, for every target). This
-test re-derives checks a-c from the manifest and the PTX files itself. Negative control:
-the same log_softmax kernel jitted with Triton's default specialisation compiles two
-binaries for a 1-row view of a wider buffer and a batch of rows (the alignment-dependent
-reduction order the op pins). Plus the facts the job compares, which need no GPU.
+`rl_engine.kernels.triton.aot` (the check behind `scripts/compile_gpu_kernels.py`), called
+with `--targets sm_90 --cases ci`, runs every op of the registry in fp32 and bf16 through the
+JIT's own specialisation (a documented subset of the launch cases, at least 2 per group; the
+script's default runs them all, for every target). This test re-derives checks a-c from the
+manifest and the PTX files itself. Negative control: the same log_softmax kernel jitted with
+Triton's default specialisation compiles two binaries for a 1-row view of a wider buffer and
+a batch of rows (the alignment-dependent reduction order the op pins). Plus the facts the job
+compares, which need no GPU.
+
+The compiles run in a fresh interpreter (`_in_compiled_process`) that imports the package
+module and calls it: `triton.jit` reads TRITON_INTERPRET when a kernel is decorated, and this
+process decorated the kernels under the interpreter (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,26 +30,32 @@ from rl_engine.kernels import kernel_facts
 from rl_engine.kernels.registry import OP_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "compile_gpu_kernels.py"
 
 
-def _compiled_env() -> dict:
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)  # real compiles: the interpreter has no binaries
-    return env
+def _in_compiled_process(fn, *args):
+    """`fn(*args)` in a fresh interpreter started without TRITON_INTERPRET (compiled kernels)."""
+    context = multiprocessing.get_context("spawn")
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        pool = context.Pool(1)  # the child copies the environment as it is now
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+    with pool:
+        return pool.apply(fn, args)
+
+
+def _compile_check(argv: list[str]) -> int:
+    from rl_engine.kernels.triton import aot
+
+    return aot.main(argv)
 
 
 @pytest.fixture(scope="module")
 def sm90_manifest(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu_kernels")
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT), "--targets", "sm_90", "--cases", "ci", "--out", str(out)],
-        env=_compiled_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    argv = ["--targets", "sm_90", "--cases", "ci", "--out", str(out)]
+    assert _in_compiled_process(_compile_check, argv) == 0  # every check of the module holds
     return out, json.loads((out / "manifest.json").read_text())
 
 
@@ -99,44 +109,55 @@ def test_every_kernel_of_the_backend_is_in_the_manifest(sm90_manifest):
     assert kernels == {r["kernel"] for r in sm90_manifest[1]}
 
 
-_NEGATIVE_CONTROL = r"""
-import json, runpy, sys, torch, triton
-script = runpy.run_path(sys.argv[1], run_name="compile_gpu_kernels")
-triton.runtime.driver.set_active(script["_StubDriver"]())
-from rl_engine.kernels.triton._launch import capture_launches
-from rl_engine.kernels.triton.log_softmax import log_softmax_forward
-V = 50257
-def launch_of(x):
-    with capture_launches() as launches:
-        log_softmax_forward(x, 1.0)
-    return launches[0]
-batch = launch_of(torch.empty(7, V))
-view = launch_of(torch.empty(4, V + 15)[:1, :V])  # "contiguous", with the wide buffer's stride
-plain = triton.JITFunction(batch.kernel.fn)  # the same kernel, Triton's default specialisation
-def hash_of(kernel, launch):
-    return kernel.warmup(*launch.args, grid=(1,), **launch.constexprs, **launch.options()).hash
-print(json.dumps({
-    "pinned": [hash_of(batch.kernel, batch), hash_of(batch.kernel, view)],
-    "plain": [hash_of(plain, batch), hash_of(plain, view)],
-}))
-"""
+def _default_vs_pinned_specialisation() -> dict[str, list[str]]:
+    """Hashes of log_softmax compiled for a batch of rows and for a 1-row view of a wider
+    buffer: with the op's pinned specialisation, and with Triton's default one."""
+    import triton
+
+    from rl_engine.kernels.triton._launch import capture_launches
+    from rl_engine.kernels.triton.aot import StubDriver, require_compiled_kernels
+    from rl_engine.kernels.triton.log_softmax import log_softmax_forward
+
+    require_compiled_kernels()
+    triton.runtime.driver.set_active(StubDriver())
+    vocab = 50257
+
+    def launch_of(x):
+        with capture_launches() as launches:
+            log_softmax_forward(x, 1.0)
+        return launches[0]
+
+    batch = launch_of(torch.empty(7, vocab))
+    view = launch_of(torch.empty(4, vocab + 15)[:1, :vocab])  # "contiguous", the wide stride
+    plain = triton.JITFunction(batch.kernel.fn)  # the same kernel, Triton's default specialisation
+
+    def hash_of(kernel, launch):
+        options = {**launch.constexprs, **launch.options()}
+        return kernel.warmup(*launch.args, grid=(1,), **options).hash
+
+    return {
+        "pinned": [hash_of(batch.kernel, batch), hash_of(batch.kernel, view)],
+        "plain": [hash_of(plain, batch), hash_of(plain, view)],
+    }
 
 
 @pytest.mark.triton
 @pytest.mark.slow
 def test_negative_control_default_specialisation_splits_a_batch_from_a_view():
-    run = subprocess.run(
-        [sys.executable, "-c", _NEGATIVE_CONTROL, str(SCRIPT)],
-        env=_compiled_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    hashes = json.loads(run.stdout.strip().splitlines()[-1])
+    hashes = _in_compiled_process(_default_vs_pinned_specialisation)
     assert hashes["pinned"][0] == hashes["pinned"][1]
     assert hashes["plain"][0] != hashes["plain"][1]
+
+
+def test_the_check_refuses_interpreted_kernels(tmp_path, capsys):
+    """Fail closed: kernels decorated under the interpreter have no binaries to check."""
+    from rl_engine.kernels.triton import INTERPRET, aot
+
+    if not INTERPRET:
+        pytest.skip("this process's Triton kernels are compiled ones")
+    assert aot.main(["--targets", "sm_90", "--ops", "silu", "--out", str(tmp_path)]) == 2
+    assert "TRITON_INTERPRET" in capsys.readouterr().err
+    assert not (tmp_path / "manifest.json").exists()
 
 
 def test_cuda_kernel_facts_name_the_triton_numerics_without_a_gpu():
