@@ -1,7 +1,7 @@
 """`rl-engine bench kernels --device cuda`: the Triton backend vs cuBLAS / SDPA / materialised logits.
 
 One run, interleaved CUDA-event timings (median of `reps`), bf16, on the
-issue's target shapes:
+GPU target shapes:
 - matmul 8192 x 4096 -> 4096 (training) and 1 / 8 / 64 rows (decode): invariant
   linear vs F.linear (cuBLAS); target >= 0.8x cuBLAS throughput (training),
   >= 0.5x (decode);

@@ -136,8 +136,8 @@ def generate_sharded(
 
 
 def receiver_shares(engine, key: str, dtype: str) -> dict:
-    """What each rank's weight-sync receiver takes of the full policy's manifest (issue 19's
-    plans): its bytes, and the bytes of each tensor it takes only a slice of, by rank."""
+    """What each rank's weight-sync receiver takes of the full policy's manifest (its own
+    plan): its bytes, and the bytes of each tensor it takes only a slice of, by rank."""
     from rl_engine.executors.worker.weight_transport import policy_manifest
 
     manifest = policy_manifest(build(key, dtype), zero3=False, world_size=1)

@@ -215,7 +215,7 @@ def weight_targets(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def weight_plan_for(model: nn.Module, manifest: WeightManifest) -> WeightPlan:
     """What this rank receives of a sync: the rows it holds of each sharded tensor
-    (`DimSlice` of dim 0), every replicated tensor whole (issue 19's per-receiver plans)."""
+    (`DimSlice` of dim 0), every replicated tensor whole (a plan per receiver)."""
     rows = getattr(model, TP_ROWS_ATTR, None)
     if rows is None:
         raise ValueError("the model is not sharded (shard_model first)")
