@@ -5,7 +5,7 @@ Code outside this package never imports a backend: it asks `get_op` (and
 `backend_layout` for layout facts) with the device it runs on.
 """
 
-from rl_engine.kernels.errors import PlatformInvarianceError
+from rl_engine.kernels.errors import NonInvariantDtypeError, PlatformInvarianceError
 from rl_engine.kernels.facts import kernel_facts
 from rl_engine.kernels.registry import (
     OP_NAMES,
@@ -22,6 +22,7 @@ from rl_engine.kernels.registry import (
 __all__ = [
     "OP_NAMES",
     "BackendLayout",
+    "NonInvariantDtypeError",
     "OpImpl",
     "PlatformInvarianceError",
     "backend_layout",
