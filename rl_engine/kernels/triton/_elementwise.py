@@ -1,8 +1,10 @@
 """One elementwise template for `silu` and `sigmoid`: f(x) in fp32, returned in x.dtype.
 
 An op supplies its formula twice: `value(x, ACC)`, a `triton.jit` function on a
-block of fp32 values (the kernel's constexpr `FN`), and `reference(x32)`, the
-same formula in plain torch, differentiated by autograd for the backward.
+block of fp32 values, and `reference(x32)`, the same formula in plain torch,
+differentiated by autograd for the backward. Its kernel is one line, the shared
+`elementwise_body` with its `value` (a kernel of its own, so that the compiled
+binaries and the compile check's manifest name the op).
 
 Elementwise: every element goes through the same instructions wherever it sits
 in the tensor, so the op is position-invariant (no argument is specialised:
@@ -23,14 +25,15 @@ from rl_engine.kernels.triton._launch import FP_FUSION, Launch
 _BLOCK = 1024
 
 
-_ARGS = ["x_ptr", "out_ptr", "n"]
+# The arguments of every elementwise kernel: none is specialised, so every offset and size
+# runs one binary.
+ELEMENTWISE_ARGS = ["x_ptr", "out_ptr", "n"]
 
 
-# nothing specialised: every offset and size runs one binary
-@triton.jit(do_not_specialize=_ARGS, do_not_specialize_on_alignment=_ARGS)
-def _elementwise_kernel(
-    x_ptr, out_ptr, n, FN: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr
-):
+@triton.jit
+def elementwise_body(x_ptr, out_ptr, n, FN: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr):
+    """out[i] = FN(x[i]) in ACC, for this program's BLOCK elements; an op's kernel is this
+    call with its formula (`@triton.jit(do_not_specialize=ELEMENTWISE_ARGS, ...)`)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
@@ -38,30 +41,30 @@ def _elementwise_kernel(
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def elementwise_launch(variant: str, value, x: torch.Tensor, out: torch.Tensor) -> Launch:
-    """The launch that writes out = value(x) over the x.numel() elements of contiguous x."""
+def elementwise_launch(variant: str, kernel, x: torch.Tensor, out: torch.Tensor) -> Launch:
+    """The launch of an op's elementwise `kernel` over the x.numel() elements of contiguous x."""
     n = x.numel()
     return Launch(
         variant=variant,
-        kernel=_elementwise_kernel,
+        kernel=kernel,
         grid=(triton.cdiv(n, _BLOCK),),
         args=(x, out, n),
-        constexprs=dict(FN=value, ACC=tl_dtype(at_least_fp32(x.dtype)), BLOCK=_BLOCK),
+        constexprs=dict(ACC=tl_dtype(at_least_fp32(x.dtype)), BLOCK=_BLOCK),
         num_warps=4,
         num_stages=1,
         fp_fusion=FP_FUSION,
     )
 
 
-def elementwise_forward(variant: str, value, x: torch.Tensor) -> torch.Tensor:
+def elementwise_forward(variant: str, kernel, x: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     out = torch.empty_like(x)
     if x.numel():
-        elementwise_launch(variant, value, x, out).run()
+        elementwise_launch(variant, kernel, x, out).run()
     return out
 
 
-def elementwise_function(variant: str, value, reference, module: str):
+def elementwise_function(variant: str, kernel, reference, module: str):
     """The autograd.Function of one elementwise op: the kernel forward, and the gradient of
     `reference` (the formula in plain torch, computed in fp32 and cast to x.dtype)."""
 
@@ -69,7 +72,7 @@ def elementwise_function(variant: str, value, reference, module: str):
         @staticmethod
         def forward(ctx, x):
             ctx.save_for_backward(x)
-            return elementwise_forward(variant, value, x)
+            return elementwise_forward(variant, kernel, x)
 
         @staticmethod
         def backward(ctx, grad_out):
