@@ -6,7 +6,7 @@ Code outside this package never imports a backend: it asks `get_op` (and
 """
 
 from rl_engine.kernels.common.cpu_flags import cpu_flags
-from rl_engine.kernels.errors import PlatformInvarianceError
+from rl_engine.kernels.errors import NonInvariantDtypeError, PlatformInvarianceError
 from rl_engine.kernels.facts import kernel_facts
 from rl_engine.kernels.registry import (
     OP_NAMES,
@@ -23,6 +23,7 @@ from rl_engine.kernels.registry import (
 __all__ = [
     "OP_NAMES",
     "BackendLayout",
+    "NonInvariantDtypeError",
     "OpImpl",
     "PlatformInvarianceError",
     "backend_layout",

@@ -13,6 +13,12 @@ The device type alone decides the backend:
   when the Triton backend was imported with `TRITON_INTERPRET=1` (Triton's
   CPU interpreter: tests only), and raises otherwise.
 
+Which dtypes an op serves is its backend's promise, checked when the op is called:
+a dtype the backend cannot compute row-invariantly raises NonInvariantDtypeError
+(naming the op, backend and dtype), unless the caller asked for the op with
+`get_op(name, device, allow_non_invariant=True)`. The flag is bound into the
+function returned (never global state); docs/backends.md lists what each serves.
+
 Backend-specific layout facts (the KV-cache block and dtype the rollout engine
 must use) come from `backend_layout`, never from a backend's module.
 Lookups fail loudly: an unknown op, device or backend lists what exists.
@@ -29,6 +35,7 @@ from functools import cache
 import torch
 
 from rl_engine import devices
+from rl_engine.kernels.common.op import opted_in
 
 OP_NAMES = (
     "embedding",
@@ -140,10 +147,19 @@ def resolve_backend(device: str | torch.device, backend: str | None = None) -> s
     return name
 
 
-def get_op(name: str, device: str | torch.device, backend: str | None = None) -> Callable:
+def get_op(
+    name: str,
+    device: str | torch.device,
+    backend: str | None = None,
+    *,
+    allow_non_invariant: bool = False,
+) -> Callable:
     """Return op `name` for `device`, from the device's default backend or the one named.
 
     cuda -> triton, cpu -> cpp; see the module docstring for the explicit cases.
+    The op raises NonInvariantDtypeError when called with a dtype its backend does not
+    compute row-invariantly; `allow_non_invariant=True` returns the same op without that
+    check (the caller wants the result, not the guarantee: gradcheck in fp64).
     """
     if name not in OP_NAMES:
         raise KeyError(f"unknown op {name!r}; available ops: {', '.join(OP_NAMES)}")
@@ -156,7 +172,8 @@ def get_op(name: str, device: str | torch.device, backend: str | None = None) ->
             f"backend {backend!r} does not provide op {name!r}; it provides: "
             f"{', '.join(provided) or 'nothing'}"
         )
-    return OpImpl(name=name, backend=backend, fn=fn).fn
+    impl = OpImpl(name=name, backend=backend, fn=fn)
+    return opted_in(impl.fn) if allow_non_invariant else impl.fn
 
 
 def backend_layout(device: str | torch.device, backend: str | None = None) -> BackendLayout:

@@ -1,8 +1,8 @@
-"""The parts of causal GQA attention that do not depend on the backend.
+"""The `attention` op, written once: its signature, argument checks, backward and autograd.Function.
 
-Argument checks (`validate`), the compute dtype, the backward and the
-autograd.Function scaffolding. The forward, which decides the bits, is each
-backend's own (contract: rl_engine/kernels/native/attention.py,
+Argument checks (`validate`), the compute dtype, the backward, the
+autograd.Function scaffolding and the op (`attention_op`). The forward, which
+decides the bits, is each backend's own (contract: rl_engine/kernels/native/attention.py,
 docs/ops/attention.md). The backward need not be batch-invariant (gradients
 are summed over the batch), only deterministic, so it is plain torch and the
 same for every backend.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from rl_engine.kernels.common.op import Serving, define_op
 from rl_engine.kernels.common.segments import sequences_of
 
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float64, torch.float16)
@@ -226,7 +227,7 @@ def invariant_attention_function(attention_forward, module: str, backward=attent
     `attention_backward`)."""
 
     class _InvariantAttention(torch.autograd.Function):
-        """kv_index is always None here when gradients are needed (see run_attention)."""
+        """kv_index is always None here when gradients are needed (see attention_op)."""
 
         @staticmethod
         def forward(
@@ -255,33 +256,49 @@ def invariant_attention_function(attention_forward, module: str, backward=attent
     return _InvariantAttention
 
 
-def run_attention(
-    function,
-    q,
-    k,
-    v,
-    q_positions,
-    k_positions,
-    scale,
-    kv_index,
-    check_device=None,
-    q_segments=None,
-    k_segments=None,
-) -> torch.Tensor:
-    """Validate, then `function.apply`; `check_device(name, tensor)` is the backend's device check.
+def attention_op(attention_forward, serving: Serving, module: str, backward=attention_backward):
+    """The public `attention` of the backend `module`: its forward `attention_forward(q, k, v,
+    q_positions, k_positions, scale, kv_index, q_segments, k_segments)` (output in q.dtype),
+    and `backward` (default: the shared chunked `attention_backward`)."""
+    function = invariant_attention_function(attention_forward, module, backward)
 
-    With gradients, cached keys are gathered per row first (the backward works on
-    per-row keys), so `function` sees kv_index=None then.
-    """
-    scale = validate(q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments)
-    if check_device is not None:
-        check_device("q", q)
-    if (
-        kv_index is not None
-        and torch.is_grad_enabled()
-        and (q.requires_grad or k.requires_grad or v.requires_grad)
-    ):  # the backward works on per-row keys
-        k, v, kv_index = k.index_select(0, kv_index), v.index_select(0, kv_index), None
-    return function.apply(
-        q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments
-    )
+    def build(guard):
+        def attention(
+            q,
+            k,
+            v,
+            *,
+            q_positions,
+            k_positions=None,
+            scale=None,
+            kv_index=None,
+            q_segments=None,
+            k_segments=None,
+        ) -> torch.Tensor:
+            """Batch-invariant causal GQA attention (contract: rl_engine/kernels/native/attention.py,
+            docs/ops/attention.md).
+
+            q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D); q_positions: (B, Tq) int;
+            k_positions: (B, Tk) int or None (aligned KV-cache layout); kv_index: (B,)
+            int or None: row b reads k[kv_index[b]], v[kv_index[b]] of (S, Hkv, Tk, D)
+            caches (aligned layout only); q_segments (B, Tq) / k_segments (B, Tk) int or
+            None: packed rows, a query attends only to keys of its own segment (with
+            k_positions). Returns (B, Hq, Tq, D) in q.dtype, exact zeros for padding queries.
+            """
+            scale = validate(
+                q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments
+            )
+            guard("q", q)
+            if (
+                kv_index is not None
+                and torch.is_grad_enabled()
+                and (q.requires_grad or k.requires_grad or v.requires_grad)
+            ):  # the backward works on per-row keys
+                k, v, kv_index = k.index_select(0, kv_index), v.index_select(0, kv_index), None
+            return function.apply(
+                q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments
+            )
+
+        return attention
+
+    return define_op("attention", module, serving, build)

@@ -1,4 +1,4 @@
-"""The chunked linear -> logprob algorithm, parameterised by a backend's kernels.
+"""The `linear_logp` op, written once: the chunked linear -> logprob algorithm around a backend's chunk.
 
 Forward walks the tokens in chunks of `chunk_rows_for(V)` rows, so at most
 `chunk_rows x V` logits exist at a time. Each chunk's logprobs come from the
@@ -15,6 +15,8 @@ d logp[t] / d logits = (onehot(t) - softmax) / T.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from rl_engine.kernels.common.checks import (
@@ -23,6 +25,7 @@ from rl_engine.kernels.common.checks import (
     check_projection,
     check_temperature,
 )
+from rl_engine.kernels.common.op import Serving, define_op
 
 
 def chunked_logp_forward(
@@ -123,34 +126,36 @@ def validate(hidden, weight, targets, bias, ignore_index):
     )
 
 
-def linear_logp_op(function, check_device=None):
-    """The public `linear_logp` of a backend whose autograd.Function is `function`.
+def linear_logp_op(chunk_logprobs, chunk_rows_for, serving: Serving, module: str):
+    """The public `linear_logp` of the backend `module`, from its chunk: `chunk_logprobs(h,
+    weight, bias, temperature)` (its own `lm_head` and `log_softmax` kernels on a chunk of
+    rows, fp32 logprobs (n, V)) and `chunk_rows_for(V)` (rows per chunk)."""
+    forward = partial(chunked_logp_forward, chunk_logprobs, chunk_rows_for)
+    backward = partial(chunked_logp_backward, chunk_logprobs, chunk_rows_for)
+    function = linear_logp_function(forward, backward, module)
 
-    `check_device(name, tensor)`, when given, is the backend's device check
-    (run after the argument checks).
-    """
+    def build(guard):
+        def linear_logp(
+            hidden: torch.Tensor,
+            weight: torch.Tensor,
+            targets: torch.Tensor,
+            bias: torch.Tensor | None = None,
+            *,
+            temperature: float = 1.0,
+            ignore_index: int = -100,
+        ) -> torch.Tensor:
+            """hidden (..., H), weight (V, H), targets (...) -> fp32 logprobs (...), 0 where ignored.
 
-    def linear_logp(
-        hidden: torch.Tensor,
-        weight: torch.Tensor,
-        targets: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        *,
-        temperature: float = 1.0,
-        ignore_index: int = -100,
-    ) -> torch.Tensor:
-        """hidden (..., H), weight (V, H), targets (...) -> fp32 logprobs (...), 0 where ignored.
+            fp64 inputs give fp64 logprobs (for gradcheck); every other dtype gives fp32.
+            """
+            validate(hidden, weight, targets, bias, ignore_index)
+            guard("hidden", hidden)
+            temperature = check_temperature(temperature)
+            h2d = hidden.reshape(-1, hidden.shape[-1])
+            flat_targets = targets.reshape(-1).long()
+            out = function.apply(h2d, weight, bias, flat_targets, temperature, ignore_index)
+            return out.reshape(targets.shape)
 
-        fp64 inputs give fp64 logprobs (for gradcheck); every other dtype gives fp32.
-        """
-        validate(hidden, weight, targets, bias, ignore_index)
-        if check_device is not None:
-            check_device("hidden", hidden)
-        temperature = check_temperature(temperature)
-        h2d = hidden.reshape(-1, hidden.shape[-1])
-        flat_targets = targets.reshape(-1).long()
-        out = function.apply(h2d, weight, bias, flat_targets, temperature, ignore_index)
-        return out.reshape(targets.shape)
+        return linear_logp
 
-    linear_logp.__module__ = function.__module__
-    return linear_logp
+    return define_op("linear_logp", module, serving, build)

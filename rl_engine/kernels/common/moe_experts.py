@@ -1,4 +1,4 @@
-"""The parts of the `moe_experts` op that do not depend on the backend.
+"""The `moe_experts` op, written once: everything but the backend's projections and activation.
 
 Contract (docs/operators.md#moe_experts), for hidden (N, H), gate_up (E, 2I, H),
 down (E, H, I) and a routing (indices, weights) of shape (N, k):
@@ -36,6 +36,7 @@ import torch
 
 from rl_engine.kernels.common.checks import check_floating, check_index_range, check_same_dtype
 from rl_engine.kernels.common.cpu_flags import backward_mm
+from rl_engine.kernels.common.op import Serving, define_op
 
 
 @dataclass(frozen=True)
@@ -234,11 +235,31 @@ def invariant_experts_function(experts_forward, silu, module: str) -> type[torch
     return _InvariantExperts
 
 
-def run_experts(function, experts_forward, hidden, gate_up, down, indices, weights) -> torch.Tensor:
-    """The op around a backend's `_InvariantExperts`: validate, then apply (or, without
-    autograd, run the same forward directly). hidden (N, H) -> (N, H) in hidden's dtype."""
-    check_experts(hidden, gate_up, down, indices, weights)
-    tracked = hidden.requires_grad or gate_up.requires_grad or down.requires_grad
-    if torch.is_grad_enabled() and (tracked or weights.requires_grad):
-        return function.apply(hidden, gate_up, down, indices, weights)
-    return experts_forward(hidden, gate_up, down, indices, weights, False)[0]
+def moe_experts_op(experts_forward, silu, serving: Serving, module: str):
+    """The public `moe_experts` of the backend `module`: its `experts_forward` (see
+    `composed_forward`) and its unchecked `silu` (the backward recomputes the activation)."""
+    function = invariant_experts_function(experts_forward, silu, module)
+
+    def build(guard):
+        def moe_experts(
+            hidden: torch.Tensor,
+            gate_up: torch.Tensor,
+            down: torch.Tensor,
+            indices: torch.Tensor,
+            weights: torch.Tensor,
+        ) -> torch.Tensor:
+            """(N, H): each token's experts in ascending index, scaled by its weights and summed.
+
+            hidden (N, H), gate_up (E, 2I, H), down (E, H, I), indices / weights (N, k).
+            Without autograd the same forward runs directly (no autograd.Function).
+            """
+            check_experts(hidden, gate_up, down, indices, weights)
+            guard("hidden", hidden)
+            tracked = hidden.requires_grad or gate_up.requires_grad or down.requires_grad
+            if torch.is_grad_enabled() and (tracked or weights.requires_grad):
+                return function.apply(hidden, gate_up, down, indices, weights)
+            return experts_forward(hidden, gate_up, down, indices, weights, False)[0]
+
+        return moe_experts
+
+    return define_op("moe_experts", module, serving, build)

@@ -1,4 +1,4 @@
-"""The parts of the `moe_router` op that do not depend on the backend.
+"""The `moe_router` op, written once: everything but the logits' projection (and triton's routing kernel).
 
 Contract (docs/operators.md#moe_router): router logits = the backend's invariant
 `linear(hidden, weight)` in the model dtype; probabilities = softmax over the
@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.kernels.common.checks import check_floating, check_last_dim, check_same_dtype
+from rl_engine.kernels.common.op import Serving, define_op
 
 
 def check_router(hidden: torch.Tensor, weight: torch.Tensor, top_k: int) -> None:
@@ -104,20 +105,12 @@ class _TopKRouting(torch.autograd.Function):
 
 
 def route_tokens(
-    linear,
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    top_k: int,
-    *,
-    renormalize: bool = False,
-    weights_dtype: torch.dtype | None = None,
-    route=routing_forward,
+    project, hidden, weight, top_k, renormalize, weights_dtype, route
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The whole op around a backend's `linear` (and, optionally, its own `route` kernel):
-    hidden (..., H) -> (logits (N, E) hidden dtype, weights (N, k), indices (N, k) int64)."""
-    check_router(hidden, weight, top_k)
+    """The op after its checks: logits through the backend's `project` (a common.linear
+    Projection), then `route` (`routing_forward`, or the backend's own routing kernel)."""
     hidden2d = hidden.reshape(-1, hidden.shape[-1])  # (N, H)
-    logits = linear(hidden2d, weight)  # (N, E)
+    logits = project(hidden2d, weight)  # (N, E)
     out_dtype = logits.dtype if weights_dtype is None else weights_dtype
     if hidden2d.shape[0] == 0:
         empty = logits.new_zeros((0, top_k), dtype=out_dtype) + logits.sum() * 0
@@ -127,3 +120,27 @@ def route_tokens(
     else:  # inference (rollout decode): the same forward, without the autograd.Function
         weights, indices, _, _ = route(logits, top_k, renormalize, out_dtype)
     return logits, weights, indices
+
+
+def moe_router_op(project, serving: Serving, module: str, route=routing_forward):
+    """The public `moe_router` of the backend `module`: logits through its `project`, then
+    `route` (default: the plain-torch `routing_forward`)."""
+
+    def build(guard):
+        def moe_router(
+            hidden: torch.Tensor,
+            weight: torch.Tensor,
+            top_k: int,
+            *,
+            renormalize: bool = False,
+            weights_dtype: torch.dtype | None = None,
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            """hidden (..., H), router weight (E, H) -> (logits (N, E) in hidden's dtype,
+            weights (N, k) in weights_dtype or the logits' dtype, indices (N, k) int64)."""
+            check_router(hidden, weight, top_k)
+            guard("hidden", hidden)
+            return route_tokens(project, hidden, weight, top_k, renormalize, weights_dtype, route)
+
+        return moe_router
+
+    return define_op("moe_router", module, serving, build)

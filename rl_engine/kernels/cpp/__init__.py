@@ -6,7 +6,9 @@ must follow (read through `rl_engine.kernels.backend_layout`). `linear`, `lm_hea
 `attention` and `linear_logp` run the C++ kernels, and `moe_router` /
 `moe_experts` compose them; `embedding`, `rms_norm`, `sigmoid` and
 `log_softmax` are already invariant and fast in plain torch and are the native
-ones. Importing this module builds (or loads) the extension: a machine that
+ones. Which dtypes each op serves (fp32 and bf16 everywhere; fp64 / fp16 only
+where a row-invariant path exists, else NonInvariantDtypeError): `_serving.py`.
+Importing this module builds (or loads) the extension: a machine that
 cannot build it gets the compiler's reason here, never a silent fallback.
 """
 

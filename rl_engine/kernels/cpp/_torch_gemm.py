@@ -1,12 +1,12 @@
-"""The torch GEMM behind the cpp backend's fp64 / fp16 inputs (gradcheck, rare).
+"""The torch GEMM behind the cpp backend's fp64 / fp16 inputs: NOT row-invariant, opt-in only.
 
 The C++ kernels serve fp32 and bf16 only. Other dtypes run this padded,
-K-sliced `F.linear`: it is the `native` backend's GEMM as it was before issue
-15, kept here unchanged so that the cpp backend's bits stay what they were
-(`cpp_numerics` names them). It is NOT the native contract any more: native
-moved to fixed-shape row tiles (rl_engine/kernels/native/_gemm.py), because on an
-AMX Xeon a 16-row and a 64-row call of this scheme summed a row differently.
-The cpp tests check fp64 / fp16 only for accuracy (gradcheck), not invariance.
+K-sliced `F.linear` (at least MIN_ROWS rows a call, K in K_SLICE columns): the
+call's M follows the batch, and the library picks its kernel (and so a row's
+summation order) from M. It is therefore not row-invariant, and the cpp GEMM ops
+refuse fp64 / fp16 with NonInvariantDtypeError (`_serving.GEMM`) unless the
+caller asks for it with `get_op(..., allow_non_invariant=True)` (gradcheck in
+fp64). The tests check it only for accuracy (gradcheck), never for invariance.
 """
 
 from __future__ import annotations

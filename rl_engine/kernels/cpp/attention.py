@@ -29,7 +29,9 @@ same query in a padded row or a decode step.
 Backward: torch's SDPA backward on a recomputed forward (see
 attention_backward; packed rows: `sequence_backward`, sequences of similar
 length side by side): deterministic and accurate, not invariant (it need not
-be). fp64 (gradcheck) and fp16 go through the native op.
+be). fp64 (gradcheck) and fp16 run the native forward and the shared backward
+(row-invariant as native is). The op's signature and checks are the shared ones
+(rl_engine/kernels/common/attention.py).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from rl_engine.kernels.common.attention import invariant_attention_function, run_attention
+from rl_engine.kernels.common.attention import attention_backward as plain_attention_backward
+from rl_engine.kernels.common.attention import attention_op
 from rl_engine.kernels.common.segments import (
     Sequences,
     check_distinct_positions,
@@ -47,9 +50,8 @@ from rl_engine.kernels.common.segments import (
     sequences_of,
 )
 from rl_engine.kernels.cpp._extension import current_isa, extension
-from rl_engine.kernels.native.attention import attention as native_attention
-
-KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+from rl_engine.kernels.cpp._serving import KERNEL_DTYPES, KERNELS
+from rl_engine.kernels.native.attention import attention_forward as native_attention_forward
 
 
 def _aligned_keys(x: torch.Tensor, k_positions: torch.Tensor, length: int) -> torch.Tensor:
@@ -334,7 +336,15 @@ def sequence_backward(grad_out, q, k, v, q_positions, k_positions, scale, seqs: 
     return dq, dk, dv
 
 
+# ----------------------------------------------------------------------------- the op
+
+
 def _forward(q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments):
+    """(B, Hq, Tq, D) in q.dtype: the C++ kernel for fp32 / bf16, native's forward otherwise."""
+    if q.dtype not in KERNEL_DTYPES:
+        return native_attention_forward(
+            q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments
+        )
     if q.numel() == 0:
         return q.new_zeros(q.shape)
     if q.shape[-1] > 256:
@@ -345,49 +355,10 @@ def _forward(q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_s
     return out.to(q.dtype)
 
 
-_InvariantAttention = invariant_attention_function(_forward, __name__, backward=attention_backward)
+def _backward(grad_out, q, k, v, q_positions, k_positions, scale, q_segments, k_segments):
+    """SDPA's backward for the kernel's dtypes, the shared chunked one for native's."""
+    backward = attention_backward if q.dtype in KERNEL_DTYPES else plain_attention_backward
+    return backward(grad_out, q, k, v, q_positions, k_positions, scale, q_segments, k_segments)
 
 
-def attention(
-    q,
-    k,
-    v,
-    *,
-    q_positions,
-    k_positions=None,
-    scale=None,
-    kv_index=None,
-    q_segments=None,
-    k_segments=None,
-) -> torch.Tensor:
-    """Batch-invariant causal GQA attention; the contract of the native op.
-
-    q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D); q_positions: (B, Tq) int;
-    k_positions: (B, Tk) int or None (aligned KV-cache layout); kv_index: (B,)
-    int or None (rows of (S, Hkv, Tk, D) caches); q_segments (B, Tq) / k_segments
-    (B, Tk) int or None (packed rows, with k_positions). Returns (B, Hq, Tq, D) in q.dtype.
-    """
-    if q.dtype not in KERNEL_DTYPES or q.device.type != "cpu":
-        return native_attention(
-            q,
-            k,
-            v,
-            q_positions=q_positions,
-            k_positions=k_positions,
-            scale=scale,
-            kv_index=kv_index,
-            q_segments=q_segments,
-            k_segments=k_segments,
-        )
-    return run_attention(
-        _InvariantAttention,
-        q,
-        k,
-        v,
-        q_positions,
-        k_positions,
-        scale,
-        kv_index,
-        q_segments=q_segments,
-        k_segments=k_segments,
-    )
+attention = attention_op(_forward, KERNELS, __name__, backward=_backward)

@@ -14,22 +14,24 @@ are fused into the kernel (each output tile is finished after its last K
 block) with the bits of the unfused steps: `y.to(out_dtype) + bias.to(out_dtype)`
 (for bf16: round to nearest even, then the bias added in fp32 and rounded again).
 
-fp64 and fp16 (gradcheck, rare) go through a padded, K-sliced torch GEMM
-(`_torch_gemm.py`: native's GEMM before issue 15, kept so these bits do not change).
-Backward is the native one: plain GEMMs, accurate and deterministic; gradients
-are summed over the batch, so they need not be batch-invariant.
+fp64 and fp16 are not served: they would go through a padded, K-sliced torch
+GEMM (`_torch_gemm.py`) that is not row-invariant, so the ops raise
+NonInvariantDtypeError for them unless the caller opts in
+(`get_op(..., allow_non_invariant=True)`, e.g. gradcheck in fp64).
+Backward, the autograd.Function and the ops' checks are the shared ones
+(rl_engine/kernels/common/linear.py): plain GEMMs, accurate and deterministic;
+gradients are summed over the batch, so they need not be batch-invariant.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.common.checks import at_least_fp32, check_projection
-from rl_engine.kernels.common.linear import invariant_linear_function, project
+from rl_engine.kernels.common.checks import at_least_fp32
+from rl_engine.kernels.common.linear import linear_op, lm_head_op, projection
 from rl_engine.kernels.cpp._extension import current_isa, extension
+from rl_engine.kernels.cpp._serving import GEMM, KERNEL_DTYPES
 from rl_engine.kernels.cpp._torch_gemm import padded_sliced_matmul
-
-KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _kernel_operands(x2d: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,13 +42,9 @@ def _kernel_operands(x2d: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Ten
     return x2d, weight
 
 
-def _on_kernel(x2d: torch.Tensor) -> bool:
-    return x2d.dtype in KERNEL_DTYPES and x2d.device.type == "cpu"
-
-
 def fixed_order_gemm(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x (M, K) @ weight (N, K)^T -> fp32 (M, N); fp64 stays fp64."""
-    if not _on_kernel(x2d):
+    """x (M, K) @ weight (N, K)^T -> fp32 (M, N); fp64 stays fp64 (the opt-in torch GEMM)."""
+    if x2d.dtype not in KERNEL_DTYPES:
         return padded_sliced_matmul(x2d, weight, out_dtype=at_least_fp32(x2d.dtype))
     x2d, weight = _kernel_operands(x2d, weight)
     return extension().gemm(x2d, weight, current_isa())
@@ -54,7 +52,7 @@ def fixed_order_gemm(x2d: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def linear_forward(x2d, weight, bias, out_dtype):
     """fp32 GEMM -> out_dtype, then + bias in out_dtype; fused in the kernel for fp32 / bf16 out."""
-    if _on_kernel(x2d) and out_dtype in KERNEL_DTYPES:
+    if x2d.dtype in KERNEL_DTYPES and out_dtype in KERNEL_DTYPES:
         x2d, weight = _kernel_operands(x2d, weight)
         if bias is not None:
             bias = bias.to(out_dtype).contiguous()
@@ -67,29 +65,6 @@ def linear_forward(x2d, weight, bias, out_dtype):
     return out
 
 
-_InvariantLinear = invariant_linear_function(linear_forward, __name__)
-
-
-def _apply(x, weight, bias, out_dtype):
-    tracked = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-    if torch.is_grad_enabled() and tracked:
-        return project(_InvariantLinear, x, weight, bias, out_dtype)
-    # Inference (rollout decode): the same forward, without the autograd.Function cost.
-    check_projection("x", x, weight, bias)
-    out = linear_forward(x.reshape(-1, x.shape[-1]), weight, bias, out_dtype)
-    return out.reshape(*x.shape[:-1], weight.shape[0])
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (..., K), weight (N, K), bias (N,) -> (..., N) in x.dtype."""
-    return _apply(x, weight, bias, x.dtype)
-
-
-def lm_head(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Vocabulary projection: hidden (..., H), weight (V, H) -> fp32 logits (..., V) (fp64 for fp64).
-
-    The same kernel as `linear`, without the final rounding to bf16.
-    """
-    return _apply(hidden, weight, bias, at_least_fp32(hidden.dtype))
+PROJECTION = projection(linear_forward, __name__)
+linear = linear_op(PROJECTION, GEMM, __name__)
+lm_head = lm_head_op(PROJECTION, GEMM, __name__)

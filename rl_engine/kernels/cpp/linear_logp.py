@@ -1,10 +1,10 @@
 """Fused, chunked per-token logprobs on CPU: log_softmax(lm_head(hidden) / T) at the targets.
 
-The shared chunked algorithm (rl_engine/kernels/common/linear_logp.py) with
-this backend's chunk: each chunk of tokens calls the cpp `lm_head` (the
-fixed-order GEMM, M-independent by construction) and the shared
-`log_softmax`, so the result is bitwise equal to materialising all logits,
-whatever the chunk size. Only the chunk size is this backend's own: the GEMM
+The shared chunked op (rl_engine/kernels/common/linear_logp.py) with this
+backend's chunk: each chunk of tokens runs the kernels of the cpp `lm_head` (the
+fixed-order GEMM, M-independent by construction) and `log_softmax` (the native
+one), so the result is bitwise equal to materialising all logits, whatever the
+chunk size. Only the chunk size is this backend's own: the GEMM
 packs (streams) the whole LM-head weight once per call for a chunk of up to
 480 rows, so chunks are a multiple of ROW_ALIGN rows and as large as the
 memory target allows (CHUNK_ELEMENTS logits at a time).
@@ -12,16 +12,11 @@ memory target allows (CHUNK_ELEMENTS logits at a time).
 
 from __future__ import annotations
 
-from functools import partial
-
-from rl_engine.kernels.common.linear_logp import (
-    chunked_logp_backward,
-    chunked_logp_forward,
-    linear_logp_function,
-    linear_logp_op,
-)
-from rl_engine.kernels.cpp.linear import lm_head
-from rl_engine.kernels.native.log_softmax import log_softmax
+from rl_engine.kernels.common.checks import at_least_fp32
+from rl_engine.kernels.common.linear_logp import linear_logp_op
+from rl_engine.kernels.cpp._serving import GEMM
+from rl_engine.kernels.cpp.linear import linear_forward
+from rl_engine.kernels.native.log_softmax import log_softmax_forward
 
 # Logits held at once, in elements: 14M = 56 MiB per fp32 buffer (298 rows at
 # a 49152 vocabulary, rounded down to 288, a multiple of ROW_ALIGN); the op
@@ -42,10 +37,8 @@ def chunk_rows_for(vocab_size: int) -> int:
 
 
 def _chunk_logprobs(h, weight, bias, temperature):
-    return log_softmax(lm_head(h, weight, bias), temperature)  # (n, V) fp32
+    logits = linear_forward(h, weight, bias, at_least_fp32(h.dtype))  # `lm_head`: (n, V)
+    return log_softmax_forward(logits, temperature)  # (n, V) fp32
 
 
-linear_logp_forward = partial(chunked_logp_forward, _chunk_logprobs, chunk_rows_for)
-linear_logp_backward = partial(chunked_logp_backward, _chunk_logprobs, chunk_rows_for)
-_LinearLogp = linear_logp_function(linear_logp_forward, linear_logp_backward, __name__)
-linear_logp = linear_logp_op(_LinearLogp)
+linear_logp = linear_logp_op(_chunk_logprobs, chunk_rows_for, GEMM, __name__)

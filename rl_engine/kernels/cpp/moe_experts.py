@@ -9,32 +9,26 @@ the rows by their routing weights and adds each token's rows in ascending
 expert index, with the bits of the plain composition of `cpp.linear` and
 `cpp.silu` (tests compare the two, and HF's eager loop run on them). Threads
 split the GEMMs' output blocks of all experts at once, never a reduction.
-fp64 / fp16 go through that composition. Backward: the common plain one.
+fp64 / fp16 (opt-in only: the GEMM is not invariant there) go through that
+composition. Backward and the op: the common ones.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.common.moe_experts import (
-    composed_forward,
-    experts_backward,  # noqa: F401  (the op's backward)
-    group_by_expert,
-    invariant_experts_function,
-    run_experts,
-)
+from rl_engine.kernels.common.moe_experts import composed_forward, group_by_expert, moe_experts_op
 from rl_engine.kernels.cpp._extension import current_isa, extension
-from rl_engine.kernels.cpp.linear import linear
-from rl_engine.kernels.cpp.silu import silu
+from rl_engine.kernels.cpp._serving import GEMM, KERNEL_DTYPES
+from rl_engine.kernels.cpp.linear import PROJECTION
+from rl_engine.kernels.cpp.silu import silu_forward
 
-KERNEL_DTYPES = (torch.float32, torch.bfloat16)
-
-_composed = composed_forward(linear, silu)
+_composed = composed_forward(PROJECTION, silu_forward)
 
 
 def experts_forward(hidden, gate_up, down, indices, weights, keep: bool):
     """(out (N, H), saved for the backward or None); see `composed_forward` for the contract."""
-    if hidden.dtype not in KERNEL_DTYPES or hidden.device.type != "cpu":
+    if hidden.dtype not in KERNEL_DTYPES:
         return _composed(hidden, gate_up, down, indices, weights, keep)
     grouping = group_by_expert(indices, gate_up.shape[0])
     spans = torch.tensor(grouping.spans, dtype=torch.long).reshape(-1, 3)  # (G, 3)
@@ -53,15 +47,4 @@ def experts_forward(hidden, gate_up, down, indices, weights, keep: bool):
     return outs[0], ((grouping, outs[1], outs[2]) if keep else None)
 
 
-_InvariantExperts = invariant_experts_function(experts_forward, silu, __name__)
-
-
-def moe_experts(
-    hidden: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    indices: torch.Tensor,
-    weights: torch.Tensor,
-) -> torch.Tensor:
-    """(N, H): each token's experts in ascending index, scaled by its weights and summed."""
-    return run_experts(_InvariantExperts, experts_forward, hidden, gate_up, down, indices, weights)
+moe_experts = moe_experts_op(experts_forward, silu_forward, GEMM, __name__)

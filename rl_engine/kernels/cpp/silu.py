@@ -7,7 +7,8 @@ body, and which elements fall in the tail depends on the size and the thread
 split; here the tail is computed by the same vector code on a zero-padded
 copy, so every element's bits depend on its value alone. bf16 is read, computed
 in fp32 and rounded once (no fp32 intermediate tensors: the native backend's
-12x cost in bf16). fp64 and fp16 go through the native op.
+12x cost in bf16). fp64 and fp16 run the native formulation (invariant too, with
+native's bits).
 
 Backward: d silu / dx = s * (1 + x * (1 - s)), s = sigmoid(x), in fp32 with
 plain torch ops: deterministic and accurate, not batch-invariant (it need not
@@ -18,14 +19,13 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.common.checks import check_floating
+from rl_engine.kernels.common.elementwise import elementwise_op
 from rl_engine.kernels.cpp._extension import current_isa, extension
-from rl_engine.kernels.native.silu import silu as native_silu
+from rl_engine.kernels.cpp._serving import KERNEL_DTYPES, KERNELS
+from rl_engine.kernels.native.silu import silu_forward as native_silu_forward
 
-KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
-
-def silu_forward(x: torch.Tensor) -> torch.Tensor:
+def silu_kernel(x: torch.Tensor) -> torch.Tensor:
     return extension().silu(x, current_isa())
 
 
@@ -39,7 +39,7 @@ class _FixedOrderSiLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         ctx.save_for_backward(x)
-        return silu_forward(x)
+        return silu_kernel(x)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -47,9 +47,11 @@ class _FixedOrderSiLU(torch.autograd.Function):
         return silu_backward(grad_out, x)
 
 
-def silu(x: torch.Tensor) -> torch.Tensor:
-    """Elementwise SiLU computed in fp32, returned in x.dtype."""
-    check_floating("x", x)
-    if x.dtype not in KERNEL_DTYPES or x.device.type != "cpu":
-        return native_silu(x)
+def silu_forward(x: torch.Tensor) -> torch.Tensor:
+    """The kernel for fp32 / bf16, native's formulation for fp64 / fp16; differentiable."""
+    if x.dtype not in KERNEL_DTYPES:
+        return native_silu_forward(x)
     return _FixedOrderSiLU.apply(x)
+
+
+silu = elementwise_op("silu", silu_forward, KERNELS, __name__)

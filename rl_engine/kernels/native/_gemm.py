@@ -25,7 +25,9 @@ So a row's bits follow from the bits of one fixed-shape library call, if that
 call computes each output row from that row alone, the same way at every
 position in the tile and with any thread count. That is a property of the
 library and CPU, not of this code: `platform_probe.py` measures it once per
-dtype and process, and `fixed_order_matmul` refuses a dtype where it fails.
+dtype and process, and the GEMM ops refuse a dtype where it fails (their guard,
+`_serving.GEMM`, before `_tiles.tiled_matmul` runs). `fixed_order_matmul` is the
+same check and scheme in one call, for callers outside an op (the benchmarks).
 """
 
 from __future__ import annotations

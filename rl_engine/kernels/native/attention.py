@@ -63,21 +63,19 @@ steps are elementwise or per-row, and GEMM rows do not depend on the other
 rows of the tile, so the bits equal the tiled path's. Garbage past a query
 (zeroed here, or the cache's finite values when read in place) gets weight 0.
 
-Argument checks, the backward (plain masked-softmax gradients in torch:
-deterministic, not invariant) and the autograd.Function are shared by every
-backend: rl_engine/kernels/common/attention.py.
+The op's signature, argument checks, the backward (plain masked-softmax gradients
+in torch: deterministic, not invariant) and the autograd.Function are shared by
+every backend: rl_engine/kernels/common/attention.py.
 """
 
 from __future__ import annotations
 
 import torch
 
-# Old names kept for importers: _backward, _validate (the shared backward and checks).
-from rl_engine.kernels.common.attention import attention_backward as _backward  # noqa: F401
+from rl_engine.kernels.common.attention import attention_op
 from rl_engine.kernels.common.attention import compute_dtype as _compute_dtype
-from rl_engine.kernels.common.attention import invariant_attention_function, run_attention
-from rl_engine.kernels.common.attention import validate as _validate  # noqa: F401
 from rl_engine.kernels.common.segments import Sequences, sequence_lengths, sequences_of
+from rl_engine.kernels.native._serving import PLAIN
 
 # Query tile rows and key block length (positions). BLOCK_K must be a multiple
 # of BLOCK_Q, and both are part of the numerics: changing them changes the bits.
@@ -407,7 +405,7 @@ def _decode_forward(q, k, v, q_positions, kv_index, scale):
     return out.unsqueeze(2)
 
 
-# ----------------------------------------------------------------------------- autograd
+# ----------------------------------------------------------------------------- the op
 
 
 def _forward_any(q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments):
@@ -436,39 +434,4 @@ def attention_forward(
     return out.to(q.dtype)
 
 
-_InvariantAttention = invariant_attention_function(attention_forward, __name__)
-
-
-def attention(
-    q,
-    k,
-    v,
-    *,
-    q_positions,
-    k_positions=None,
-    scale=None,
-    kv_index=None,
-    q_segments=None,
-    k_segments=None,
-) -> torch.Tensor:
-    """Batch-invariant causal GQA attention; see the module docstring for the contract.
-
-    q: (B, Hq, Tq, D); k, v: (B, Hkv, Tk, D); q_positions: (B, Tq) int;
-    k_positions: (B, Tk) int or None (aligned KV-cache layout); kv_index: (B,)
-    int or None: row b reads k[kv_index[b]], v[kv_index[b]] of (S, Hkv, Tk, D)
-    caches (aligned layout only); q_segments (B, Tq) / k_segments (B, Tk) int or
-    None: packed rows, a query attends only to keys of its own segment (with
-    k_positions). Returns (B, Hq, Tq, D) in q.dtype, exact zeros for padding queries.
-    """
-    return run_attention(
-        _InvariantAttention,
-        q,
-        k,
-        v,
-        q_positions,
-        k_positions,
-        scale,
-        kv_index,
-        q_segments=q_segments,
-        k_segments=k_segments,
-    )
+attention = attention_op(attention_forward, PLAIN, __name__)

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.common.checks import at_least_fp32, check_floating, check_temperature
+from rl_engine.kernels.common.checks import at_least_fp32
+from rl_engine.kernels.common.log_softmax import log_softmax_op
+from rl_engine.kernels.native._serving import PLAIN
 
 
-def log_softmax(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """logits (..., V) -> fp32 logprobs (..., V) of softmax(logits / temperature); fp64 stays fp64."""
-    check_floating("logits", logits)
-    temperature = check_temperature(temperature)
-    if logits.dim() == 0:
-        raise ValueError("logits must have at least one dim (the vocabulary)")
+def log_softmax_forward(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits (..., V) -> logprobs (..., V) in fp32 (fp64 for fp64); temperature already checked."""
     scaled = logits.to(at_least_fp32(logits.dtype))
     if temperature != 1.0:
         scaled = scaled / temperature
     return torch.log_softmax(scaled, dim=-1)
+
+
+log_softmax = log_softmax_op(log_softmax_forward, PLAIN, __name__)

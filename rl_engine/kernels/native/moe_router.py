@@ -5,28 +5,15 @@ dtype, weights (N, k), indices (N, k) int64), the tuple a Hugging Face
 `*TopKRouter` returns. HF computes the logits with `F.linear` (not
 row-invariant on this CPU: its kernel depends on the number of rows) and picks
 the experts with `torch.topk` (whose order of equal values is unspecified).
-Here the logits come from this backend's `linear` (`_gemm.fixed_order_matmul`)
-and the rest is the backend-independent routing of
-rl_engine/kernels/common/moe_router.py (contract and backward there).
+Here the logits come from this backend's projection (`native.linear`) and the
+rest is the backend-independent op of rl_engine/kernels/common/moe_router.py
+(contract and backward there).
 """
 
 from __future__ import annotations
 
-import torch
+from rl_engine.kernels.common.moe_router import moe_router_op
+from rl_engine.kernels.native._serving import GEMM
+from rl_engine.kernels.native.linear import PROJECTION
 
-from rl_engine.kernels.common.moe_router import route_tokens, routing_backward  # noqa: F401
-from rl_engine.kernels.native.linear import linear
-
-
-def moe_router(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    top_k: int,
-    *,
-    renormalize: bool = False,
-    weights_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logits (N, E), weights (N, k) in weights_dtype or the logits' dtype, indices (N, k))."""
-    return route_tokens(
-        linear, hidden, weight, top_k, renormalize=renormalize, weights_dtype=weights_dtype
-    )
+moe_router = moe_router_op(PROJECTION, GEMM, __name__)

@@ -12,13 +12,15 @@ each output row's bits depend on that row's data alone. Concretely:
   rollout engine hold the same weights at different addresses).
 
 Nobody can list every CPU this code meets, so the first native
-linear / lm_head / linear_logp call with a dtype on a device type measures the
-assumption on probe tiles (two K slices: a full one and a narrow remainder;
-N = 1 and N = 333), in the production code path, and caches the outcome for the
-process. Where it fails, `require_invariant_platform` raises
-PlatformInvarianceError for that dtype only, every time, naming the dtype and
-the assumption. There is no switch to skip it: a native result on such a
-machine would silently break trainer == rollout parity.
+linear / lm_head / linear_logp / moe_router / moe_experts call with a dtype on a
+device type measures the assumption on probe tiles (two K slices: a full one and a
+narrow remainder; N = 1 and N = 333), in the production code path, and caches the
+outcome for the process. Where it fails, those ops raise PlatformInvarianceError
+for that dtype only, every time, naming the dtype and the assumption (the op's
+guard asks `platform_refusal`; `require_invariant_platform` is the same check for
+callers of the tile scheme outside an op). Nothing skips it but a caller's explicit
+`get_op(..., allow_non_invariant=True)`, which gives up the guarantee: a native
+result on such a machine would otherwise silently break trainer == rollout parity.
 """
 
 from __future__ import annotations
@@ -81,9 +83,15 @@ class ProbeResult:
 
 def require_invariant_platform(dtype: torch.dtype, device: torch.device | str) -> None:
     """Raise PlatformInvarianceError if the probe refused `dtype` on this device type."""
-    result = probe(dtype, torch.device(device).type)
-    if not result.accepted:
-        raise PlatformInvarianceError(refusal_message(result))
+    reason = platform_refusal(dtype, torch.device(device).type)
+    if reason is not None:
+        raise PlatformInvarianceError(reason)
+
+
+def platform_refusal(dtype: torch.dtype, device_type: str) -> str | None:
+    """Why the probe refused `dtype` on `device_type` (the error message), or None if it accepted."""
+    result = probe(dtype, device_type)
+    return None if result.accepted else refusal_message(result)
 
 
 @cache

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.common.checks import at_least_fp32, check_floating, check_last_dim
+from rl_engine.kernels.common.checks import at_least_fp32
+from rl_engine.kernels.common.rms_norm import rms_norm_op
+from rl_engine.kernels.native._serving import PLAIN
 
 
 def _mean_square(x32: torch.Tensor) -> torch.Tensor:
@@ -21,13 +23,10 @@ def _mean_square(x32: torch.Tensor) -> torch.Tensor:
     return x32.pow(2).mean(-1, keepdim=True)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x (..., H), weight (H,) -> (..., H) in x.dtype (HF LlamaRMSNorm semantics)."""
-    check_floating("x", x)
-    check_floating("weight", weight)
-    check_last_dim("x", x, weight.shape[-1], "the norm weight's size")
-    if x.shape[-1] == 0 or x.numel() == 0:
-        return x * weight
+def rms_norm_forward(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.to(at_least_fp32(x.dtype))
     normed = x32 * torch.rsqrt(_mean_square(x32) + eps)
     return weight * normed.to(x.dtype)
+
+
+rms_norm = rms_norm_op(rms_norm_forward, PLAIN, __name__)

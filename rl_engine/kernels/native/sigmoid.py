@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.common.checks import at_least_fp32, check_floating
+from rl_engine.kernels.common.checks import at_least_fp32
+from rl_engine.kernels.common.elementwise import elementwise_op
+from rl_engine.kernels.native._serving import PLAIN
 
 
-def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """Elementwise sigmoid in fp32, returned in x.dtype."""
-    check_floating("x", x)
+def sigmoid_forward(x: torch.Tensor) -> torch.Tensor:
     x32 = x.to(at_least_fp32(x.dtype))
     if torch.is_grad_enabled() and x.requires_grad:
         return (1.0 / (1.0 + torch.exp(-x32))).to(x.dtype)
     # No autograd (rollout decode): one buffer, same ops, same bits.
     denom = torch.neg(x32).exp_().add_(1.0)
     return torch.reciprocal(denom, out=denom).to(x.dtype)
+
+
+sigmoid = elementwise_op("sigmoid", sigmoid_forward, PLAIN, __name__)

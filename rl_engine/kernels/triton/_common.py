@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from rl_engine.kernels.common.op import Serving
 from rl_engine.kernels.triton._launch import capturing
 
 # Read once, when the kernels are decorated: `triton.jit` returns an interpreted
@@ -119,6 +120,12 @@ def check_device(name: str, t: torch.Tensor) -> None:
         + ("" if INTERPRET else " (cpu only under TRITON_INTERPRET=1)")
     )
 
+
+# Every op: cuda tensors (or cpu under the interpreter), and every floating dtype. The
+# kernels' tiles and orders are constants and no argument that changes with the batch
+# is specialised, so a row's bits are fixed by construction in any dtype (fp64 accumulates
+# in fp64; fp16, like bf16, goes to the tensor cores in the same tiles).
+SERVING = Serving(backend="triton", check_device=check_device)
 
 # Triton specialises a pointer on 16-byte alignment (and an int on == 1 and % 16), and a
 # load's layout follows: a different binary, and for a reduction a different order.

@@ -60,8 +60,9 @@ kv_index's range. Decode therefore syncs with the GPU once per layer call
 (plus the kv_index check); a CUDA graph of the decode step would need these
 bounds passed in. See docs/backends.md.
 
-Backward, argument checks and the autograd.Function: shared with every backend
-(rl_engine/kernels/common/attention.py; plain torch, deterministic, not invariant).
+Backward, the op's signature, argument checks and the autograd.Function: shared
+with every backend (rl_engine/kernels/common/attention.py; the backward is plain
+torch, deterministic, not invariant).
 """
 
 from __future__ import annotations
@@ -70,19 +71,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.kernels.common.attention import (
-    compute_dtype,
-    invariant_attention_function,
-    run_attention,
-)
+from rl_engine.kernels.common.attention import attention_op, compute_dtype
 from rl_engine.kernels.common.segments import Sequences, sequences_of
-from rl_engine.kernels.triton._common import (
-    INTERPRET,
-    check_device,
-    div_rn,
-    tl_dtype,
-    upcast_dot,
-)
+from rl_engine.kernels.triton._common import INTERPRET, SERVING, div_rn, tl_dtype, upcast_dot
 from rl_engine.kernels.triton._launch import FP_FUSION, Launch
 
 # Part of the numerics: changing them changes the bits (the same for every
@@ -482,32 +473,4 @@ def _tiles_per_group(n_tiles: int, heads: int, n_split_max: int, block_d: int, a
     return max(1, min(n_tiles, PARTIALS_BYTES // per_tile))
 
 
-_InvariantAttention = invariant_attention_function(attention_forward, __name__)
-
-
-def attention(
-    q,
-    k,
-    v,
-    *,
-    q_positions,
-    k_positions=None,
-    scale=None,
-    kv_index=None,
-    q_segments=None,
-    k_segments=None,
-) -> torch.Tensor:
-    """Batch-invariant causal GQA attention: the native op's contract and arguments (see the module docstring)."""
-    return run_attention(
-        _InvariantAttention,
-        q,
-        k,
-        v,
-        q_positions,
-        k_positions,
-        scale,
-        kv_index,
-        check_device,
-        q_segments=q_segments,
-        k_segments=k_segments,
-    )
+attention = attention_op(attention_forward, SERVING, __name__)

@@ -1,7 +1,7 @@
 """Embedding lookup on the GPU: a gather kernel, so each token's row is its weight row, bit for bit.
 
-Invariant by construction; ids are range-checked with an error naming the bad
-values. Backward: torch's dense embedding backward (deterministic: it sorts
+Invariant by construction; ids are range-checked by the shared op
+(rl_engine/kernels/common/embedding.py) with an error naming the bad values. Backward: torch's dense embedding backward (deterministic: it sorts
 the ids, no atomics), which honours padding_idx.
 """
 
@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.kernels.common.checks import check_embedding
-from rl_engine.kernels.triton._common import check_device
+from rl_engine.kernels.common.embedding import embedding_op
+from rl_engine.kernels.triton._common import SERVING
 from rl_engine.kernels.triton._launch import FP_FUSION, Launch
 
 _BLOCK = 1024
@@ -73,12 +73,11 @@ class _Embedding(torch.autograd.Function):
         return None, grad_w, None
 
 
-def embedding(
-    ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None
-) -> torch.Tensor:
-    """ids (...) int, weight (V, H) -> (..., H) in weight.dtype."""
-    check_embedding(ids, weight)
-    check_device("weight", weight)
+def apply_embedding(ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None):
+    """ids (...) -> (..., H): the gather kernel, torch's dense backward."""
     if padding_idx is not None and padding_idx < 0:
         padding_idx += weight.shape[0]
     return _Embedding.apply(ids, weight, padding_idx)
+
+
+embedding = embedding_op(apply_embedding, SERVING, __name__)

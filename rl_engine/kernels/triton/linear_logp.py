@@ -7,22 +7,15 @@ fixed-order matmul and the one-program-per-row log-softmax); both are
 row-invariant, so fused == unfused bitwise, whatever the chunk size. Backward
 recomputes each chunk's softmax with those kernels and finishes with plain
 torch GEMMs (deterministic): d logp[t] / d logits = (onehot(t) - softmax) / T.
-Those loops and the autograd.Function are shared by every backend
-(rl_engine/kernels/common/linear_logp.py); this file supplies the chunk.
+Those loops, the autograd.Function and the op's checks are shared by every
+backend (rl_engine/kernels/common/linear_logp.py); this file supplies the chunk.
 """
 
 from __future__ import annotations
 
-from functools import partial
-
 from rl_engine.kernels.common.checks import at_least_fp32
-from rl_engine.kernels.common.linear_logp import (
-    chunked_logp_backward,
-    chunked_logp_forward,
-    linear_logp_function,
-    linear_logp_op,
-)
-from rl_engine.kernels.triton._common import check_device
+from rl_engine.kernels.common.linear_logp import linear_logp_op
+from rl_engine.kernels.triton._common import SERVING
 from rl_engine.kernels.triton._matmul import BLOCK_M, fixed_order_matmul
 from rl_engine.kernels.triton.log_softmax import log_softmax_forward
 
@@ -42,7 +35,4 @@ def _chunk_logprobs(h, weight, bias, temperature):
     return log_softmax_forward(logits, temperature)  # (n, V) fp32
 
 
-linear_logp_forward = partial(chunked_logp_forward, _chunk_logprobs, chunk_rows_for)
-linear_logp_backward = partial(chunked_logp_backward, _chunk_logprobs, chunk_rows_for)
-_LinearLogp = linear_logp_function(linear_logp_forward, linear_logp_backward, __name__)
-linear_logp = linear_logp_op(_LinearLogp, check_device)
+linear_logp = linear_logp_op(_chunk_logprobs, chunk_rows_for, SERVING, __name__)

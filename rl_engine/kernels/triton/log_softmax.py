@@ -25,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.kernels.common.checks import at_least_fp32, check_floating, check_temperature
-from rl_engine.kernels.triton._common import check_device, div_rn, tl_dtype
+from rl_engine.kernels.common.checks import at_least_fp32
+from rl_engine.kernels.common.log_softmax import log_softmax_op
+from rl_engine.kernels.triton._common import SERVING, div_rn, tl_dtype
 from rl_engine.kernels.triton._launch import FP_FUSION, Launch
 
 _BLOCK = 2048  # chunk width (part of the numerics: the sum's order)
@@ -105,12 +106,10 @@ class _InvariantLogSoftmax(torch.autograd.Function):
         return (grad / ctx.temperature).to(ctx.in_dtype), None
 
 
-def log_softmax(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """logits (..., V) -> fp32 logprobs (..., V) of softmax(logits / temperature); fp64 stays fp64."""
-    check_floating("logits", logits)
-    temperature = check_temperature(temperature)
-    if logits.dim() == 0:
-        raise ValueError("logits must have at least one dim (the vocabulary)")
-    check_device("logits", logits)
+def apply_log_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits (..., V) -> logprobs (..., V) in fp32 (fp64 for fp64), rows through the kernel."""
     out = _InvariantLogSoftmax.apply(logits.reshape(-1, logits.shape[-1]), temperature)
     return out.reshape(logits.shape)
+
+
+log_softmax = log_softmax_op(apply_log_softmax, SERVING, __name__)

@@ -1,6 +1,6 @@
 """Mixture-of-experts router on the GPU: logits through the fixed-order matmul, routing in one program per row.
 
-The logits are `triton.linear(hidden, weight)` (constant tiles, no split-K).
+The logits are the triton projection of `hidden` (constant tiles, no split-K).
 Then one program per token reads its E logits into one BLOCK-wide fp32 vector
 (BLOCK = next power of two of E: the order of every reduction depends on E
 alone), takes the softmax (exact max, one tree sum), and picks the top k in k
@@ -9,7 +9,7 @@ index (a min over the indices holding the max), which is then struck out. The
 chosen values are summed in slot order (slot 0 first) for the optional
 renormalisation and cast to the weights' dtype. The softmax's bits are this
 backend's own (not torch's); the tie rule and the orders are the contract of
-rl_engine/kernels/common/moe_router.py, whose plain backward this op shares.
+rl_engine/kernels/common/moe_router.py, whose plain backward and op this backend shares.
 
 The routing kernel specialises no pointer or integer argument (one binary for
 every token count, offset and view), and divides with IEEE rounding (`div_rn`);
@@ -23,10 +23,10 @@ import triton
 import triton.language as tl
 
 from rl_engine.kernels.common.checks import at_least_fp32
-from rl_engine.kernels.common.moe_router import route_tokens, routing_backward  # noqa: F401
-from rl_engine.kernels.triton._common import check_device, div_rn, tl_dtype
+from rl_engine.kernels.common.moe_router import moe_router_op
+from rl_engine.kernels.triton._common import SERVING, check_device, div_rn, tl_dtype
 from rl_engine.kernels.triton._launch import FP_FUSION, Launch
-from rl_engine.kernels.triton.linear import linear
+from rl_engine.kernels.triton.linear import PROJECTION
 
 MAX_EXPERTS = 8192  # one row in one block
 
@@ -119,22 +119,4 @@ def route_launch(logits, weights, indices, probs, total, top_k, renormalize) -> 
     )
 
 
-def moe_router(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    top_k: int,
-    *,
-    renormalize: bool = False,
-    weights_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logits (N, E), weights (N, k) in weights_dtype or the logits' dtype, indices (N, k))."""
-    check_device("hidden", hidden)
-    return route_tokens(
-        linear,
-        hidden,
-        weight,
-        top_k,
-        renormalize=renormalize,
-        weights_dtype=weights_dtype,
-        route=route_forward,
-    )
+moe_router = moe_router_op(PROJECTION, SERVING, __name__, route=route_forward)

@@ -21,8 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.kernels.common.checks import at_least_fp32, check_floating, check_last_dim
-from rl_engine.kernels.triton._common import check_device, div_rn, sqrt_rn, tl_dtype
+from rl_engine.kernels.common.checks import at_least_fp32
+from rl_engine.kernels.common.rms_norm import rms_norm_op
+from rl_engine.kernels.triton._common import SERVING, div_rn, sqrt_rn, tl_dtype
 from rl_engine.kernels.triton._launch import FP_FUSION, Launch
 
 _MAX_BLOCK = 4096  # chunk width: next power of two of H, at most this (depends on H only)
@@ -108,13 +109,10 @@ class _InvariantRMSNorm(torch.autograd.Function):
         return grad_x, grad_w, None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x (..., H), weight (H,) -> (..., H) in promote(x.dtype, weight.dtype) (HF LlamaRMSNorm)."""
-    check_floating("x", x)
-    check_floating("weight", weight)
-    check_last_dim("x", x, weight.shape[-1], "the norm weight's size")
-    check_device("x", x)
-    if x.shape[-1] == 0 or x.numel() == 0:
-        return x * weight
+def apply_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (..., H) -> (..., H) in promote(x.dtype, weight.dtype), rows through the kernel."""
     out = _InvariantRMSNorm.apply(x.reshape(-1, x.shape[-1]), weight, float(eps))
     return out.reshape(x.shape)
+
+
+rms_norm = rms_norm_op(apply_rms_norm, SERVING, __name__)

@@ -1,10 +1,8 @@
 """Sigmoid on the GPU: 1 / (1 + exp(-x)) in fp32, returned in x.dtype (Qwen2-MoE's shared-expert gate).
 
-Elementwise: every element goes through the same instructions wherever it sits
-in the tensor, so the op is position-invariant (no argument is specialised:
-one binary for every size and offset). On a GPU the division is IEEE
-(`div_rn`) and exp is `ex2.approx` (tests/gpu: within 2e-6 relative of fp64).
-Backward: autograd through the same formula in plain torch.
+The elementwise template (`_elementwise.py`: one kernel body, no argument
+specialised, IEEE division) with this formula; backward: autograd through the
+same formula in plain torch.
 """
 
 from __future__ import annotations
@@ -13,68 +11,29 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.kernels.common.checks import at_least_fp32, check_floating
-from rl_engine.kernels.triton._common import check_device, div_rn, tl_dtype
-from rl_engine.kernels.triton._launch import FP_FUSION, Launch
+from rl_engine.kernels.common.elementwise import elementwise_op
+from rl_engine.kernels.triton._common import SERVING, div_rn
+from rl_engine.kernels.triton._elementwise import (
+    ELEMENTWISE_ARGS,
+    elementwise_body,
+    elementwise_function,
+)
 
-_BLOCK = 1024
+
+@triton.jit
+def sigmoid_value(x, ACC: tl.constexpr):
+    return div_rn(tl.full(x.shape, 1.0, ACC), 1.0 + tl.exp(-x), ACC)
 
 
-_ARGS = ["x_ptr", "out_ptr", "n"]
-
-
-# nothing specialised: every offset and size runs one binary
-@triton.jit(do_not_specialize=_ARGS, do_not_specialize_on_alignment=_ARGS)
+@triton.jit(do_not_specialize=ELEMENTWISE_ARGS, do_not_specialize_on_alignment=ELEMENTWISE_ARGS)
 def _sigmoid_kernel(x_ptr, out_ptr, n, ACC: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
-    y = div_rn(tl.full((BLOCK,), 1.0, ACC), 1.0 + tl.exp(-x), ACC)
-    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    elementwise_body(x_ptr, out_ptr, n, sigmoid_value, ACC, BLOCK)
 
 
-def sigmoid_launch(x: torch.Tensor, out: torch.Tensor) -> Launch:
-    """The launch that writes out = sigmoid(x) over the x.numel() elements of contiguous x."""
-    n = x.numel()
-    return Launch(
-        variant="sigmoid",
-        kernel=_sigmoid_kernel,
-        grid=(triton.cdiv(n, _BLOCK),),
-        args=(x, out, n),
-        constexprs=dict(ACC=tl_dtype(at_least_fp32(x.dtype)), BLOCK=_BLOCK),
-        num_warps=4,
-        num_stages=1,
-        fp_fusion=FP_FUSION,
-    )
+def sigmoid_reference(x32: torch.Tensor) -> torch.Tensor:
+    return 1.0 / (1.0 + torch.exp(-x32))
 
 
-def sigmoid_forward(x: torch.Tensor) -> torch.Tensor:
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    if x.numel():
-        sigmoid_launch(x, out).run()
-    return out
-
-
-class _InvariantSigmoid(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return sigmoid_forward(x)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        (x,) = ctx.saved_tensors
-        with torch.enable_grad():
-            xg = x.detach().requires_grad_()
-            x32 = xg.to(at_least_fp32(x.dtype))
-            y = (1.0 / (1.0 + torch.exp(-x32))).to(x.dtype)
-            (grad_x,) = torch.autograd.grad(y, xg, grad_out)
-        return grad_x
-
-
-def sigmoid(x: torch.Tensor) -> torch.Tensor:
-    """Elementwise sigmoid in fp32, returned in x.dtype."""
-    check_floating("x", x)
-    check_device("x", x)
-    return _InvariantSigmoid.apply(x)
+_InvariantSigmoid = elementwise_function("sigmoid", _sigmoid_kernel, sigmoid_reference, __name__)
+sigmoid_forward = _InvariantSigmoid.apply
+sigmoid = elementwise_op("sigmoid", sigmoid_forward, SERVING, __name__)

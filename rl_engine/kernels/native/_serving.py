@@ -1,0 +1,16 @@
+"""What the native backend promises: every floating dtype, where this machine's probe accepts it.
+
+The GEMM ops (`linear`, `lm_head`, `linear_logp`, `moe_router`, `moe_experts`) rest on
+one platform assumption that `platform_probe.py` measures per dtype and process; a
+dtype it refuses raises PlatformInvarianceError there. The other ops are invariant by
+their formulation in every dtype (attention's fixed-shape `torch.bmm` calls are
+checked by the tests, not by the probe: docs/operators.md).
+"""
+
+from __future__ import annotations
+
+from rl_engine.kernels.common.op import Serving
+from rl_engine.kernels.native.platform_probe import platform_refusal
+
+PLAIN = Serving(backend="native")
+GEMM = Serving(backend="native", platform_refusal=platform_refusal)
