@@ -7,7 +7,7 @@ AMX Xeon a 16-row and a 64-row call summed the same row differently). Each
 choice sums a row's products in a different order, so a token's result would
 depend on what else is in the batch.
 
-`fixed_order_matmul` gives the library no shape to choose from. For an input
+`_tiles.tiled_matmul` gives the library no shape to choose from. For an input
 of K columns and a weight of N rows, every library call is
 
     x_tile (TILE_ROWS, width) @ w_slice (width, N)        one shape per (slice, N)
@@ -26,26 +26,11 @@ call computes each output row from that row alone, the same way at every
 position in the tile and with any thread count. That is a property of the
 library and CPU, not of this code: `platform_probe.py` measures it once per
 dtype and process, and the GEMM ops refuse a dtype where it fails (their guard,
-`_serving.GEMM`, before `_tiles.tiled_matmul` runs). `fixed_order_matmul` is the
-same check and scheme in one call, for callers outside an op (the benchmarks).
+`_serving.GEMM`, before `_tiles.tiled_matmul` runs).
 """
 
 from __future__ import annotations
 
-import torch
+from rl_engine.kernels.native._tiles import K_SLICE, TILE_ROWS, k_slice_for
 
-from rl_engine.kernels.native._tiles import K_SLICE, TILE_ROWS, k_slice_for, tiled_matmul
-from rl_engine.kernels.native.platform_probe import require_invariant_platform
-
-__all__ = ["K_SLICE", "TILE_ROWS", "fixed_order_matmul", "k_slice_for"]
-
-
-def fixed_order_matmul(
-    x: torch.Tensor, weight: torch.Tensor, *, out_dtype: torch.dtype
-) -> torch.Tensor:
-    """x (M, K) @ weight (N, K)^T -> (M, N) in `out_dtype`, row-invariant.
-
-    Raises PlatformInvarianceError if this machine's probe refused x's dtype.
-    """
-    require_invariant_platform(x.dtype, x.device)
-    return tiled_matmul(x, weight, out_dtype=out_dtype)
+__all__ = ["K_SLICE", "TILE_ROWS", "k_slice_for"]

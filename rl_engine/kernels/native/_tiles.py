@@ -1,7 +1,7 @@
 """Fixed-shape row tiles and fixed K slices: the arithmetic of native's GEMM.
 
 See `_gemm.py` for why. This module is the scheme alone (no platform check), so
-that the platform probe can measure exactly what `fixed_order_matmul` runs.
+that the platform probe can measure exactly what the GEMM ops run.
 """
 
 from __future__ import annotations
