@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from rl_engine.benchmarks.args import bench_parser
+from rl_engine.benchmarks.timing import child_env
 
 # (vocab, hidden, intermediate, heads, kv heads): SmolLM2-135M's, and the smoke run's tiny one
 SMOLLM2_SHAPE = (49152, 576, 1536, 9, 3)
@@ -181,7 +181,7 @@ def serve(packed: bool, case: Case, steps: int, threads: int) -> None:
 
 
 def _run(packed: bool, case: Case, steps: int, threads: int) -> dict:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    env = child_env()
     spec = json.dumps(dataclasses.asdict(case))
     args = [sys.executable, "-m", __name__, str(int(packed)), spec, str(steps), str(threads)]
     proc = subprocess.run(args, capture_output=True, text=True, env=env, check=False)

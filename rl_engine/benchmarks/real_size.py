@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from rl_engine.benchmarks.args import bench_parser
+from rl_engine.benchmarks.timing import child_env
 
 # Qwen2.5 configs (hidden, layers, heads, kv heads, intermediate), all with tied embeddings
 # and the family's vocabulary; `--layers` cuts a shape to fewer layers. qwen2.5-tiny is no
@@ -264,7 +265,7 @@ def run_mode(model: Path, invariant: bool, args) -> dict:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={**os.environ, "DS_ACCELERATOR": "cpu"},
+            env=child_env(),
         )
         sampler = Sampler(
             run_dir,

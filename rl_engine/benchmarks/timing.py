@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -59,6 +60,18 @@ def peak_rss_bytes() -> int:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("/proc/self/status has no VmHWM line")
+
+
+# A parent's rendezvous (a test process that ran a DeepSpeed world, a torchrun shell) must not
+# leak into a single-process benchmark child: its MASTER_PORT may still be bound.
+_RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a benchmark child: this one, on DeepSpeed's CPU accelerator, without
+    the distributed rendezvous variables (the child's worker picks a free port of its own)."""
+    env = {k: v for k, v in os.environ.items() if k not in _RENDEZVOUS}
+    return {**env, "DS_ACCELERATOR": "cpu", **extra}
 
 
 def peak_extra_memory(module: str, case: str, *args: str) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from rl_engine.benchmarks.args import bench_parser
+from rl_engine.benchmarks.timing import child_env
 
 MODEL = "smollm2-135m-instruct"
 REPLY = "@@bench-reply "  # marks the child's answers among DeepSpeed's own prints
@@ -107,7 +107,7 @@ class _LiveWorker:
     """A `serve_steps` child process, driven one command at a time."""
 
     def __init__(self, zero_stage: int, invariant: bool, dtype: str, case: Case):
-        env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+        env = child_env()
         args = [
             sys.executable,
             "-m",
@@ -184,7 +184,7 @@ def logp_memory_case(fused: bool, dtype: str, case: Case = FULL) -> dict:
 
 
 def _subprocess(*args: str) -> dict:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    env = child_env()
     proc = subprocess.run(
         [sys.executable, "-m", __name__, *args],
         capture_output=True,
