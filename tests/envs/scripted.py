@@ -1,14 +1,17 @@
 """Scripted environments on token ids (the tiny models have no tokenizer) and a real engine's
 turns: what the envs tests and the job tests run episodes with.
 
-The job loads this file by path (`rollout.env: tests/envs/scripted.py:Answer`); its classes
-keep no state outside the instance except `Faulty`'s episode counter (one driver process).
+The job loads this file by path (`rollout.env: tests/envs/scripted.py:Faulty`), as a user's
+file would be; its classes keep no state outside the instance except `Faulty`'s episode
+counter (one driver process).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
+
+from rl_engine.envs.calculator import Calculator
 
 # ids 0-2 are pad/bos/eos in every tiny config: observations use ids from 3 up
 FIRST_ID = 3
@@ -65,3 +68,19 @@ def engine_turns(engine, sampling):
         return engine.generate([r.ids for r in requests], turn_sampling, progress=False)
 
     return generate_turn
+
+
+class CalledCalculator(Calculator):
+    """The shipped calculator, but the first turn always counts as a call of the record's
+    expression (extra_info['expression']): a random tiny model never writes a call itself, and
+    a job should still see the tool's text come back as an observation."""
+
+    def reset(self, record):
+        super().reset(record)
+        self.expression, self.called = record["extra_info"]["expression"], False
+
+    def step(self, turn):
+        if not self.called:
+            self.called = True
+            return self.result(self.expression), 0.0, False
+        return super().step(turn)
