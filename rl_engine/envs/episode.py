@@ -41,7 +41,8 @@ log = logging.getLogger("rl_engine.envs")
 
 @dataclass
 class Episode(Completion):
-    """One episode as a Completion (module docstring); `reward` is its return."""
+    """One episode as a Completion (module docstring); `reward` is its return, `finish_reason`
+    how it ended: 'done', 'max_turns', 'truncated', 'error' or 'timeout'."""
 
     policy_mask: list[bool] = field(default_factory=list)
     """One per token_ids: True where the policy sampled the token, False for the environment's."""

@@ -93,6 +93,8 @@ class TrainBatch:
         that sets them from this layout itself (PPO: GAE from the critic's values of these
         rows, `with_advantages`). `pad_token_id` fills
         the right padding (pass the tokenizer's pad id or the model's `config.eos_token_id`).
+        A completion with a `policy_mask` (an episode: one bool per token_ids) is scored on its
+        True tokens only (response_mask); its other tokens are context.
         With `vocab_size`, token ids are checked against it here too (the worker always checks).
         """
         _check_completions(completions, rewards)
