@@ -155,6 +155,21 @@ def test_data_and_rewards_import_no_job_ray_or_torch(package):
     assert not offenders, f"rl_engine/{package} imports:\n" + "\n".join(offenders)
 
 
+# ----------------------------------------------------------------------------- environments stand alone
+
+ENVS = PACKAGE / "envs"
+ABOVE_ENVS = ("ray", "deepspeed", "rl_engine.executors", "rl_engine.diagnostics", "rl_engine.cli")
+
+
+def test_environments_import_neither_the_job_nor_ray():
+    """rl_engine/envs (the protocol, the episode loop, the shipped environments) runs over any
+    engine: the job drives it with its engines (executors/job/episodes.py), never the reverse."""
+    files = sorted(ENVS.rglob("*.py"))
+    assert any(f.name == "episode.py" for f in files)
+    offenders = [hit for path in files for hit in _imports(path, ABOVE_ENVS)]
+    assert not offenders, "rl_engine/envs imports a layer above it:\n" + "\n".join(offenders)
+
+
 # ----------------------------------------------------------------------------- scripts are entry points
 
 SCRIPTS = PACKAGE.parent / "scripts"

@@ -15,8 +15,8 @@ Where things are
   SamplingParams both inherit them, so their names, defaults and checks exist once, and a new
   sampling key is added there alone.
 - `run.py`: RunConfig (top-level keys, the sections), its batch arithmetic and `critic_view`.
-- `cross_checks.py`: checks that span sections (token budget vs. max_new_tokens, mini-batches
-  vs. ranks, the critic's split, where prompts come from, DAPO).
+- `cross_checks.py`: checks that span sections (token budget vs. the longest sequence,
+  mini-batches vs. ranks, the critic's split, where prompts come from, DAPO, environments).
 - `yaml_io.py`: reading YAML, `--set` overrides, unknown-key errors, writing YAML.
 - The field checks (`check_int`, `check_number`, ... and the one wording of their errors) are
   rl_engine.fields, below every layer, because SamplingParams checks with them too.
@@ -31,7 +31,7 @@ Only the sampling keys have a reader below the config (the engine), so only they
 `from rl_engine.config import X` keeps working for every name below.
 """
 
-from rl_engine.config.algorithm import ALGORITHMS, AlgorithmConfig
+from rl_engine.config.algorithm import ALGORITHMS, TURN_REWARDS, AlgorithmConfig
 from rl_engine.config.checkpoint import CheckpointConfig
 from rl_engine.config.critic import CriticConfig
 from rl_engine.config.data import TRUNCATIONS, DataConfig
@@ -55,6 +55,7 @@ __all__ = [
     "SECTIONS",
     "TENSOR_PARALLEL_SIZES",
     "TRUNCATIONS",
+    "TURN_REWARDS",
     "AlgorithmConfig",
     "CheckpointConfig",
     "CriticConfig",

@@ -13,6 +13,7 @@ from rl_engine.algorithms import ADVANTAGE_ESTIMATORS, AGGREGATIONS, CORRECTION_
 from rl_engine.fields import check_bool, check_choice, check_int, check_number, fail
 
 ALGORITHMS = ("grpo", "ppo")
+TURN_REWARDS = ("sum", "last")
 
 
 def _check_overlong(value: Any) -> None:
@@ -63,6 +64,9 @@ class AlgorithmConfig:
     """DAPO's soft overlong punishment, added to each completion's reward: {buffer: C (int),
     factor: F} gives 0 up to rollout.max_new_tokens - C tokens, then down to -F linearly over
     the last C (rl_engine.algorithms.overlong_penalty). null: off."""
+    turn_reward: str = "sum"
+    """An episode's reward (rollout.env), the return its group compares: 'sum' of its turns'
+    rewards, or the 'last' turn's."""
 
     def __post_init__(self) -> None:
         check_choice("algorithm.name", self.name, ALGORITHMS)
@@ -86,6 +90,7 @@ class AlgorithmConfig:
         check_number("algorithm.router_aux_loss_coef", self.router_aux_loss_coef, low=0.0)
         if self.overlong_penalty is not None:
             _check_overlong(self.overlong_penalty)
+        check_choice("algorithm.turn_reward", self.turn_reward, TURN_REWARDS)
 
     def _check_estimator_fits_the_loss(self) -> None:
         """'gae' needs ppo's critic; ppo's critic is trained for 'gae' only."""

@@ -21,6 +21,7 @@ def check_run(config: RunConfig) -> None:
     check_mini_batches(config)
     check_dapo(config)
     check_critic(config)
+    check_env(config)
 
 
 def check_prompt_source(config: RunConfig) -> None:
@@ -46,10 +47,21 @@ def check_prompt_source(config: RunConfig) -> None:
 
 
 def check_token_budget(config: RunConfig) -> None:
-    """trainer.max_tokens_per_micro_batch must hold one full-length sequence."""
+    """trainer.max_tokens_per_micro_batch must hold one full-length sequence: an episode's
+    rollout.max_total_tokens with an environment, else a completion of max_new_tokens."""
     budget = config.trainer.max_tokens_per_micro_batch
+    if not budget or config.rollout.source is not None:
+        return
+    if config.rollout.env is not None:
+        longest = config.rollout.max_total_tokens
+        if budget < longest:
+            raise ValueError(
+                f"trainer.max_tokens_per_micro_batch = {budget} is less than "
+                f"rollout.max_total_tokens = {longest}: a full-length episode could never fit"
+            )
+        return
     longest = config.rollout.max_new_tokens + 1
-    if budget and config.rollout.source is None and budget < longest:
+    if budget < longest:
         raise ValueError(
             f"trainer.max_tokens_per_micro_batch = {budget} is less than rollout.max_new_tokens"
             f" + 1 = {longest}: a full-length completion with its prompt could never fit"
@@ -114,4 +126,36 @@ def check_critic(config: RunConfig) -> None:
         raise ValueError(
             f"{mini} sequences per mini-batch / critic.num_ranks = {ranks} must be a multiple "
             f"of trainer.micro_batch_size = {micro} (or set trainer.max_tokens_per_micro_batch)"
+        )
+
+
+def check_env(config: RunConfig) -> None:
+    """An environment rewards its episodes and generates them: nothing else may do either."""
+    r = config.rollout
+    if r.env is None:
+        return
+    task = r.task
+    if ":" in task and not task.startswith("jsonl:"):
+        raise ValueError(
+            f"rollout.env rewards the episodes, so rollout.task {task!r} (a reward over the "
+            "built-in prompts) would be ignored; use a built-in task or data.train_files for "
+            "the prompts"
+        )
+    conflicts = (
+        ("reward.function", config.reward.function, "the environment's rewards replace it"),
+        ("rollout.source", r.source, "episodes are generated with the environment"),
+        (
+            "algorithm.overlong_penalty",
+            config.algorithm.overlong_penalty,
+            "it measures one completion against rollout.max_new_tokens",
+        ),
+    )
+    for key, value, why in conflicts:
+        if value is not None:
+            raise ValueError(f"{key} cannot be set with rollout.env: {why}")
+    if r.max_total_tokens <= r.max_new_tokens:
+        raise ValueError(
+            f"rollout.max_total_tokens = {r.max_total_tokens} must be more than "
+            f"rollout.max_new_tokens = {r.max_new_tokens}: an episode holds its prompt and "
+            "at least one full turn"
         )

@@ -2,21 +2,25 @@
 
 Its sampling keys (max_new_tokens, temperature, top_p, top_k) are inherited from
 rl_engine.rollout.sampling.SamplingKeys, which SamplingParams shares: one place names them,
-gives their defaults and checks them. The rest configures the job's use of the engines.
+gives their defaults and checks them. The rest configures the job's use of the engines, and
+the environment of multi-turn episodes (`env` and the keys after it; rl_engine.envs).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 
-from rl_engine.fields import check_bool, check_choice, check_int, check_text
+from rl_engine.fields import check_bool, check_choice, check_int, check_number, check_text, fail
 from rl_engine.rollout.sampling import SamplingKeys
 from rl_engine.rollout.tp.layout import TENSOR_PARALLEL_SIZES
 
 PLACEMENTS = ("pack", "spread", "strict_spread")
 """Ray placement strategies of the engines (rollout.placement) and ranks (trainer.placement)."""
 
-__all__ = ["PLACEMENTS", "TENSOR_PARALLEL_SIZES", "RolloutConfig"]
+ENV_KEYS = ("env", "env_args", "max_turns", "max_total_tokens", "env_timeout_s", "stop_strings")
+"""The keys of multi-turn episodes (rollout.env and what only it reads)."""
+
+__all__ = ["ENV_KEYS", "PLACEMENTS", "TENSOR_PARALLEL_SIZES", "RolloutConfig"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +56,26 @@ class RolloutConfig(SamplingKeys):
     """Most generation rounds of prompts_per_step prompts one step makes under filter_groups
     (the first included). A step still short after them is filled with the dropped groups in
     order (counted in rollout/filter_filled)."""
+    env: str | None = None
+    """An environment class, 'path/to/file.py:Class' or 'module:Class' (the shipped ones:
+    'rl_engine.envs.calculator:Calculator', 'rl_engine.envs.guess_number:GuessNumber'): each
+    sample becomes an episode of model turns and the environment's observations, rewarded by
+    the environment (rl_engine.envs). null: one completion per sample."""
+    env_args: dict = field(default_factory=dict)
+    """Keyword arguments of the environment class: one instance per episode, Class(**env_args)."""
+    max_turns: int = 4
+    """Most model turns of an episode (rollout.env)."""
+    max_total_tokens: int = 1024
+    """Most tokens of an episode, prompt and observations included: its longest sequence
+    (rollout.env). The model's turn that reaches it is cut there, an observation that would
+    pass it is dropped, and the episode ends (counted in env/truncated)."""
+    env_timeout_s: float = 10.0
+    """Most seconds one call of the environment (constructor, reset, step) may take; a call
+    that raises or runs longer is counted (env/errors, env/timeouts) and scored 0, and its
+    episode ends (rollout.env)."""
+    stop_strings: list = field(default_factory=list)
+    """Texts that end a model turn (e.g. ['</calc>']): the turn is cut after the token that
+    completes one (rollout.env; needs a model with a tokenizer)."""
 
     def __post_init__(self) -> None:
         for name in ("num_engines", "max_batch_size", "prompts_per_step", "samples_per_prompt"):
@@ -67,3 +91,32 @@ class RolloutConfig(SamplingKeys):
             "rollout.tensor_parallel_size", self.tensor_parallel_size, TENSOR_PARALLEL_SIZES
         )
         check_int("rollout.filter_groups_max_tries", self.filter_groups_max_tries, 1)
+        self._check_env_keys()
+
+    def _check_env_keys(self) -> None:
+        if self.env is not None:
+            check_text("rollout.env", self.env)
+        if not isinstance(self.env_args, dict) or not all(
+            isinstance(k, str) for k in self.env_args
+        ):
+            fail("rollout.env_args", "a mapping of argument names to values", self.env_args)
+        check_int("rollout.max_turns", self.max_turns, 1)
+        check_int("rollout.max_total_tokens", self.max_total_tokens, 2)
+        check_number("rollout.env_timeout_s", self.env_timeout_s, low=0.0, low_open=True)
+        strings = self.stop_strings
+        if not isinstance(strings, list) or not all(isinstance(t, str) and t for t in strings):
+            fail("rollout.stop_strings", "a list of non-empty strings", strings)
+        if self.env is None:
+            self._check_no_env_keys()
+
+    def _check_no_env_keys(self) -> None:
+        """The episode keys mean nothing without an environment: setting one is a mistake."""
+        for key in fields(self):
+            if key.name not in ENV_KEYS[1:]:
+                continue
+            default = key.default_factory() if key.default is MISSING else key.default
+            if getattr(self, key.name) != default:
+                raise ValueError(
+                    f"rollout.{key.name} is read only with rollout.env (an environment's "
+                    "episodes); set rollout.env or leave it at its default"
+                )

@@ -12,6 +12,10 @@ files as `diagnose --config`: report.json, report.md, mismatch.png.
 
 Exit status of the CLI: 0 when every token is exact with invariance on, 1 when
 not, 2 for unusable input (see rl_engine.cli).
+
+Multi-turn lines (a `policy_mask`, rl_engine.envs.files) are recomputed over the whole
+transcript, and only the tokens the policy sampled are compared: the environment's
+observations are context. Positions in the report are positions in `token_ids`.
 """
 
 from __future__ import annotations
@@ -31,15 +35,10 @@ from rl_engine.diagnostics.report import (
     trainer_logprobs,
     write_report,
 )
+from rl_engine.envs.files import parse_episode_rollouts
 from rl_engine.packing import plan_micro_batches
 from rl_engine.parity import THRESHOLDS, mismatch_by_position, mismatch_metrics, ratio_distribution
-from rl_engine.rollout.files import (
-    BadLine,
-    RolloutFile,
-    RolloutFileError,
-    parse_rollouts,
-    rollout_files,
-)
+from rl_engine.rollout.files import BadLine, RolloutFile, RolloutFileError, rollout_files
 
 log = logging.getLogger("rl_engine.diagnose")
 
@@ -160,7 +159,8 @@ def diagnose_rollouts(
     from rl_engine.models import load_model
 
     model, tokenizer = load_model(model_spec, dtype=DTYPES[dtype])
-    parsed = _usable(parse_rollouts(path, vocab_size=model.config.vocab_size), skip_bad_lines)
+    parsed = parse_episode_rollouts(path, vocab_size=model.config.vocab_size)
+    parsed = _usable(parsed, skip_bad_lines)
     started = time.perf_counter()
     results, extras = [], {}
     for invariant in (False, True):  # plain first: patching happens in place
@@ -231,10 +231,19 @@ def mode_key(invariant: bool) -> str:
     return f"batch_invariant={str(invariant).lower()}"
 
 
+def policy_positions(c) -> torch.Tensor:
+    """The positions in `token_ids` of the tokens the policy sampled (all, without a mask)."""
+    mask = getattr(c, "policy_mask", None)
+    if mask is None:
+        return torch.arange(len(c.token_ids))
+    return torch.tensor(mask, dtype=torch.bool).nonzero()[:, 0]
+
+
 def _diagnose_mode(model, tokenizer, parsed: RolloutFile, invariant: bool):
     completions = parsed.completions
-    trainer = recompute(model, completions)
-    rollout = [c.logprobs for c in completions]
+    positions = [policy_positions(c) for c in completions]
+    trainer = [t[p] for t, p in zip(recompute(model, completions), positions)]
+    rollout = [c.logprobs[p] for c, p in zip(completions, positions)]
     trainer_flat, rollout_flat = torch.cat(trainer), torch.cat(rollout)
     metrics = mismatch_metrics(trainer_flat, rollout_flat)
     log.info(
@@ -248,22 +257,23 @@ def _diagnose_mode(model, tokenizer, parsed: RolloutFile, invariant: bool):
     extra = {
         "ratios": ratio_distribution(trainer, rollout),
         "by_position": mismatch_by_position(trainer, rollout),
-        "worst_tokens": _worst_tokens(parsed, trainer, tokenizer),
+        "worst_tokens": _worst_tokens(parsed, trainer, positions, tokenizer),
     }
     return result, extra
 
 
-def _worst_tokens(parsed: RolloutFile, trainer: list[torch.Tensor], tokenizer) -> list[dict]:
-    """The WORST_TOKENS tokens with the largest |trainer - rollout|, with where they are."""
+def _worst_tokens(parsed: RolloutFile, trainer, positions, tokenizer) -> list[dict]:
+    """The WORST_TOKENS tokens with the largest |trainer - rollout|, with where they are
+    (`trainer[i]`: completion i's logprobs at its policy `positions[i]`)."""
     rows = []
-    for c, t, (file, line) in zip(parsed.completions, trainer, parsed.sources):
-        diff = (t.double() - c.logprobs.double()).abs()
-        for pos in torch.topk(diff, min(WORST_TOKENS, diff.numel())).indices.tolist():
-            if diff[pos] > 0:
-                rows.append((float(diff[pos]), file, line, pos, c, t))
+    for c, t, where, (file, line) in zip(parsed.completions, trainer, positions, parsed.sources):
+        diff = (t.double() - c.logprobs[where].double()).abs()
+        for k in torch.topk(diff, min(WORST_TOKENS, diff.numel())).indices.tolist():
+            if diff[k] > 0:
+                rows.append((float(diff[k]), file, line, int(where[k]), c, float(t[k])))
     rows.sort(key=lambda r: -r[0])
     worst = []
-    for _, file, line, pos, c, t in rows[:WORST_TOKENS]:
+    for _, file, line, pos, c, trainer_logprob in rows[:WORST_TOKENS]:
         token = c.token_ids[pos]
         worst.append(
             {
@@ -272,7 +282,7 @@ def _worst_tokens(parsed: RolloutFile, trainer: list[torch.Tensor], tokenizer) -
                 "token_id": token,
                 "text": None if tokenizer is None else tokenizer.decode([token]),
                 "rollout": float(c.logprobs[pos]),
-                "trainer": float(t[pos]),
+                "trainer": trainer_logprob,
             }
         )
     return worst

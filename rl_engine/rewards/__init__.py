@@ -1,7 +1,8 @@
 """Reward functions in verl's form: compute_score(data_source, solution_str, ground_truth, extra_info).
 
 - `load_reward_function(spec, kwargs)`: `reward.function` -> callable; `load_function`: the
-  one loader of a user's `module:name` / `path.py:name` plug-in, `rollout.task`'s too (`loading`);
+  one loader of a user's `module:name` / `path.py:name` plug-in, `rollout.task`'s too, and
+  `load_class` its sibling for `rollout.env`'s class (`loading`);
 - built-ins `math` (math-verify) and `gsm8k` (`#### answer`);
 - `call_score` / `Score`: one sample under a time limit, failures counted not raised
   (`scoring`); the Ray worker pool around it lives in executors/job/reward_workers.py.
@@ -10,6 +11,7 @@
 from rl_engine.rewards.loading import (
     BUILTINS,
     RewardSpecError,
+    load_class,
     load_function,
     load_reward_function,
 )
@@ -33,6 +35,7 @@ __all__ = [
     "Score",
     "call_score",
     "check_scores",
+    "load_class",
     "load_function",
     "load_reward_function",
     "normalize",

@@ -1,6 +1,7 @@
-"""Loading a user's reward plug-in: `reward.function` and `rollout.task`'s `module:function`.
+"""Loading a user's plug-in: `reward.function`, `rollout.task`'s `module:function`, `rollout.env`.
 
-One loader (`load_function`) serves both keys, in the same forms:
+One loader (`load_function`, and `load_class` for `rollout.env`'s class) serves every key, in
+the same forms:
 - `path/to/file.py:name` (for `reward.function` also `path/to/file.py`, name
   `compute_score`): a file, loaded from its path as it is (its own folder is put on
   sys.path for its imports);
@@ -65,6 +66,26 @@ def load_function(spec: str, key: str, *, forms: str, default_name: str | None =
     """The function `spec` (the value of config key `key`) names: `module:name` or
     `path/to/file.py:name` (without `:name`: `default_name`, when there is one).
     RewardSpecError names the key and says which part is wrong (`forms`: what the key takes)."""
+    target, name, found = _load_attribute(spec, key, forms, default_name)
+    if not callable(found):
+        raise RewardSpecError(f"{key} {spec!r}: {target} has no function {name!r}")
+    return found
+
+
+def load_class(spec: str, key: str, *, forms: str) -> type:
+    """The class `spec` (the value of config key `key`) names, in the forms of `load_function`
+    (`module:Class` or `path/to/file.py:Class`; the name is required)."""
+    target, name, found = _load_attribute(spec, key, forms, None)
+    if not isinstance(found, type):
+        raise RewardSpecError(f"{key} {spec!r}: {target} has no class {name!r}")
+    return found
+
+
+def _load_attribute(spec: str, key: str, forms: str, default_name: str | None):
+    """(module part, name, the module's attribute `name` or None) of `module:name` /
+    `path.py:name`; RewardSpecError when the spec is malformed or the module does not load."""
+    if not isinstance(spec, str):
+        raise RewardSpecError(f"{key} {spec!r}: expected {forms}")
     target, _, name = spec.rpartition(":") if ":" in spec else (spec, "", default_name)
     if not target or not name:
         raise RewardSpecError(f"{key} {spec!r}: expected {forms}")
@@ -72,10 +93,7 @@ def load_function(spec: str, key: str, *, forms: str, default_name: str | None =
         module = _load_file(target, spec, key)
     else:
         module = _import(target, spec, key)
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise RewardSpecError(f"{key} {spec!r}: {target} has no function {name!r}")
-    return fn
+    return target, name, getattr(module, name, None)
 
 
 def absolute_spec(spec: str | None) -> str | None:

@@ -129,3 +129,50 @@ def test_usage_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["diagnose", "--rollouts", "r.jsonl", "--model", MODEL, "--dtype", "float16"])
     assert main(["diagnose", "--rollouts", str(tmp_path / "none.jsonl"), "--model", MODEL]) == 2
+
+
+def test_multi_turn_records_compare_only_the_policys_tokens(tmp_path):
+    """Episodes of the invariant engine with 3-id observations, written with their policy_mask:
+    exact (exit 0) over the policy's tokens alone. An observation's logprob entry is ignored
+    (changed: still exact); a policy token's is not (changed: exit 1, reported at its place in
+    token_ids); without the mask the observations are compared too, and differ."""
+    from rl_engine.envs import EpisodeLimits, TurnCodec, run_episodes
+    from rl_engine.envs.files import write_episodes
+    from tests.envs.scripted import Answer, engine_turns
+
+    model, _ = load_model(MODEL, dtype=torch.float32)
+    apply_batch_invariant(model)
+    engine = RolloutEngine(model, device="cpu", max_batch_size=3)
+    sampling = SamplingParams(max_new_tokens=4, temperature=TEMPERATURE, seed=1)
+    episodes = run_episodes(
+        [{"prompt_ids": p} for p in _prompts()],
+        2,
+        engine_turns(engine, sampling),
+        make_env=lambda: Answer(length=3),
+        codec=TurnCodec(None, model.config.vocab_size),
+        limits=EpisodeLimits(max_turns=3, max_total_tokens=64, timeout_s=10.0),
+    )
+    path = write_episodes(tmp_path / "episodes.jsonl", episodes)
+    code, data = _diagnose(path, tmp_path / "exact")
+    metrics = data["modes"]["batch_invariant=true"]["metrics"]
+    assert code == 0 and metrics["exact_match_fraction"] == 1.0
+    assert metrics["num_tokens"] == sum(sum(e.policy_mask) for e in episodes)
+
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    observation = lines[0]["policy_mask"].index(0)
+    lines[0]["logprobs"][observation] = -42.0
+    changed = tmp_path / "observation.jsonl"
+    changed.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert _diagnose(changed, tmp_path / "observation")[0] == 0
+
+    policy = lines[0]["policy_mask"].index(1, observation)  # a turn after an observation
+    lines[0]["logprobs"][policy] -= 1.0
+    changed.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    code, data = _diagnose(changed, tmp_path / "policy")
+    worst = data["modes"]["batch_invariant=true"]["worst_tokens"]
+    assert code == 1 and [w["position"] for w in worst] == [policy]
+
+    for line in lines:
+        del line["policy_mask"]
+    changed.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert _diagnose(changed, tmp_path / "unmasked")[0] == 1

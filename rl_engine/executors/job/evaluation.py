@@ -20,6 +20,10 @@ Metrics (k = eval.samples_per_prompt), over the validation prompts:
 - `eval/response_length`: mean completion tokens; `eval/num_prompts`;
 - `eval/reward_errors`, `eval/reward_timeouts`;
 - with several data_sources, the first four again per source: `eval/<source>/...`.
+
+With `rollout.env` every validation sample is an episode with the environment (eval's
+sampling, the run's limits); its reward is the episode's return, and `eval/reward_errors` /
+`eval/reward_timeouts` count the episodes whose environment raised / timed out.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from rl_engine.executors.job.faults import ActorInfo
 from rl_engine.executors.job.prompts import load_prompt_files
 from rl_engine.executors.job.rollouts import generate_on_engines
 from rl_engine.executors.job.scorers import FunctionScorer
+from rl_engine.rewards import Score
 
 log = logging.getLogger("rl_engine.job")
 
@@ -67,9 +72,12 @@ def eval_metrics(records, completions, scores, k: int, prefix: str = "eval/") ->
 class Evaluator:
     """Runs the validation set on the rollout engines and scores it."""
 
-    def __init__(self, config: RunConfig, dataset: PromptDataset, scorer, eos_token_id):
+    def __init__(
+        self, config: RunConfig, dataset: PromptDataset, scorer, eos_token_id, episodes=None
+    ):
         self.config, self.dataset, self.scorer = config, dataset, scorer
         self.eos_token_id = eos_token_id if isinstance(eos_token_id, int) else None
+        self.episodes = episodes  # rollout.env's EpisodeRunner, or None
 
     def due_before(self, step: int) -> bool:
         return step == 0 and self.config.eval.before_train
@@ -96,9 +104,7 @@ class Evaluator:
         """Every validation prompt, k completions each; the figures of the policy after `updates` steps."""
         records = self.dataset.records
         k = self.config.eval.samples_per_prompt
-        prompts = [r.prompt_ids for r in records]
-        completions, _ = generate_on_engines(engines, prompts, self.sampling(updates))
-        scores, _ = self.scorer.score_all(records, completions)
+        completions, scores = self.sample_and_score(engines, records, updates)
         metrics = eval_metrics(records, completions, scores, k)
         metrics["eval/num_prompts"] = float(len(records))
         metrics["eval/reward_errors"] = float(sum(1 for s in scores if s.error and not s.timed_out))
@@ -130,15 +136,40 @@ class Evaluator:
         )
         return metrics
 
+    def sample_and_score(self, engines: list[ActorInfo], records, updates: int):
+        """(completions, their Scores): the reward function's, or the episodes' returns."""
+        sampling = self.sampling(updates)
+        if self.episodes is not None:
+            k = self.config.eval.samples_per_prompt
+            episodes = self.episodes.run(records, k, engines, sampling)
+            return episodes, [_episode_score(e) for e in episodes]
+        prompts = [r.prompt_ids for r in records]
+        completions, _ = generate_on_engines(engines, prompts, sampling)
+        scores, _ = self.scorer.score_all(records, completions)
+        return completions, scores
 
-def build_evaluator(config: RunConfig, runner, tokenizer, eos_token_id) -> Evaluator | None:
+
+def _episode_score(episode) -> Score:
+    """An episode's return as a Score, its environment's failures as an error or timeout."""
+    failed = "the environment raised" if episode.env_errors else None
+    if episode.env_timeouts:
+        return Score(episode.reward, error="the environment timed out", timed_out=True)
+    return Score(episode.reward, error=failed)
+
+
+def build_evaluator(
+    config: RunConfig, runner, tokenizer, eos_token_id, episodes=None
+) -> Evaluator | None:
     """The Evaluator of `data.val_files` (tokenized with the engines' tokenizer, scored by the
-    training reward's `runner` under `eval/`); None without a validation set."""
+    training reward's `runner` under `eval/`, or played as episodes with rollout.env's
+    `episodes`); None without a validation set."""
     if config.data.val_files is None:
         return None
     val = load_prompt_files(config, "validation", tokenizer)
-    scorer = FunctionScorer(runner, tokenizer, config.reward.on_error, "eval/")
-    return Evaluator(config, val, scorer, eos_token_id)
+    scorer = (
+        None if episodes else FunctionScorer(runner, tokenizer, config.reward.on_error, "eval/")
+    )
+    return Evaluator(config, val, scorer, eos_token_id, episodes)
 
 
 def run_if_due(

@@ -41,6 +41,7 @@ def validate_before_start(config: RunConfig) -> None:
         )
     check_data(config, has_tokenizer(config.model))
     check_reward(config)
+    check_env(config, has_tokenizer(config.model))
     from rl_engine.executors.job.trackers import check_backends
 
     check_backends(config.logging.backends)
@@ -77,10 +78,10 @@ def check_reward(config: RunConfig) -> None:
     """The reward function loads and takes verl's arguments (the built-ins: their package is there)."""
     import importlib.util
 
-    from rl_engine.executors.job.scorers import trains_on_reward_function
+    from rl_engine.executors.job.scorers import scores_with_reward_function
     from rl_engine.rewards import load_reward_function
 
-    if not (trains_on_reward_function(config) or config.data.val_files is not None):
+    if not scores_with_reward_function(config):
         return
     spec = config.reward.function
     if spec in (None, "math") and importlib.util.find_spec("math_verify") is None:
@@ -89,6 +90,20 @@ def check_reward(config: RunConfig) -> None:
             "not installed: pip install 'rl-engine[data]' (or math-verify)"
         )
     load_reward_function(spec, config.reward.kwargs)
+
+
+def check_env(config: RunConfig, tokenizer: bool) -> None:
+    """rollout.env names a class with reset and step; rollout.stop_strings have a tokenizer."""
+    if config.rollout.env is None:
+        return
+    from rl_engine.envs import load_environment
+
+    load_environment(config.rollout.env)
+    if config.rollout.stop_strings and not tokenizer:
+        raise ValueError(
+            f"rollout.stop_strings needs a model with a tokenizer (stop strings are text); model "
+            f"{config.model!r} has none"
+        )
 
 
 def _check_critic(config: RunConfig) -> None:

@@ -5,7 +5,8 @@ One step (`_Job.step`) reads top to bottom, one call per stage, each stage a mod
 
     (step 0: validation of the initial policy)                     evaluation
     rollouts: the step's prompts -> the engines generate,           rollouts, prompts, scorers
-        recording logprobs (or the next groups of rollout.source)
+        recording logprobs (or the next groups of rollout.source;     (episodes)
+        rollout.env: episodes of model turns and observations)
         -> rewards (filter_groups: more rounds)
     batch: completions and rewards -> the TrainBatch                step_batch
     train: (PPO: the critic's values -> GAE advantages, the         training, ppo_step
@@ -39,6 +40,7 @@ from rl_engine.executors.job.actors.launch import (
     spawn_critics,
     start_actors,
 )
+from rl_engine.executors.job.episodes import EpisodeGeneration, EpisodeRunner
 from rl_engine.executors.job.evaluation import build_evaluator, run_if_due
 from rl_engine.executors.job.faults import (
     ActorFailure,
@@ -109,6 +111,7 @@ class _Job:
         self.version = 0  # the weight version the engines serve
         self.last_checkpoint: ckpt.Checkpoint | None = None
         self.reward_runner = None  # DriverRewards or a RewardPool (closed at the end), if any
+        self.episodes: EpisodeRunner | None = None  # rollout.env's episodes
 
     def start(self, resume_from: ckpt.Checkpoint | None) -> None:
         """Place and spawn the actors, check that they compute with the same kernels, then load
@@ -141,11 +144,13 @@ class _Job:
             config.rollout.task, vocab_size=vocab, tokenizer=tokenizer, seed=config.seed
         )
         self.reward_runner = reward_runner(config)
+        if config.rollout.env is not None:
+            self.episodes = EpisodeRunner(config, tokenizer, vocab)
         scorer = step_scorer(config, task, self.reward_runner, tokenizer)
         prompts = run_prompts(config, task, tokenizer)
         self.rollouts = StepRollouts(config, task, vocab, prompts=prompts, scorer=scorer)
         self.evaluator = build_evaluator(
-            config, self.reward_runner, tokenizer, info["eos_token_id"]
+            config, self.reward_runner, tokenizer, info["eos_token_id"], self.episodes
         )
 
     @property
@@ -187,7 +192,7 @@ class _Job:
         clock, eos = StepClock(), self.info["eos_token_id"]
         evaluation = self.evaluate(step, clock, before=True)  # the initial policy, into row 0
         with clock.phase("rollout"):  # prompts -> engines (or rollout.source) -> rewards
-            generation = StepGeneration(self.engines, self.config, step, eos, clock)
+            generation = self.generation(step, clock)
             completions, rewards, rollout_metrics = self.rollouts(step, generation, clock)
         with clock.phase("batch"):
             batch = train_batch(self.config, completions, rewards, eos)
@@ -204,6 +209,13 @@ class _Job:
         if ckpt.due(self.config, step + 1, stop.requested):
             self.save_checkpoint(step + 1)
         return record
+
+    def generation(self, step: int, clock: StepClock):
+        """The step's generation on the engines: completions, or rollout.env's episodes."""
+        eos = self.info["eos_token_id"]
+        if self.episodes is not None:
+            return EpisodeGeneration(self.engines, self.config, step, eos, clock, self.episodes)
+        return StepGeneration(self.engines, self.config, step, eos, clock)
 
     def evaluate(self, step: int, clock: StepClock, *, before: bool) -> dict:
         """Validation figures due before (step 0) or after this step; {} when none is due."""

@@ -11,6 +11,11 @@ completion's reward is the file's, or the task's when its line has none; the
 file's `weight_version`s are dropped (they count another trainer's updates). With `rollout.save` every step's completions and
 rewards go to `output_dir/rollouts/step_N.jsonl`.
 
+With `rollout.env` each sample is an episode (episodes.py): generation takes the round's
+prompt records (the environment's reset reads their answer and extra_info) and every episode
+carries its reward, so the scorer is not asked; the env/* figures of the step's episodes join
+the metrics.
+
 DAPO's rules: `algorithm.overlong_penalty` adds the soft overlong punishment to every
 completion's reward; `rollout.filter_groups` drops the groups whose rewards are all equal
 and runs more generation rounds of `prompts_per_step` prompts until that many groups are
@@ -32,12 +37,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rl_engine.config import RunConfig
+from rl_engine.envs import episode_metrics
+from rl_engine.envs.files import parse_episode_rollouts, write_episodes
 from rl_engine.executors.job.faults import ActorInfo, gather
 from rl_engine.executors.job.prompts import TaskPrompts, prompt_key, records_of_source
 from rl_engine.executors.job.scorers import TaskScorer
 from rl_engine.executors.job.step_metrics import StepClock
-from rl_engine.rollout import Completion, RolloutFileError, write_rollouts
-from rl_engine.rollout.files import parse_rollouts
+from rl_engine.rollout import Completion, RolloutFileError
 
 log = logging.getLogger("rl_engine.job")
 
@@ -73,9 +79,11 @@ class StepRollouts:
             completions, rewards, metrics = self._filtered(step, generate, clock)
         else:
             completions, rewards, metrics = self._attempt(step, 0, generate, clock)
+        if self.config.rollout.env is not None:
+            metrics.update(episode_metrics(completions))
         if self.save_dir is not None:
             saved = [replace(c, reward=r) for c, r in zip(completions, rewards)]
-            write_rollouts(self.save_dir / f"step_{step}.jsonl", saved)
+            write_episodes(self.save_dir / f"step_{step}.jsonl", saved)
         return completions, rewards, metrics
 
     def _attempt(self, step: int, attempt: int, generate: Generate, clock):
@@ -85,8 +93,9 @@ class StepRollouts:
         key = prompt_key(step, attempt)
         records = self.prompts.take(key, self.config.rollout.prompts_per_step)
         metrics = dict(self.prompts.metrics(records))
-        prompts = [r.prompt_ids for r in records]
-        completions = generate(prompts) if attempt == 0 else generate(prompts, attempt)
+        # an environment's episodes start from the records (reset reads answer, extra_info)
+        inputs = records if self.config.rollout.env else [r.prompt_ids for r in records]
+        completions = generate(inputs) if attempt == 0 else generate(inputs, attempt)
         rewards, reward_metrics = self._rewards(records, completions, key, clock)
         rewards, shaping = self._shaped(completions, rewards)
         return completions, rewards, {**metrics, **reward_metrics, **shaping}
@@ -195,11 +204,13 @@ class StepGeneration:
 
 def generate_on_engines(engines: list[ActorInfo], prompts: list[list[int]], sampling):
     """Prompts spread over the engines: (completions in prompt order, the slowest engine's
-    seconds). Every TP rank of an engine gets its engine's prompts; its rank 0 answers."""
+    seconds). Every TP rank of an engine gets its engine's prompts; its rank 0 answers.
+    `sampling`: one SamplingParams for every engine, or a list of one per engine."""
     count = len(engine_leads(engines))
+    per_engine = sampling if isinstance(sampling, list) else [sampling] * count
     shards = [list(range(i, len(prompts), count)) for i in range(count)]
     calls = [
-        (e, e.handle.generate.remote([prompts[j] for j in shards[e.rank]], sampling))
+        (e, e.handle.generate.remote([prompts[j] for j in shards[e.rank]], per_engine[e.rank]))
         for e in engines
     ]
     answers = [answer for e, answer in zip(engines, gather(calls)) if not e.tp_rank]
@@ -248,9 +259,10 @@ def _merge_round_metrics(total: dict, round_metrics: dict) -> None:
 
 
 def load_groups(config: RunConfig, vocab_size: int) -> list[list[Completion]]:
-    """The source's GRPO groups in file order; ValueError naming the line for anything unusable."""
+    """The source's GRPO groups in file order; ValueError naming the line for anything unusable.
+    Multi-turn lines keep their policy_mask (the environment's tokens are never trained on)."""
     r = config.rollout
-    parsed = parse_rollouts(r.source, vocab_size=vocab_size)
+    parsed = parse_episode_rollouts(r.source, vocab_size=vocab_size)
     if parsed.bad_lines:
         raise RolloutFileError(parsed.bad_lines)
     groups: dict[int, list[Completion]] = {}

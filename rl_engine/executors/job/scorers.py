@@ -99,14 +99,23 @@ class FunctionScorer:
 
 def trains_on_reward_function(config: RunConfig) -> bool:
     """A verl-style reward scores the training completions (reward.function or a dataset);
-    else the built-in task's own reward does (validation always uses the function)."""
+    else the built-in task's own reward does (validation always uses the function). With
+    rollout.env neither: the environment rewards its episodes."""
+    if config.rollout.env is not None:
+        return False
     return config.reward.function is not None or config.data.train_files is not None
+
+
+def scores_with_reward_function(config: RunConfig) -> bool:
+    """The verl reward scores training or validation completions (not with rollout.env)."""
+    evaluates = config.data.val_files is not None and config.rollout.env is None
+    return trains_on_reward_function(config) or evaluates
 
 
 def reward_runner(config: RunConfig):
     """What runs the verl reward (DriverRewards, or `reward.num_workers` Ray workers), when the
     training completions or a validation set are scored with it; else None. The caller closes it."""
-    if not (trains_on_reward_function(config) or config.data.val_files is not None):
+    if not scores_with_reward_function(config):
         return None
     r = config.reward
     if r.num_workers == 0:

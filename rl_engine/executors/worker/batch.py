@@ -4,7 +4,8 @@ Layout (B sequences, T columns, right padding):
 
     input_ids       (B, T)    int64  prompt + completion, then `pad_token_id`
     attention_mask  (B, T)    int64  1 on real tokens
-    response_mask   (B, T-1)  bool   position t scores a completion token (token t+1)
+    response_mask   (B, T-1)  bool   position t scores a completion token the policy sampled
+                                     (token t+1): the policy mask of multi-turn episodes
     rollout_logprobs(B, T-1)  fp32   the rollout engine's logprob of token t+1; 0 off the mask
     advantages      (B,) or (B, T-1)  fp32   one per sequence (broadcast over its completion
                                      tokens) or per token, aligned with response_mask
@@ -15,6 +16,12 @@ Layout (B sequences, T columns, right padding):
 Position t of the (T-1)-wide tensors scores token t+1 given tokens <= t, the
 convention of `rl_engine.logprobs.token_logprobs`. Every error about a batch's
 content is a `BatchError` (a ValueError).
+
+Multi-turn episodes (rl_engine.envs.Episode) hold the environment's observations among their
+completion tokens; their `policy_mask` (one bool per completion token) becomes response_mask,
+so an observation token is context: in the forward, never scored. Everything the worker
+counts reads response_mask alone (the loss and its normaliser, parity, KL, entropy, rollout
+correction, token counts, per-token advantages), in the padded and packed layouts alike.
 """
 
 from __future__ import annotations
@@ -86,6 +93,8 @@ class TrainBatch:
         that sets them from this layout itself (PPO: GAE from the critic's values of these
         rows, `with_advantages`). `pad_token_id` fills
         the right padding (pass the tokenizer's pad id or the model's `config.eos_token_id`).
+        A completion with a `policy_mask` (an episode: one bool per token_ids) is scored on its
+        True tokens only (response_mask); its other tokens are context.
         With `vocab_size`, token ids are checked against it here too (the worker always checks).
         """
         _check_completions(completions, rewards)
@@ -287,6 +296,26 @@ def _check_completions(completions, rewards) -> None:
             raise BatchError(
                 f"sequence {i}: rollout logprobs must be finite, got {logprobs.tolist()}"
             )
+        _check_policy_mask(i, c)
+
+
+def _policy_mask(completion) -> torch.Tensor | None:
+    """(len(token_ids),) bool: which completion tokens the policy sampled (None: all of them)."""
+    mask = getattr(completion, "policy_mask", None)
+    return None if mask is None else torch.as_tensor(list(mask), dtype=torch.bool)
+
+
+def _check_policy_mask(i: int, completion) -> None:
+    mask = _policy_mask(completion)
+    if mask is None:
+        return
+    if mask.shape != (len(completion.token_ids),):
+        raise BatchError(
+            f"sequence {i}: {len(completion.token_ids)} token_ids but a policy_mask of "
+            f"{mask.numel()} entries (must be one per token)"
+        )
+    if not bool(mask.any()):
+        raise BatchError(f"sequence {i}: policy_mask marks no token as the policy's")
 
 
 def _layout(completion, width: int, pad_token_id: int):
@@ -297,12 +326,13 @@ def _layout(completion, width: int, pad_token_id: int):
     ids[:length] = torch.tensor(prompt + tokens, dtype=torch.long)
     mask = torch.zeros(width, dtype=torch.long)
     mask[:length] = 1
+    policy = _policy_mask(completion)
+    scored = slice(len(prompt) - 1, length - 1)  # position t scores token t+1
     response = torch.zeros(width - 1, dtype=torch.bool)
-    response[len(prompt) - 1 : length - 1] = True  # position t scores token t+1
+    response[scored] = True if policy is None else policy
     logprobs = torch.zeros(width - 1, dtype=torch.float32)
-    logprobs[len(prompt) - 1 : length - 1] = torch.as_tensor(
-        completion.logprobs, dtype=torch.float32
-    )
+    logprobs[scored] = torch.as_tensor(completion.logprobs, dtype=torch.float32)
+    logprobs[~response] = 0.0  # an environment token's entry is never read: 0, as padding
     return ids, mask, response, logprobs
 
 

@@ -136,3 +136,36 @@ def test_malformed_or_out_of_vocabulary_lines_stop_the_job_before_it_starts(tmp_
         RolloutFileError, match=r"rollouts\.jsonl:3: token_ids\[1\] = 999 is outside"
     ):
         StepRollouts(_config(tmp_path, _source(tmp_path, GROUPS)), CountTask(vocab_size=500), 500)
+
+
+def test_a_source_of_multi_turn_records_keeps_their_policy_mask(tmp_path):
+    """Episodes from another engine: their observations stay context in the step's batch."""
+    from rl_engine.executors.job.step_batch import train_batch
+
+    lines = [
+        _line([5, 6], [7, 8, 9], reward=1.0, policy_mask=[1, 0, 1]),
+        _line([5, 6], [7, 3], reward=0.0, policy_mask=[1, 1]),
+        _line([10], [1, 2, 4, 4], reward=0.5, policy_mask=[1, 0, 0, 1]),
+        _line([10], [2], reward=0.0),
+    ]
+    config = _config(tmp_path, _source(tmp_path, lines), save=True)
+    completions, rewards, _ = StepRollouts(config, CountTask(vocab_size=VOCAB), VOCAB)(0, None)
+    assert [getattr(c, "policy_mask", None) for c in completions] == [
+        [True, False, True],
+        [True, True],
+        [True, False, False, True],
+        None,
+    ]
+    batch = train_batch(config, completions, rewards, eos=2)
+    assert batch.num_tokens == 2 + 2 + 2 + 1
+    assert batch.response_mask[0, 1:4].tolist() == [True, False, True]
+    saved = (tmp_path / "run" / "rollouts" / "step_0.jsonl").read_text().splitlines()
+    assert [json.loads(line).get("policy_mask") for line in saved] == [
+        [1, 0, 1],
+        [1, 1],
+        [1, 0, 0, 1],
+        None,
+    ]
+    bad = _config(tmp_path, _source(tmp_path, [*lines[:3], _line([10], [2], policy_mask=[0])]))
+    with pytest.raises(RolloutFileError, match=r"rollouts.jsonl:4: policy_mask marks no token"):
+        StepRollouts(bad, CountTask(vocab_size=VOCAB), VOCAB)
