@@ -10,3 +10,8 @@
 The driver's calls to started actors live with the step stage that makes them
 (`rollouts`, `training`, `weight_sync`).
 """
+
+from rl_engine.executors.job.actors.rollout import RolloutActor
+from rl_engine.executors.job.actors.trainers import CriticActor, TrainerActor
+
+__all__ = ["CriticActor", "RolloutActor", "TrainerActor"]
