@@ -100,9 +100,8 @@ class DeepSpeedTrainingWorker:
                 if param is not None:
                     self._deepspeed.zero.register_external_parameter(self.module, param)
         trainer = config.trainer
-        optimizer = torch.optim.AdamW(
-            self.module.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay
-        )
+        trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: adapters
+        optimizer = torch.optim.AdamW(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
         self.guard = StepGuard(optimizer, self.comm)
         self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
             model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False

@@ -32,7 +32,8 @@ class RolloutActor(JobActor):
         self.receiver = self.group = None
 
     def start(self, tp_address: str | None = None, tp_port: int | None = None) -> dict:
-        from rl_engine.models import has_safetensors, load_model
+        from rl_engine.executors.worker.policy import load_policy
+        from rl_engine.models import has_safetensors
         from rl_engine.patching import apply_batch_invariant
         from rl_engine.rollout import RolloutEngine
 
@@ -54,7 +55,8 @@ class RolloutActor(JobActor):
             )
             model = self.engine.model
         else:
-            model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+            # the policy's adapter too (lora.rank > 0), served unmerged
+            model, tokenizer = load_policy(config)
             model.to(device)  # first move, then patch: the ops are resolved for this device
             if config.batch_invariant:
                 apply_batch_invariant(model)
