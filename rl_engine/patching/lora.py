@@ -105,6 +105,22 @@ def is_adapter_name(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
+def base_fingerprint(model: nn.Module) -> str:
+    """A content hash (BLAKE2b) of every base tensor of a LoRA model (name, dtype, shape and
+    bytes; adapters excluded), in name order: a checkpoint's adapters fit only this base.
+    Call before ZeRO-3 partitions the parameters."""
+    import hashlib
+
+    digest = hashlib.blake2b(digest_size=16)
+    for name, tensor in sorted(model.state_dict().items()):
+        if is_adapter_name(name):
+            continue
+        data = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{data.dtype}|{tuple(data.shape)}|".encode())
+        digest.update(data.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 def has_lora(model: nn.Module) -> bool:
     """True when `model` carries PEFT LoRA layers."""
     return bool(lora_layers(model))
@@ -152,3 +168,37 @@ class InvariantLoraForward:
         layer = self.layer
         down = layer.lora_A[ADAPTER](x)
         return layer.base_layer(x) + self.scale * layer.lora_B[ADAPTER](down)
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def adapter_files(model: nn.Module, base_name: str) -> tuple[object, dict[str, torch.Tensor]]:
+    """(PEFT LoraConfig naming `base_name`, tensors under PEFT's saved names): what
+    `PeftModel.save_pretrained` writes, so `PeftModel.from_pretrained(base, DIR)` loads it."""
+    import copy
+
+    from peft import get_peft_model_state_dict
+
+    config = copy.deepcopy(model.peft_config[ADAPTER])
+    config.base_model_name_or_path = base_name
+    state = get_peft_model_state_dict(model, adapter_name=ADAPTER)
+    tensors = {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in state.items()}
+    return config, tensors
+
+
+@torch.no_grad()
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The base model's state dict under its own (HF) names with every adapter folded in:
+    W + scale * B @ A computed in fp32 and rounded once to W's dtype; every other tensor is
+    the base's, bitwise."""
+    merged = {}
+    for name, tensor in model.state_dict().items():
+        if not is_adapter_name(name):
+            merged[name.replace(".base_layer.", ".")] = tensor
+    for path, layer in lora_layers(model):
+        weight = layer.base_layer.weight
+        a, b = layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight
+        delta = float(layer.scaling[ADAPTER]) * (b.float() @ a.float())
+        merged[f"{path}.weight"] = (weight.float() + delta).to(weight.dtype)
+    return merged

@@ -54,8 +54,9 @@ def cell_key(stage: int, dtype: str, model: str, packing: bool) -> str:
     return f"{model}-{dtype}-zero{stage}-{'packed' if packing else 'padded'}"
 
 
-def run_lora_cell(config: RunConfig, completions, model=None) -> dict:
-    """One rank's cell (every rank builds the same perturbed policy unless `model` is given)."""
+def run_lora_cell(config: RunConfig, completions, model=None, workdir=None) -> dict:
+    """One rank's cell (every rank builds the same perturbed policy unless `model` is given);
+    with `workdir`, also a checkpoint and a resume."""
     worker = DeepSpeedTrainingWorker(config, device="cpu", model=model or lora_policy(config))
     shard = to_batch(completions).shard(worker.rank, worker.world_size)
     out = {"mask": shard.response_mask, "rollout_lp": shard.rollout_logprobs}
@@ -75,7 +76,27 @@ def run_lora_cell(config: RunConfig, completions, model=None) -> dict:
     out["trainable"] = sorted(
         n for n, p in worker.module.policy.named_parameters() if p.requires_grad
     )
+    if workdir is not None:
+        out.update(_resume(worker, config, shard, Path(workdir)))
     return out
+
+
+def _resume(worker, config: RunConfig, shard, workdir: Path) -> dict:
+    """Checkpoint (adapters and their optimizer state, the base's record), one more step; a
+    fresh worker resumed from the checkpoint retakes that step: its weights must be equal."""
+    worker.save_checkpoint(workdir / "ckpt")
+    worker.config = dataclasses.replace(worker.config, parity="report")  # off-policy now
+    worker.train_step(shard)
+    weights = worker.export_weights()
+    resumed = DeepSpeedTrainingWorker(
+        dataclasses.replace(config, parity="report"), device="cpu", model=lora_policy(config)
+    )
+    resumed.load_checkpoint(workdir / "ckpt")
+    resumed.train_step(shard)
+    again = resumed.export_weights()
+    if weights is None:
+        return {}
+    return {"resume_diff": sorted(k for k in weights if not torch.equal(weights[k], again[k]))}
 
 
 def run(spec: dict, out_dir: Path, rank: int) -> dict:
@@ -85,5 +106,5 @@ def run(spec: dict, out_dir: Path, rank: int) -> dict:
         config = lora_cell_config(cell[0], spec["world"], *cell[1:])
         key = cell_key(*cell)
         completions = torch.load(spec["completions"][key], weights_only=False)
-        results[key] = run_lora_cell(config, completions)
+        results[key] = run_lora_cell(config, completions, workdir=out_dir / key)
     return results

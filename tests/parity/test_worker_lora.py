@@ -12,11 +12,13 @@ rest is `exhaustive`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
+from rl_engine.config import LoraConfig
 from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
 from rl_engine.patching import apply_batch_invariant
 from tests.executors.worker.cell import generate, to_batch
@@ -60,15 +62,17 @@ def check_lora_cell(r: dict) -> None:
 
 
 def check_only_adapters_trained(r: dict) -> None:
-    """Rank 0 (it holds the exported weights): the step moved adapters and nothing else."""
+    """Rank 0 (it holds the exported weights): the step moved adapters and nothing else, and
+    a resume from the checkpoint retook the next step bitwise."""
     assert r["changed"] and set(r["changed"]) <= set(r["adapters"])
     assert r["adapter_numel"] < 0.1 * r["model_numel"]
+    assert r["resume_diff"] == []
 
 
 @pytest.mark.parametrize(("stage", "dtype", "model", "packing"), ONE_RANK)
-def test_one_rank_lora_parity_and_only_the_adapters_train(stage, dtype, model, packing):
+def test_one_rank_lora_parity_and_only_the_adapters_train(stage, dtype, model, packing, tmp_path):
     config = lora_cell_config(stage, 1, dtype, model, packing)
-    r = run_lora_cell(config, lora_completions(config))
+    r = run_lora_cell(config, lora_completions(config), workdir=tmp_path)
     check_lora_cell(r)
     check_only_adapters_trained(r)
     assert r["optimizer_numel"] == r["adapter_numel"]  # no state for the frozen base
@@ -113,3 +117,18 @@ def test_plain_peft_in_the_trainer_differs():
     shard = to_batch(completions).shard(0, 1)
     mask = shard.response_mask
     assert not torch.equal(worker.compute_logprobs(shard)[mask], shard.rollout_logprobs[mask])
+
+
+def test_resuming_adapters_on_another_base_is_refused_before_loading(tmp_path):
+    config = lora_cell_config(0, 1, "float32", "tiny-llama", True)
+    worker = DeepSpeedTrainingWorker(config, device="cpu", model=lora_policy(config))
+    worker.save_checkpoint(tmp_path / "ckpt")
+    other_base = dataclasses.replace(config, seed=config.seed + 1)  # a tiny model's weights
+    other = DeepSpeedTrainingWorker(other_base, device="cpu")
+    with pytest.raises(
+        ValueError, match=r"lora: checkpoint .* holds adapters of base 'tiny-llama'"
+    ):
+        other.load_checkpoint(tmp_path / "ckpt")
+    full = DeepSpeedTrainingWorker(dataclasses.replace(config, lora=LoraConfig()), device="cpu")
+    with pytest.raises(ValueError, match="holds LoRA adapters .* this run has lora.rank 0"):
+        full.load_checkpoint(tmp_path / "ckpt")

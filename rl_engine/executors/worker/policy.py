@@ -23,7 +23,7 @@ from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.logprobs import IGNORE_INDEX, packed_score_targets, score_targets
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, lm_head_parameters, patch_handle
-from rl_engine.patching.lora import add_lora, has_lora
+from rl_engine.patching.lora import add_lora, base_fingerprint, has_lora
 
 
 class LogprobModule(nn.Module):
@@ -171,6 +171,13 @@ def prepare_policy(model: nn.Module | None, config: RunConfig, device: torch.dev
     elif not config.batch_invariant and handle is not None:
         raise ValueError("model is patched (batch-invariant kernels) but batch_invariant is false")
     return model
+
+
+def base_record(policy: nn.Module, config: RunConfig) -> dict | None:
+    """A LoRA policy's base as its checkpoints record it ({"model", "hash"}); None without LoRA."""
+    if not config.lora.enabled:
+        return None
+    return {"model": config.model, "hash": base_fingerprint(policy)}
 
 
 def frozen_copy(policy: nn.Module) -> LogprobModule:
