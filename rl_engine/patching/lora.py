@@ -134,6 +134,17 @@ def lora_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, cls)]
 
 
+def check_adapter_shape(model: nn.Module, rank: int, scale: float) -> None:
+    """Every LoRA layer of `model` has rank `rank` and scale `scale` (lora.rank, alpha / rank)."""
+    for path, layer in lora_layers(model):
+        r, s = layer.r.get(ADAPTER), layer.scaling.get(ADAPTER)
+        if r != rank or s != scale:
+            raise ValueError(
+                f"LoRA layer {path} has rank {r} and scale {s}, but lora.rank is {rank} and "
+                f"lora.alpha / lora.rank is {scale}"
+            )
+
+
 def check_plain_lora(path: str, layer: nn.Module) -> None:
     """The LoRA layer is the one unmerged, dropout-free, vanilla adapter the invariant forward computes."""
     problems = []

@@ -23,7 +23,7 @@ from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.logprobs import IGNORE_INDEX, packed_score_targets, score_targets
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, lm_head_parameters, patch_handle
-from rl_engine.patching.lora import add_lora, base_fingerprint, has_lora
+from rl_engine.patching.lora import add_lora, base_fingerprint, check_adapter_shape, has_lora
 
 
 class LogprobModule(nn.Module):
@@ -127,6 +127,7 @@ def with_lora(model: nn.Module, config: RunConfig) -> nn.Module:
     if has_lora(model):
         if not lora.enabled:
             raise ValueError("the model carries LoRA adapters but lora.rank is 0")
+        check_adapter_shape(model, lora.rank, lora.scale)
         return model
     if not lora.enabled:
         return model
