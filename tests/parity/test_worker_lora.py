@@ -78,22 +78,33 @@ def test_one_rank_lora_parity_and_only_the_adapters_train(stage, dtype, model, p
     assert r["optimizer_numel"] == r["adapter_numel"]  # no state for the frozen base
 
 
-def test_two_ranks_zero3_lora_parity(tmp_path):
+def _two_rank_cells(cells, tmp_path: Path) -> None:
     files = {}
-    for cell in TWO_RANKS:
+    for cell in cells:
         config = lora_cell_config(cell[0], 2, *cell[1:])
         files[cell_key(*cell)] = str(tmp_path / f"{cell_key(*cell)}.pt")
         torch.save(lora_completions(config), files[cell_key(*cell)])
-    spec = {"job": "tests.parity.lora_cells", "cells": TWO_RANKS, "completions": files}
+    spec = {"job": "tests.parity.lora_cells", "cells": cells, "completions": files}
     ranks, error = run_ranks(spec, 2, Path(tmp_path) / "world2", timeout=420)
     assert error is None, error
-    for cell in TWO_RANKS:
+    for cell in cells:
         results = [r["lora_cells"][cell_key(*cell)] for r in ranks]
         for r in results:
             check_lora_cell(r)
         check_only_adapters_trained(results[0])
         assert 0 < sum(r["optimizer_numel"] for r in results) <= results[0]["adapter_numel"] + 64
         assert results[0]["metrics"] == results[1]["metrics"]
+
+
+def test_two_ranks_zero3_lora_parity(tmp_path):
+    _two_rank_cells(TWO_RANKS, tmp_path)
+
+
+@pytest.mark.exhaustive
+def test_two_ranks_zero1_zero2_lora_parity(tmp_path):
+    _two_rank_cells(
+        [(1, "float32", "tiny-qwen2", True), (2, "bfloat16", "tiny-llama", False)], tmp_path
+    )
 
 
 def test_an_engine_that_merges_the_adapter_differs():
