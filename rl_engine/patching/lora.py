@@ -13,7 +13,11 @@ never merged into W: the trainer and the rollout engine serve the same unmerged 
 Targets: 'all-linear' is every `nn.Linear` but the vocabulary head, the MoE routers and the
 shared expert's gate. In transformers 5 the experts of mixture-of-experts families are 3-D
 parameters, not `nn.Linear`, so there the adapters sit on attention and (Qwen2-MoE) the
-shared expert's projections only; a routed expert is never a target.
+shared expert's projections only: never a routed expert, nor a dense MLP layer of an MoE
+model. PEFT is handed the full module paths, so it cannot widen them (for some MoE families
+it maps `gate_proj` / `up_proj` / `down_proj` onto the 3-D experts, which the patch does not
+compute invariantly); `add_lora` checks after injecting that every adapter wraps an
+`nn.Linear`.
 """
 
 from __future__ import annotations
@@ -36,18 +40,33 @@ def lora_layer_class() -> type:
     return Linear
 
 
-def linear_names(model: nn.Module) -> list[str]:
-    """The module names (last path part) an adapter may target: every `nn.Linear` but the
-    vocabulary head, the routers and the shared expert's gate, sorted."""
+def target_paths(model: nn.Module) -> dict[str, list[str]]:
+    """Module name (last path part) -> the full paths of the linears an adapter may sit on:
+    every `nn.Linear` but the vocabulary head, the routers and the shared expert's gate; in
+    mixture-of-experts families only attention's and the shared expert's."""
     head = model.get_output_embeddings()
-    names = set()
-    for _, parent in model.named_modules():
+    moe = _is_moe(model)
+    paths: dict[str, list[str]] = {}
+    for parent_name, parent in model.named_modules():
         if is_router(parent):
+            continue
+        if moe and not (parent_name.endswith("self_attn") or ".shared_expert" in f".{parent_name}"):
             continue
         for name, child in parent.named_children():
             if type(child) is nn.Linear and child is not head and name not in _NEVER_TARGETS:
-                names.add(name)
-    return sorted(names)
+                paths.setdefault(name, []).append(f"{parent_name}.{name}" if parent_name else name)
+    return paths
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """The module names (last path part) an adapter may target (`target_paths`), sorted."""
+    return sorted(target_paths(model))
+
+
+def _is_moe(model: nn.Module) -> bool:
+    from rl_engine.patching.families import family_for
+
+    return family_for(model.config).moe is not None
 
 
 def resolve_targets(model: nn.Module, target_modules: str | list[str]) -> list[str]:
@@ -61,9 +80,10 @@ def resolve_targets(model: nn.Module, target_modules: str | list[str]) -> list[s
     if unknown:
         model_type = getattr(model.config, "model_type", type(model).__name__)
         raise ValueError(
-            f"lora.target_modules: {unknown} match no linear module of this {model_type} model; "
-            f"its linears are {existing} (the vocabulary head, routers and MoE gates are never "
-            "targets; in transformers 5 MoE experts are 3-D parameters, not linears)"
+            f"lora.target_modules: {unknown} match no linear module of this {model_type} model "
+            f"an adapter may sit on; those are {existing} (the vocabulary head, routers and MoE "
+            "gates are never targets; in MoE families only attention and shared-expert "
+            "linears are: in transformers 5 MoE experts are 3-D parameters, not linears)"
         )
     return sorted(set(target_modules))
 
@@ -86,7 +106,8 @@ def add_lora(
         )
     if rank < 1:
         raise ValueError(f"lora.rank must be an int >= 1 to add adapters, got {rank!r}")
-    targets = resolve_targets(model, target_modules)
+    paths = target_paths(model)
+    targets = [path for name in resolve_targets(model, target_modules) for path in paths[name]]
     config = LoraConfig(
         r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none"
     )
@@ -95,9 +116,27 @@ def add_lora(
         torch.manual_seed(seed)
         inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     model.to(dtype)  # the adapters in the model's dtype, like every other weight
+    _check_injected(model, set(targets))
     for name, param in model.named_parameters():
         param.requires_grad_(is_adapter_name(name))
     return model
+
+
+def _check_injected(model: nn.Module, targets: set[str]) -> None:
+    """PEFT put a LoRA `Linear` on exactly `targets`, each around an `nn.Linear` (no 3-D
+    expert parameter, no other layer type: the patch computes those adapters alone)."""
+    adapted = {name for name, _ in lora_layers(model)}
+    strays = sorted(
+        {n.split(".lora_", 1)[0] for n, _ in model.named_parameters() if is_adapter_name(n)}
+        - adapted
+    )
+    wrong = [p for p, m in lora_layers(model) if type(m.base_layer) is not nn.Linear]
+    if adapted != targets or strays or wrong:
+        raise NotImplementedError(
+            f"PEFT placed adapters other than on the target linears: missing "
+            f"{sorted(targets - adapted)[:3]}, unexpected {sorted(adapted - targets)[:3]}, "
+            f"on other parameters {strays[:3]}, around a non-linear {wrong[:3]}"
+        )
 
 
 def is_adapter_name(name: str) -> bool:

@@ -108,8 +108,14 @@ def test_moe_targets_are_attention_and_shared_expert_linears_never_the_router():
     assert adapted and not any("gate." in n or n.endswith(".gate") for n in adapted)
     assert not any(n.endswith("shared_expert_gate") or ".experts" in n for n in adapted)
     assert any(".shared_expert." in n for n in adapted)
+    assert all(".self_attn." in n or ".shared_expert." in n for n in adapted)  # no dense MLP
     mixtral, _ = load_model("tiny-mixtral")
     assert linear_names(mixtral) == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    # PEFT would map gate/up/down onto Qwen3-MoE's 3-D experts: attention only, no expert adapter
+    qwen3_moe, _ = load_model("tiny-qwen3-moe")
+    add_lora(qwen3_moe, rank=2, alpha=4, target_modules="all-linear", seed=0)
+    names = [n for n, _ in qwen3_moe.named_parameters() if ".lora_" in n]
+    assert names and all(".self_attn." in n for n in names)
 
 
 def test_an_unknown_target_names_the_key_and_lists_the_linears():
