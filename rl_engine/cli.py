@@ -65,8 +65,11 @@ def cmd_train(args) -> int:
 def cmd_export(args) -> int:
     from rl_engine.executors.job.export import export_checkpoint
 
-    path = export_checkpoint(args.run_dir, args.to, args.step)
-    print(f"exported to {path} (load with AutoModelForCausalLM.from_pretrained)")
+    path = export_checkpoint(args.run_dir, args.to, args.step, merged=args.merged)
+    if (path / "adapter_config.json").is_file():
+        print(f"exported to {path} (load with PeftModel.from_pretrained(base, DIR))")
+    else:
+        print(f"exported to {path} (load with AutoModelForCausalLM.from_pretrained)")
     return 0
 
 
@@ -192,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--to", required=True, metavar="DIR", help="new folder to write")
     export.add_argument(
         "--step", type=int, default=None, help="checkpoint after N steps (default: latest)"
+    )
+    export.add_argument(
+        "--merged",
+        action="store_true",
+        help="a LoRA run: a full HF folder with the adapters folded in (default: a PEFT adapter folder)",
     )
     export.set_defaults(fn=cmd_export)
     diag = sub.add_parser(

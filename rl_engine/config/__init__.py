@@ -8,7 +8,7 @@ Where things are
 ----------------
 - One module per section, named after its YAML key: `rollout.py`, `trainer.py`,
   `algorithm.py`, `critic.py`, `checkpoint.py`, `data.py`, `reward.py`, `eval.py`,
-  `logging.py`. Each holds the section's dataclass (a one-line docstring under every field)
+  `logging.py`, `lora.py`. Each holds the section's dataclass (a one-line docstring under every field)
   and the checks of its own keys; its docstring names the component it configures.
 - The sampling keys of `rollout:` (max_new_tokens, temperature, top_p, top_k) live with the
   engine, in rl_engine.rollout.sampling.SamplingKeys: RolloutConfig and the engine's
@@ -37,6 +37,7 @@ from rl_engine.config.critic import CriticConfig
 from rl_engine.config.data import TRUNCATIONS, DataConfig
 from rl_engine.config.eval import EvalConfig
 from rl_engine.config.logging import BACKENDS, LoggingConfig
+from rl_engine.config.lora import ALL_LINEAR, LoraConfig
 from rl_engine.config.reward import REWARD_ERRORS, RewardConfig
 from rl_engine.config.rollout import PLACEMENTS, TENSOR_PARALLEL_SIZES, RolloutConfig
 from rl_engine.config.run import DEVICES, DTYPES, PARITY_MODES, SECTIONS, RunConfig
@@ -44,6 +45,7 @@ from rl_engine.config.trainer import PARITY_SCOPES, TrainerConfig
 from rl_engine.config.yaml_io import apply_overrides, read_yaml
 
 __all__ = [
+    "ALL_LINEAR",
     "ALGORITHMS",
     "BACKENDS",
     "DEVICES",
@@ -62,6 +64,7 @@ __all__ = [
     "DataConfig",
     "EvalConfig",
     "LoggingConfig",
+    "LoraConfig",
     "RewardConfig",
     "RolloutConfig",
     "RunConfig",

@@ -22,6 +22,7 @@ def check_run(config: RunConfig) -> None:
     check_dapo(config)
     check_critic(config)
     check_env(config)
+    check_lora(config)
 
 
 def check_prompt_source(config: RunConfig) -> None:
@@ -158,4 +159,25 @@ def check_env(config: RunConfig) -> None:
             f"rollout.max_total_tokens = {r.max_total_tokens} must be more than "
             f"rollout.max_new_tokens = {r.max_new_tokens}: an episode holds its prompt and "
             "at least one full turn"
+        )
+
+
+def check_lora(config: RunConfig) -> None:
+    """A LoRA policy (lora.rank > 0) runs on one-process engines, without a critic, patched."""
+    if not config.lora.enabled:
+        return
+    if config.algorithm.name == "ppo":
+        raise ValueError(
+            "lora.rank > 0 with algorithm.name 'ppo' is not supported yet: the critic has no "
+            "adapter of its own; use a critic-free algorithm or lora.rank 0"
+        )
+    if config.rollout.tensor_parallel_size > 1:
+        raise ValueError(
+            "lora.rank > 0 with rollout.tensor_parallel_size > 1 is not supported yet: the "
+            "tensor-parallel engine does not split adapters; use rollout.tensor_parallel_size 1"
+        )
+    if not config.batch_invariant:
+        raise ValueError(
+            "lora.rank > 0 needs batch_invariant: true (the unmerged adapter is computed by the "
+            "patched model on both sides)"
         )

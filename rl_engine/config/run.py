@@ -14,6 +14,7 @@ from rl_engine.config.cross_checks import check_run
 from rl_engine.config.data import DataConfig
 from rl_engine.config.eval import EvalConfig
 from rl_engine.config.logging import LoggingConfig
+from rl_engine.config.lora import LoraConfig
 from rl_engine.config.reward import RewardConfig
 from rl_engine.config.rollout import RolloutConfig
 from rl_engine.config.trainer import TrainerConfig
@@ -34,6 +35,7 @@ SECTIONS = {
     "reward": RewardConfig,
     "eval": EvalConfig,
     "logging": LoggingConfig,
+    "lora": LoraConfig,
 }
 """Each section's YAML key and class; a new section is a field of RunConfig and a line here."""
 
@@ -80,6 +82,8 @@ class RunConfig:
     """Validation during training."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     """Experiment trackers."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """A LoRA adapter on the policy (rank 0: none, full fine-tuning)."""
 
     def __post_init__(self) -> None:
         check_text("model", self.model)

@@ -4,7 +4,8 @@ Replaced, in place: the input embedding, every `nn.Linear` (q/k/v/o, gate/up/dow
 the vocabulary projection (fp32 logits), every RMSNorm (incl. Qwen3 q/k norms),
 the MLP activation, attention (through transformers' attention registry), and in
 mixture-of-experts families every router, every experts module and, with a
-shared expert, its sparse block (rl_engine/patching/moe.py).
+shared expert, its sparse block (rl_engine/patching/moe.py); the forward of every
+PEFT LoRA layer becomes the invariant unmerged expression (rl_engine/patching/lora.py).
 Every op is resolved once, here, through `get_op(name, device, backend)` for the
 device of the model's parameters: move the model first, then patch. The new
 modules hold the resolved functions and the *same* Parameter objects, so an
@@ -23,6 +24,7 @@ from torch import nn
 from rl_engine.kernels import OP_NAMES, BackendLayout, backend_layout, get_op, resolve_backend
 from rl_engine.patching.attention import attention_name, register_attention
 from rl_engine.patching.families import Family, family_for
+from rl_engine.patching.lora import InvariantLoraForward, check_plain_lora, lora_layers
 from rl_engine.patching.modules import (
     InvariantEmbedding,
     InvariantLinear,
@@ -56,12 +58,15 @@ class PatchHandle:
     """transformers' attn_implementation the model now uses."""
     replaced: list[str] = field(default_factory=list)
     _originals: list[tuple[nn.Module, str, nn.Module]] = field(default_factory=list, repr=False)
+    _lora_forwards: list[nn.Module] = field(default_factory=list, repr=False)
     _attn_before: str | None = None
     active: bool = True
 
     def revert(self) -> None:
         if not self.active:
             return
+        for layer in self._lora_forwards:
+            del layer.forward  # PEFT's own forward again
         for parent, name, original in reversed(self._originals):
             setattr(parent, name, original)
         self.model.set_attn_implementation(self._attn_before or "sdpa")
@@ -180,6 +185,19 @@ def _swap_modules(model: nn.Module, family: Family, handle: PatchHandle) -> None
                 replaced.add(id(child))
     for parent, child_name, child, (kind, new_module), path in targets:
         _swap(handle, parent, child_name, child, new_module, kind, path)
+    _swap_lora_forwards(model, handle)
+
+
+def _swap_lora_forwards(model: nn.Module, handle: PatchHandle) -> None:
+    """Each PEFT LoRA layer computes the invariant unmerged expression (its children, base
+    layer and A / B, were patched by the walk above)."""
+    layers = lora_layers(model)
+    for path, layer in layers:
+        check_plain_lora(path, layer)
+    for path, layer in layers:
+        layer.forward = InvariantLoraForward(layer, path)
+        handle._lora_forwards.append(layer)
+        handle.replaced.append(f"lora: {path}")
 
 
 def _swap(handle, parent, child_name, child, new_module, kind, path) -> None:

@@ -154,6 +154,11 @@ class WeightManifest:
     def nbytes(self) -> int:
         return sum(s.numel * s.torch_dtype.itemsize for s in self.tensors)
 
+    def nbytes_of(self, names: Iterable[str]) -> int:
+        """Bytes of the distinct tensors named (primary names), each counted once."""
+        wanted = set(names)
+        return sum(s.numel * s.torch_dtype.itemsize for s in self.tensors if s.name in wanted)
+
     def to_json(self) -> str:
         return json.dumps(
             {
@@ -230,6 +235,15 @@ class WeightPlan:
             part = size // world
             slices[spec.name] = DimSlice(dim, ((rank * part, (rank + 1) * part),))
         return cls(slices)
+
+    def only(self, names: Iterable[str]) -> WeightPlan:
+        """This plan restricted to the tensors `names` (a partial sync, e.g. only a LoRA
+        policy's adapters); ValueError naming a tensor the plan does not take."""
+        wanted = set(names)
+        unknown = sorted(wanted - set(self.slices))
+        if unknown:
+            raise ValueError(f"a partial plan names {unknown[0]!r}, which the plan does not take")
+        return WeightPlan({n: piece for n, piece in self.slices.items() if n in wanted})
 
     def check(self, manifest: WeightManifest) -> None:
         """ValueError naming the first tensor the plan asks for wrongly."""

@@ -177,3 +177,23 @@ def test_receiver_refuses_a_plan_that_leaves_one_of_its_tensors_out():
         ValueError, match="does not send 'model.norm.weight', which the receiver holds"
     ):
         WeightReceiver(model.state_dict(keep_vars=True), manifest, partial, 0, 1 << 20)
+
+
+def test_a_partial_plan_keeps_the_named_tensors_slices_and_counts_their_bytes_once():
+    """A LoRA policy's later syncs: the receivers' plans restricted to the adapters."""
+    manifest = WeightManifest.even_split(
+        [
+            ("a", (4, 6), torch.float32, ()),
+            ("b", (8,), torch.bfloat16, ("b_tied",)),
+            ("c", (2, 2), torch.float32, ()),
+        ],
+        2,
+    )
+    plan = WeightPlan.split(manifest, {"a": 0}, 1, 2)
+    partial = plan.only(["a", "c"])
+    assert dict(partial.slices) == {"a": plan.slices["a"], "c": None}
+    partial.check(manifest)
+    assert manifest.nbytes_of(["a", "c"]) == (24 + 4) * 4
+    assert manifest.nbytes_of(["b"]) == 16 and manifest.nbytes == 24 * 4 + 16 + 16
+    with pytest.raises(ValueError, match="partial plan names 'z'"):
+        plan.only(["a", "z"])

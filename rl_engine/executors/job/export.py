@@ -5,6 +5,9 @@ tokenizer: `AutoModelForCausalLM.from_pretrained(DIR)` loads it (and so does
 `load_model(DIR)`). The weights are the checkpoint's weights file (written by trainer rank
 0), the exact tensors the rollout engines served from that step on, so the exported model,
 patched, reproduces the trainer's logprobs at that step bit for bit.
+
+A LoRA run (lora.rank > 0) exports a PEFT adapter folder instead, or with `merged` a full
+Hugging Face folder with the adapters folded in (export_lora.py).
 """
 
 from __future__ import annotations
@@ -21,8 +24,12 @@ from rl_engine.io import FILE_MODE
 log = logging.getLogger("rl_engine.export")
 
 
-def export_checkpoint(run_dir: str | Path, to: str | Path, step: int | None = None) -> Path:
-    """Write the checkpoint after `step` steps (latest by default) to `to`; returns `to`."""
+def export_checkpoint(
+    run_dir: str | Path, to: str | Path, step: int | None = None, merged: bool = False
+) -> Path:
+    """Write the checkpoint after `step` steps (latest by default) to `to`; returns `to`.
+    A LoRA run's: its PEFT adapter folder, or with `merged` the model with the adapters
+    folded in."""
     from rl_engine.models import load_model, quiet_loading
 
     run_dir, to = Path(run_dir), Path(to)
@@ -33,14 +40,21 @@ def export_checkpoint(run_dir: str | Path, to: str | Path, step: int | None = No
     found = ckpt.at_step(run_dir, step)
     config = RunConfig.from_yaml(found.config_path)
     log.info("exporting %s (model %s, %s) to %s", found.path, config.model, config.dtype, to)
+    if merged and not config.lora.enabled:
+        raise ValueError("--merged folds LoRA adapters in: this run has lora.rank 0 (no adapters)")
     quiet_loading()
-    loaded, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
-    model = _dense_copy_of(loaded, config)
-    model.load_state_dict(found.load_weights(), strict=True)
     staging = to.with_name(f".{to.name}.tmp")
     if staging.exists():
         shutil.rmtree(staging)
-    model.save_pretrained(staging, safe_serialization=True)
+    if config.lora.enabled:
+        from rl_engine.executors.job.export_lora import write_lora_export
+
+        tokenizer = write_lora_export(config, found.load_weights(), staging, merged)
+    else:
+        loaded, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+        model = _dense_copy_of(loaded, config)
+        model.load_state_dict(found.load_weights(), strict=True)
+        model.save_pretrained(staging, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(staging)
     for path in staging.rglob("*"):

@@ -22,6 +22,7 @@ def validate_before_start(config: RunConfig) -> None:
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
         raise ValueError(f"model: {err}") from None
     check_tensor_parallel(config)
+    check_lora_targets(config)
     config.gradient_accumulation_steps  # noqa: B018 - raises when the batch does not divide
     ds = build_deepspeed_config(config, config.trainer.num_ranks)
     stage = ds["zero_optimization"].get("stage")
@@ -56,6 +57,21 @@ def check_tensor_parallel(config: RunConfig) -> None:
     from rl_engine.rollout.tp import TPLayout
 
     TPLayout.from_config(model_config(config.model), config.rollout.tensor_parallel_size)
+
+
+def check_lora_targets(config: RunConfig) -> None:
+    """lora.target_modules against the model's linears, on a weightless (meta) copy of it."""
+    if not config.lora.enabled:
+        return
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rl_engine.models import model_config
+    from rl_engine.patching.lora import resolve_targets
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(model_config(config.model))
+    resolve_targets(skeleton, config.lora.target_modules)
 
 
 def check_data(config: RunConfig, tokenizer: bool) -> None:

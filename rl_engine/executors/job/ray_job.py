@@ -127,7 +127,8 @@ class _Job:
             self.trainers, self.engines, resume_dir, critics=(self.critics, critic_dir)
         )
         self.prepare_steps()
-        connect_weight_sync(self.trainers, self.engines)
+        self.sync_size = connect_weight_sync(self.trainers, self.engines)
+        self.base_synced = False  # a LoRA run's first sync moves the base too, once
         if resume_from is not None:
             self.sync_weights(resume_from.weight_version)
             self.rollouts.prompts.restore(resume_from.driver, resume_from.step)
@@ -201,9 +202,9 @@ class _Job:
         )
         with clock.phase("weight_sync"):  # the whole sync, senders and receivers
             # the worker's version: a skipped (non-finite) update keeps the old weights and version
-            self.sync_weights(trained.policy["weight_version"])
+            synced = self.sync_weights(trained.policy["weight_version"])
         evaluation.update(self.evaluate(step, clock, before=False))
-        extra = {**rollout_metrics, **evaluation, **trained.critic}
+        extra = {**rollout_metrics, **evaluation, **trained.critic, "weight_sync/bytes": synced}
         record = step_record(step, trained.policy, rewards, extra, clock.totals())
         self.report(record)
         if ckpt.due(self.config, step + 1, stop.requested):
@@ -229,12 +230,17 @@ class _Job:
         self.history.append(record)
         self.progress.update(record)
 
-    def sync_weights(self, version: int) -> None:
+    def sync_weights(self, version: int) -> int:
         """The ranks' weights (of `version`) into every engine; nothing to do when the engines
         serve it already (a skipped update leaves the weights bitwise as they were; at the
-        start, engines and ranks load the same version-0 weights)."""
-        if version != self.version:
-            self.version = sync_weights(self.trainers, self.engines, version)
+        start, engines and ranks load the same version-0 weights). A LoRA run's syncs after
+        the first move only the adapters. Returns the bytes of the distinct tensors sent."""
+        if version == self.version:
+            return 0
+        adapters_only = self.config.lora.enabled and self.base_synced
+        self.version = sync_weights(self.trainers, self.engines, version, adapters_only)
+        self.base_synced = True
+        return self.sync_size.adapters if adapters_only else self.sync_size.full
 
     def save_checkpoint(self, step: int) -> None:
         self.last_checkpoint = ckpt.save(

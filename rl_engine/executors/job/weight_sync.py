@@ -4,19 +4,32 @@
 process against its model (a mismatch names the key), each answers the plan of what it
 receives, and every rank and engine process joins one process group (its store on rank
 0's node). `sync_weights` (each step, and on resume): every rank sends its share, every
-engine process receives in place; both sides must then agree on the version.
+engine process receives in place; both sides must then agree on the version. A LoRA
+policy's syncs after the first move only its adapters (`adapters_only`): the base is frozen.
+`SyncSize` is what a sync moves, for the step's `weight_sync/bytes`: the distinct tensors
+sent, each counted once, whatever the number of engines or tensor-parallel ranks.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from rl_engine.executors.job.faults import ActorFailure, ActorInfo, gather
+from rl_engine.executors.worker.weight_transport import adapter_names
 
 log = logging.getLogger("rl_engine.job")
 
 
-def connect_weight_sync(trainers: list[ActorInfo], engines: list[ActorInfo]) -> None:
+@dataclass(frozen=True, slots=True)
+class SyncSize:
+    """Bytes of the distinct tensors one sync moves: every tensor, or the adapters alone."""
+
+    full: int
+    adapters: int
+
+
+def connect_weight_sync(trainers: list[ActorInfo], engines: list[ActorInfo]) -> SyncSize:
     """The weight group: rank 0's manifest checked by every engine (a mismatch names the key),
     then every rank and engine joins one process group (its store on rank 0's node)."""
     lead = trainers[0]
@@ -39,14 +52,17 @@ def connect_weight_sync(trainers: list[ActorInfo], engines: list[ActorInfo]) -> 
         len(engines),
         manifest.nbytes / 2**20,
     )
+    return SyncSize(manifest.nbytes, manifest.nbytes_of(adapter_names(manifest)))
 
 
-def sync_weights(trainers: list[ActorInfo], engines: list[ActorInfo], expected: int) -> int:
+def sync_weights(
+    trainers: list[ActorInfo], engines: list[ActorInfo], expected: int, adapters_only: bool = False
+) -> int:
     """The trainer ranks' current weights (version `expected`) straight into every engine (the
-    driver holds none); returns the version the engines now serve. An actor's death names the
-    sync it happened in."""
-    calls = [(t, t.handle.send_weights.remote()) for t in trainers]
-    calls += [(e, e.handle.receive_weights.remote()) for e in engines]
+    driver holds none), or only a LoRA policy's adapters; returns the version the engines now
+    serve. An actor's death names the sync it happened in."""
+    calls = [(t, t.handle.send_weights.remote(adapters_only)) for t in trainers]
+    calls += [(e, e.handle.receive_weights.remote(adapters_only)) for e in engines]
     try:
         results = gather(calls)
     except ActorFailure as err:

@@ -6,6 +6,7 @@ Under ZeRO-3 both weight paths gather one bucket of parameters at a time
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -91,12 +92,29 @@ def _numel(shape) -> int:
     return out
 
 
-def save_checkpoint(engine, comm: Collectives, directory: Path, tag: str, state: dict) -> None:
-    """Every rank writes into a temporary tag folder; then rank 0 renames it and points `latest` at it."""
+LORA_BASE_FILE = "lora_base.json"
+"""In a LoRA run's checkpoint tag: {"model": the base's spec, "hash": its content hash}."""
+
+
+def save_checkpoint(
+    engine, comm: Collectives, directory: Path, tag: str, state: dict, base: dict | None = None
+) -> None:
+    """Every rank writes into a temporary tag folder; then rank 0 renames it and points `latest` at it.
+
+    `base` (a LoRA run: the base model's spec and content hash): the frozen base is left out
+    (the adapters and their optimizer state are what a resume needs) and recorded instead."""
     staging = f".{tag}.tmp"
-    engine.save_checkpoint(str(directory), tag=staging, client_state=state, save_latest=False)
+    engine.save_checkpoint(
+        str(directory),
+        tag=staging,
+        client_state=state,
+        save_latest=False,
+        exclude_frozen_parameters=base is not None,
+    )
     comm.barrier()
     if comm.rank == 0:
+        if base is not None:
+            write_text_atomic(directory / staging / LORA_BASE_FILE, json.dumps(base))
         final = directory / tag
         if final.exists():
             shutil.rmtree(final)
@@ -105,11 +123,43 @@ def save_checkpoint(engine, comm: Collectives, directory: Path, tag: str, state:
     comm.barrier()
 
 
-def load_checkpoint(engine, directory: Path, tag: str | None) -> tuple[str, dict]:
-    """(path loaded, client state) of `save_checkpoint`'s checkpoint; ValueError when there is none."""
+def load_checkpoint(
+    engine, directory: Path, tag: str | None, base: dict | None = None
+) -> tuple[str, dict]:
+    """(path loaded, client state) of `save_checkpoint`'s checkpoint; ValueError when there is
+    none, or (`base`: a LoRA run's) when its adapters were trained on another base, checked
+    before anything is loaded."""
     if not Path(directory).is_dir():
         raise ValueError(f"checkpoint directory {str(directory)!r} does not exist")
-    path, state = engine.load_checkpoint(str(directory), tag=tag)
+    check_base(Path(directory), tag, base)
+    path, state = engine.load_checkpoint(str(directory), tag=tag, load_module_strict=base is None)
     if path is None:
         raise ValueError(f"no DeepSpeed checkpoint found in {str(directory)!r} (tag {tag!r})")
     return path, state or {}
+
+
+def check_base(directory: Path, tag: str | None, base: dict | None) -> None:
+    """The checkpoint's LoRA base record against this run's (`base`, None without LoRA)."""
+    latest = directory / "latest"
+    if tag is None and not latest.is_file():
+        return  # no checkpoint: load_checkpoint says so
+    folder = directory / (tag or latest.read_text().strip())
+    record = folder / LORA_BASE_FILE
+    saved = json.loads(record.read_text()) if record.is_file() else None
+    if saved == base or (saved is not None and base is not None and saved["hash"] == base["hash"]):
+        return
+    if base is None:
+        raise ValueError(
+            f"checkpoint {str(folder)!r} holds LoRA adapters (of base {saved['model']!r}) but "
+            "this run has lora.rank 0: resume with the run's lora: section"
+        )
+    if saved is None:
+        raise ValueError(
+            f"lora.rank > 0 but checkpoint {str(folder)!r} is a full fine-tuning one (no "
+            f"{LORA_BASE_FILE}): resume it with lora.rank 0"
+        )
+    raise ValueError(
+        f"lora: checkpoint {str(folder)!r} holds adapters of base {saved['model']!r} (content "
+        f"hash {saved['hash']}), but this run's model {base['model']!r} has hash {base['hash']}: "
+        "resume on the base the adapters were trained on"
+    )

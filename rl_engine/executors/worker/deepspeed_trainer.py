@@ -37,6 +37,7 @@ from rl_engine.executors.worker.parity_check import ParityCheck
 from rl_engine.executors.worker.policy import (
     LogprobModule,
     StepGuard,
+    base_record,
     frozen_copy,
     micro_batch_logprobs,
     prepare_policy,
@@ -53,10 +54,10 @@ from rl_engine.executors.worker.step_loss import (
 )
 from rl_engine.executors.worker.weight_transport import (
     WeightGroup,
-    WeightSender,
     agree_on_group,
     held_ranges,
     policy_manifest,
+    weight_senders,
 )
 from rl_engine.parity import ParitySums
 from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
@@ -91,6 +92,7 @@ class DeepSpeedTrainingWorker:
         validate_with_deepspeed(self.ds_config)
         self.comm = Collectives(self.env.rank, self.env.world_size, self.device)
         policy = prepare_policy(model, config, self.device)
+        self.base = base_record(policy, config)  # before ZeRO-3 partitions the base
         self.reference = frozen_copy(policy) if config.algorithm.kl_coef > 0 else None
         self.router = RouterTerms(policy, config.algorithm.router_aux_loss_coef, config.model)
         self.module = LogprobModule(policy)
@@ -100,16 +102,15 @@ class DeepSpeedTrainingWorker:
                 if param is not None:
                     self._deepspeed.zero.register_external_parameter(self.module, param)
         trainer = config.trainer
-        optimizer = torch.optim.AdamW(
-            self.module.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay
-        )
+        trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: adapters
+        optimizer = torch.optim.AdamW(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
         self.guard = StepGuard(optimizer, self.comm)
         self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
             model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
         )
         self._mid_step = MidStepFailures(self.engine, zero3=self.zero_stage == 3)
         self.weight_version = 0
-        self._weight_sync = None  # (manifest, sender, group) once connect_weight_sync ran
+        self._weight_sync = None  # (manifest, senders, group) once connect_weight_sync ran
         self._log(
             f"DeepSpeed worker ready: {self.world_size} rank(s), ZeRO-{self.zero_stage}, "
             f"{config.dtype}, batch_invariant={config.batch_invariant}, parity={config.parity}, "
@@ -381,24 +382,29 @@ class DeepSpeedTrainingWorker:
         manifest, trainer = self.weight_manifest(), self.config.trainer
         agree_on_group(manifest, plans, group_size, self.comm)
         self.close_weight_sync()
-        sender = WeightSender(manifest, list(plans), self.rank, trainer.weight_sync_bucket_bytes)
+        bucket, lora = trainer.weight_sync_bucket_bytes, self.config.lora.enabled
+        senders = weight_senders(manifest, list(plans), self.rank, bucket, lora)
         device, timeout = self.device.type, trainer.collective_timeout_s
         group = WeightGroup.connect(address, port, self.rank, group_size, device, timeout)
-        self._weight_sync = (manifest, sender, group)
+        self._weight_sync = (manifest, senders, group)
 
-    def send_weights(self, on_bucket=None) -> dict[str, float]:
+    def send_weights(self, on_bucket=None, *, adapters_only: bool = False) -> dict[str, float]:
         """This rank's share of the current weights to every receiver of the weight group, as
         `weight_version`; every rank calls it while the receivers receive. Sends from the
         parameters' own storage (under ZeRO-3 each rank its partition): nothing is gathered.
+        `adapters_only` (a LoRA policy, once the receivers hold the frozen base): the adapters.
 
         Returns {"weight_version", "bytes" (sent by this rank), "seconds"}.
         """
         if self._weight_sync is None:
             raise RuntimeError("send_weights before connect_weight_sync")
         self._mid_step.require_usable()
-        manifest, sender, group = self._weight_sync
+        manifest, senders, group = self._weight_sync
+        if adapters_only and "adapters" not in senders:
+            raise ValueError("send_weights(adapters_only=True) needs a LoRA policy (lora.rank > 0)")
         zero3 = self.zero_stage == 3
         held = held_ranges(self.module.policy, manifest, self.rank, zero3)
+        sender = senders["adapters" if adapters_only else "full"]
         stats = sender.send(group, held, self.weight_version, on_bucket=on_bucket)
         return {"weight_version": self.weight_version, **stats}
 
@@ -414,12 +420,12 @@ class DeepSpeedTrainingWorker:
         """
         tag = tag or f"step{self.global_step}"
         state = {"rl_engine_step": self.global_step, "weight_version": self.weight_version}
-        checkpoints.save_checkpoint(self.engine, self.comm, Path(directory), tag, state)
+        checkpoints.save_checkpoint(self.engine, self.comm, Path(directory), tag, state, self.base)
         self._log(f"saved checkpoint {tag} to {directory}")
 
     def load_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
         """Restore model, optimizer, step and weight_version (latest tag by default); collective."""
-        path, state = checkpoints.load_checkpoint(self.engine, Path(directory), tag)
+        path, state = checkpoints.load_checkpoint(self.engine, Path(directory), tag, self.base)
         self.weight_version = int(state.get("weight_version", self.global_step))
         self._log(f"loaded {path} (step {self.global_step}, weight_version {self.weight_version})")
 

@@ -23,6 +23,7 @@ from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.logprobs import IGNORE_INDEX, packed_score_targets, score_targets
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, lm_head_parameters, patch_handle
+from rl_engine.patching.lora import add_lora, base_fingerprint, check_adapter_shape, has_lora
 
 
 class LogprobModule(nn.Module):
@@ -111,16 +112,51 @@ def release_zero3_parameters(engine) -> None:
     coordinator.release_and_reset_all(engine.module)
 
 
+def load_policy(config: RunConfig):
+    """(model, tokenizer): `load_model(config.model, seed=config.seed)` with the `lora:`
+    section's adapter when its rank > 0 (PEFT's, initialised from config.seed: every rank and
+    every engine builds the same one). Unpatched, on the CPU."""
+    model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+    return with_lora(model, config), tokenizer
+
+
+def with_lora(model: nn.Module, config: RunConfig) -> nn.Module:
+    """`model` with the `lora:` section's adapter added (unless it has one already); a model
+    with an adapter when lora.rank is 0 raises."""
+    lora = config.lora
+    if has_lora(model):
+        if not lora.enabled:
+            raise ValueError("the model carries LoRA adapters but lora.rank is 0")
+        check_adapter_shape(model, lora.rank, lora.scale)
+        return model
+    if not lora.enabled:
+        return model
+    return add_lora(
+        model,
+        rank=lora.rank,
+        alpha=lora.alpha,
+        target_modules=lora.target_modules,
+        seed=config.seed,
+    )
+
+
 def prepare_policy(model: nn.Module | None, config: RunConfig, device: torch.device) -> nn.Module:
-    """The worker's policy on `device`: `model`, else `load_model(config.model, seed=config.seed)`.
+    """The worker's policy on `device`: `model`, else `load_policy(config)`'s; with
+    `lora.rank` > 0 it carries the adapter (only its parameters train).
 
     Moved first, then patched when `config.batch_invariant` (patching resolves the ops for
     the device); a model patched for another device, or patched without batch_invariant, raises.
     """
     if model is None:
-        model, _ = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+        model, _ = load_policy(config)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch nn.Module, got {type(model).__name__}")
+    if patch_handle(model) is None:
+        model = with_lora(model, config)
+    elif config.lora.enabled and not has_lora(model):
+        raise ValueError(
+            "lora.rank > 0 but the model is patched without adapters: pass it unpatched"
+        )
     dtypes = sorted({str(p.dtype) for p in model.parameters()})
     if dtypes != [str(config.torch_dtype)]:
         raise ValueError(f"model parameters are {dtypes} but dtype is {config.dtype!r}")
@@ -136,6 +172,13 @@ def prepare_policy(model: nn.Module | None, config: RunConfig, device: torch.dev
     elif not config.batch_invariant and handle is not None:
         raise ValueError("model is patched (batch-invariant kernels) but batch_invariant is false")
     return model
+
+
+def base_record(policy: nn.Module, config: RunConfig) -> dict | None:
+    """A LoRA policy's base as its checkpoints record it ({"model", "hash"}); None without LoRA."""
+    if not config.lora.enabled:
+        return None
+    return {"model": config.model, "hash": base_fingerprint(policy)}
 
 
 def frozen_copy(policy: nn.Module) -> LogprobModule:

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from rl_engine.executors.worker.distributed import Collectives
+from rl_engine.patching.lora import is_adapter_name
 from rl_engine.rollout.weight_pieces import plan_pieces, source_elements
 from rl_engine.rollout.weight_plan import (
     TensorSpec,
@@ -164,6 +165,24 @@ def held_ranges(policy: nn.Module, manifest: WeightManifest, rank: int, zero3: b
         else:
             held.append(tensor.detach().reshape(-1)[lo:hi])
     return held
+
+
+def adapter_names(manifest: WeightManifest) -> list[str]:
+    """The manifest's LoRA adapter tensors (all a sync moves once the frozen base is there)."""
+    return [spec.name for spec in manifest.tensors if is_adapter_name(spec.name)]
+
+
+def weight_senders(
+    manifest: WeightManifest, plans: list[WeightPlan], sender: int, bucket_bytes: int, lora: bool
+) -> dict[str, WeightSender]:
+    """This rank's senders by scope: 'full' (every tensor) and, for a LoRA policy,
+    'adapters' (the receivers' plans restricted to the adapters)."""
+    senders = {"full": WeightSender(manifest, plans, sender, bucket_bytes)}
+    if lora:
+        names = adapter_names(manifest)
+        partial = [plan.only(names) for plan in plans]
+        senders["adapters"] = WeightSender(manifest, partial, sender, bucket_bytes)
+    return senders
 
 
 def agree_on_group(

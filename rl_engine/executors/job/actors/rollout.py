@@ -29,10 +29,11 @@ class RolloutActor(JobActor):
 
     def __init__(self, config: RunConfig, index: int = 0, tp_rank: int = 0):
         self.config, self.index, self.tp_rank = config, index, tp_rank
-        self.receiver = self.group = None
+        self.receiver = self.adapter_receiver = self.group = None
 
     def start(self, tp_address: str | None = None, tp_port: int | None = None) -> dict:
-        from rl_engine.models import has_safetensors, load_model
+        from rl_engine.executors.worker.policy import load_policy
+        from rl_engine.models import has_safetensors
         from rl_engine.patching import apply_batch_invariant
         from rl_engine.rollout import RolloutEngine
 
@@ -54,7 +55,8 @@ class RolloutActor(JobActor):
             )
             model = self.engine.model
         else:
-            model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+            # the policy's adapter too (lora.rank > 0), served unmerged
+            model, tokenizer = load_policy(config)
             model.to(device)  # first move, then patch: the ops are resolved for this device
             if config.batch_invariant:
                 apply_batch_invariant(model)
@@ -97,11 +99,14 @@ class RolloutActor(JobActor):
         """Check the trainer ranks' manifest against this engine's model (ValueError naming the
         key); what this process (receiver `receiver` of the sync) receives of every sync:
         everything, or a TP rank's own shards."""
+        bucket = self.config.trainer.weight_sync_bucket_bytes
         self.receiver = self.engine.weight_receiver(
-            manifest,
-            receiver=receiver,
-            bucket_bytes=self.config.trainer.weight_sync_bucket_bytes,
+            manifest, receiver=receiver, bucket_bytes=bucket
         )
+        if self.config.lora.enabled:  # later syncs: only the adapters (the base is frozen)
+            self.adapter_receiver = adapter_receiver(
+                self.engine.model, manifest, self.receiver.plan, receiver, bucket
+            )
         return self.receiver.plan
 
     def connect_weight_group(self, address: str, port: int, rank: int, size: int) -> None:
@@ -114,7 +119,19 @@ class RolloutActor(JobActor):
             address, port, rank, size, self.engine.device.type, timeout
         )
 
-    def receive_weights(self) -> int:
-        """One weight sync from the trainer ranks, in place; returns the version now served."""
+    def receive_weights(self, adapters_only: bool = False) -> int:
+        """One weight sync from the trainer ranks, in place; returns the version now served.
+        `adapters_only`: a LoRA policy's adapters alone (the engine holds the frozen base)."""
         hook = weight_sync_kill_switch(f"rollout engine {self.index}")
-        return self.engine.receive_weights(self.receiver, self.group, on_bucket=hook)
+        receiver = self.adapter_receiver if adapters_only else self.receiver
+        return self.engine.receive_weights(receiver, self.group, on_bucket=hook)
+
+
+def adapter_receiver(model, manifest, plan, receiver: int, bucket_bytes: int):
+    """A receiver of the adapters alone, into the engine model's own adapter tensors."""
+    from rl_engine.executors.worker.weight_transport import adapter_names
+    from rl_engine.rollout.weight_receiver import WeightReceiver
+
+    names = adapter_names(manifest)
+    targets = {n: t for n, t in model.state_dict(keep_vars=True).items() if n in set(names)}
+    return WeightReceiver(targets, manifest, plan.only(names), receiver, bucket_bytes)

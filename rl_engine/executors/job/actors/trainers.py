@@ -60,9 +60,10 @@ class TrainerActor(_DeepSpeedRank):
             "connect_weight_sync", self.worker.connect_weight_sync, address, port, size, plans
         )
 
-    def send_weights(self) -> dict:
+    def send_weights(self, adapters_only: bool = False) -> dict:
         hook = weight_sync_kill_switch(f"trainer rank {self.rank}")
-        return self._collective("send_weights", self.worker.send_weights, on_bucket=hook)
+        send = self.worker.send_weights
+        return self._collective("send_weights", send, on_bucket=hook, adapters_only=adapters_only)
 
     def save_checkpoint(self, directory: str | None, weights_path: str) -> None:
         """The policy's weights file (written by rank 0) and, unless `directory` is None, the
