@@ -38,7 +38,11 @@ class RolloutActor(JobActor):
 
         quiet_model_loading()
         config = self.config
-        device, batch = actor_device(config), config.rollout.max_batch_size
+        device = actor_device(config)
+        engine_args = {  # the engine arguments the run config sets
+            "max_batch_size": config.rollout.max_batch_size,
+            "share_prompt_prefill": config.rollout.share_prompt_prefill,
+        }
         if config.rollout.tensor_parallel_size > 1:
             self._join_tp_group(device, tp_address, tp_port)
         if config.rollout.tensor_parallel_size > 1 and has_safetensors(config.model):
@@ -50,7 +54,7 @@ class RolloutActor(JobActor):
                 dtype=config.torch_dtype,
                 device=device,
                 patch=config.batch_invariant,
-                max_batch_size=batch,
+                **engine_args,
             )
             model = self.engine.model
         else:
@@ -61,9 +65,9 @@ class RolloutActor(JobActor):
             if config.rollout.tensor_parallel_size > 1:
                 from rl_engine.rollout.tp import TensorParallelEngine
 
-                self.engine = TensorParallelEngine(model, device=device, max_batch_size=batch)
+                self.engine = TensorParallelEngine(model, device=device, **engine_args)
             else:
-                self.engine = RolloutEngine(model, device=device, max_batch_size=batch)
+                self.engine = RolloutEngine(model, device=device, **engine_args)
         release_free_heap()
         return {
             "vocab_size": model.config.vocab_size,
