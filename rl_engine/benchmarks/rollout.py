@@ -14,8 +14,10 @@ and the first token are subtracted out. Every run generates exactly N tokens
 `--threads 1`: oversubscribed OpenMP threads make every variant 5-10x slower.
 
 Beside each row, the limit of (a)'s decode step (roofline.py), measured in the same run: the
-step's bytes (weights + KV read) over a copy probe's bandwidth, its FLOPs over the cpp GEMM's
-peak at the step's shapes, the limit max(bytes / bandwidth, FLOPs / peak) as tokens/s, and
+step's bytes (weights + KV read) over a copy probe's bandwidth (probed beside every row; the
+best probe of a thread count counts for all its rows, since other processes can only lower
+it), its FLOPs over the cpp GEMM's peak at the step's shapes, the limit max(bytes /
+bandwidth, FLOPs / peak) as tokens/s, and
 the fraction of it (a) and (c) reach. Then the GRPO-shaped case (grpo_rollout.py: 8 prompts of
 ~256 tokens x n = 8, 64 new tokens, bf16, 2 threads): whole-call time with
 `share_prompt_prefill` on and off, tokens and logprobs checked equal. Then the llama.cpp
@@ -27,6 +29,7 @@ orientation row, when llama-cpp-python is installed (orientation.py).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from functools import partial
@@ -36,7 +39,7 @@ import torch
 from rl_engine.benchmarks import grpo_rollout
 from rl_engine.benchmarks.args import bench_parser
 from rl_engine.benchmarks.orientation import orientation_line
-from rl_engine.benchmarks.roofline import ModelShape, copy_bandwidth, decode_roofline
+from rl_engine.benchmarks.roofline import ModelShape, Roofline, copy_bandwidth, decode_roofline
 from rl_engine.benchmarks.timing import intra_op_threads
 from rl_engine.models import SMOLLM2_NAME, load_model
 from rl_engine.patching import apply_batch_invariant
@@ -127,9 +130,11 @@ def bench_dtype(
     new_tokens: int,
     repeats: int,
     spec: str = SMOLLM2_NAME,
-    bandwidth: dict[int, float] | None = None,
+    *,
+    probes: dict[int, list[float]],
+    copy_mib: int = 512,
 ) -> list[dict]:
-    """The rows of one dtype; `bandwidth`: GB/s by thread count (copy_bandwidth)."""
+    """The rows of one dtype; every row's bandwidth probe (GB/s) joins `probes[threads]`."""
     model, tokenizer = load_model(spec, dtype=dtype)
     patched = copy.deepcopy(model)
     apply_batch_invariant(patched)
@@ -151,7 +156,8 @@ def bench_dtype(
             context = sum(map(len, prompts)) / batch + new_tokens / 2
             with intra_op_threads(n_threads):
                 r = rates(runs, batch, new_tokens, repeats)
-                roof = decode_roofline(shape, batch, context, dtype, bandwidth[n_threads], repeats)
+                probes.setdefault(n_threads, []).append(copy_bandwidth(copy_mib))
+                roof = decode_roofline(shape, batch, context, dtype, max(probes[n_threads]))
             name = str(dtype).removeprefix("torch.")
             rows.append(
                 {"dtype": name, "threads": n_threads, "batch": batch, **r, "roof": roof}
@@ -169,23 +175,32 @@ def bench_dtype(
 COLUMNS = (
     "| dtype | threads | batch | (a) invariant tok/s | (b) off tok/s | (c) HF tok/s | (a)/(c) "
     "| (b)/(c) | (a)/(c) with prefill | (b)/(c) with prefill | MB / step | copy GB/s "
-    "| GFLOP / step | GEMM GFLOP/s | limit tok/s | bound | (a) / limit | (c) / limit |"
+    "| GFLOP / step | GEMM GFLOP/s | bytes limit tok/s | FLOP limit tok/s | bound "
+    "| (a) / limit | (a) / bytes limit | (c) / limit |"
 )
 
 
-def markdown_table(rows: list[dict]) -> str:
-    lines = [COLUMNS, "|---|---:|---:|" + "---:|" * 12 + "---|---:|---:|"]
+def markdown_table(rows: list[dict], bandwidth: dict[int, float]) -> str:
+    """The rows, each roofline at its thread count's best bandwidth probe (`bandwidth`)."""
+    lines = [COLUMNS, "|---|---:|---:|" + "---:|" * 13 + "---|---:|---:|---:|"]
     for r in rows:
-        roof = r["roof"]
+        roof = dataclasses.replace(r["roof"], bandwidth=bandwidth[r["threads"]])
         lines.append(
             f"| {r['dtype']} | {r['threads']} | {r['batch']} | {r['on']:.1f} | {r['off']:.1f} "
             f"| {r['hf']:.1f} | {r['on'] / r['hf']:.2f}x | {r['off'] / r['hf']:.2f}x "
             f"| {r['on_e2e'] / r['hf_e2e']:.2f}x | {r['off_e2e'] / r['hf_e2e']:.2f}x "
             f"| {roof.step_bytes / 1e6:.4g} | {roof.bandwidth:.1f} | {roof.step_flops / 1e9:.4g} "
-            f"| {roof.peak:.1f} | {roof.tokens_per_second:.1f} | {roof.bound} "
-            f"| {roof.fraction(r['on']):.2f} | {roof.fraction(r['hf']):.2f} |"
+            f"| {roof.peak:.1f} | {_rate(roof, roof.memory_seconds):.1f} "
+            f"| {_rate(roof, roof.compute_seconds):.1f} | {roof.bound} "
+            f"| {roof.fraction(r['on']):.2f} | {r['on'] / _rate(roof, roof.memory_seconds):.2f} "
+            f"| {roof.fraction(r['hf']):.2f} |"
         )
     return "\n".join(lines)
+
+
+def _rate(roof: Roofline, seconds: float) -> float:
+    """Tokens/s of a step that takes `seconds`."""
+    return roof.batch / seconds
 
 
 GRPO = {"prompts": 8, "prompt_tokens": 256, "samples": 8, "new_tokens": 64, "threads": 2}
@@ -224,11 +239,7 @@ def main(argv: list[str] | None = None) -> str:
         raise ValueError(f"--new-tokens must be >= 2, got {args.new_tokens}")
     logging.basicConfig(level=logging.WARNING)
     print(f"{args.model}, {args.new_tokens} new tokens", flush=True)
-    bandwidth = {}
-    for n in args.threads:
-        with intra_op_threads(n):
-            bandwidth[n] = copy_bandwidth(copy_mib)
-        print(f"  copy bandwidth, {n} threads: {bandwidth[n]:.1f} GB/s", flush=True)
+    probes: dict[int, list[float]] = {}
     rows = []
     for name in args.dtype:
         rows += bench_dtype(
@@ -238,9 +249,14 @@ def main(argv: list[str] | None = None) -> str:
             args.new_tokens,
             args.repeats,
             args.model,
-            bandwidth,
+            probes=probes,
+            copy_mib=copy_mib,
         )
-    tables = [markdown_table(rows)]
+    bandwidth = {n: max(values) for n, values in probes.items()}
+    for n, values in probes.items():
+        listed = ", ".join(f"{v:.1f}" for v in values)
+        print(f"  copy bandwidth probes, {n} threads: {listed} GB/s (best counts)", flush=True)
+    tables = [markdown_table(rows, bandwidth)]
     if not args.no_grpo:
         tables.append(grpo_table(args.model, grpo, args.repeats))
     print()

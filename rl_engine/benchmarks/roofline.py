@@ -118,7 +118,7 @@ def _weight_bytes(model: nn.Module) -> int:
     return total
 
 
-def gemm_peak(shape: ModelShape, batch: int, dtype: torch.dtype, repeats: int = 5) -> float:
+def gemm_peak(shape: ModelShape, batch: int, dtype: torch.dtype, repeats: int = 10) -> float:
     """GFLOP/s of the cpp `linear` op over one layer's projections at batch `batch` (FLOPs
     over the sum of their best times), weights hot in cache."""
     linear = get_op("linear", "cpu")
@@ -165,7 +165,7 @@ class Roofline:
 
 
 def decode_roofline(
-    shape: ModelShape, batch: int, context: float, dtype, bandwidth: float, repeats: int = 5
+    shape: ModelShape, batch: int, context: float, dtype, bandwidth: float, repeats: int = 10
 ) -> Roofline:
     """The limit of a decode step of `batch` sequences at mean context `context`."""
     return Roofline(

@@ -136,8 +136,10 @@ def test_bench_rollout_decode(capsys):
     assert {r["dtype"] for r in rows} == DTYPES
     rates = ("(a) invariant tok/s", "(b) off tok/s", "(c) HF tok/s")
     assert_figures(rows, ratios=(*rates, "(a)/(c)", "(a)/(c) with prefill"))
-    roofline = ("MB / step", "copy GB/s", "GFLOP / step", "GEMM GFLOP/s", "limit tok/s")
-    assert_figures(rows, ratios=(*roofline, "(a) / limit", "(c) / limit"))
+    roofline = ("MB / step", "copy GB/s", "GFLOP / step", "GEMM GFLOP/s")
+    limits = ("bytes limit tok/s", "FLOP limit tok/s")
+    fractions = ("(a) / limit", "(a) / bytes limit", "(c) / limit")
+    assert_figures(rows, ratios=(*roofline, *limits, *fractions))
     assert {r["bound"] for r in rows} <= {"memory", "compute"}
     (row,) = grpo
     assert row["tokens and logprobs"] == "equal"
