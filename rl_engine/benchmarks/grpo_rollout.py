@@ -5,7 +5,8 @@ prefills are ragged), `SamplingParams(n=samples)`, `new_tokens` sampled tokens a
 stop; the patched model in `dtype`, an engine whose slots hold every sample at once. It
 times whole `generate` calls (prefill included) with `share_prompt_prefill` on and off,
 interleaved, best of `repeats`, and raises unless both give the same tokens and logprobs bit
-for bit.
+for bit. It also times calls of one new token (the prefill and the first draw): a whole
+call's time minus that one is its decode.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def bench_grpo(
     """Whole-call seconds with sharing on and off (best of `repeats`) and the prefill counts."""
     ids = grpo_prompts(model.config.vocab_size, prompts, prompt_tokens)
     sampling = SamplingParams(n=samples, max_new_tokens=new_tokens, temperature=1.0, seed=0)
-    best = {True: float("inf"), False: float("inf")}
+    first = SamplingParams(n=samples, max_new_tokens=1, temperature=1.0, seed=0)
+    best = dict.fromkeys([True, False, "first on", "first off"], float("inf"))
     runs = {}
     with intra_op_threads(threads):
         for _ in range(repeats):
@@ -71,6 +73,8 @@ def bench_grpo(
                 seconds, completions, stats = _run(model, ids, sampling, share)
                 best[share] = min(best[share], seconds)
                 runs[share] = completions, stats
+                key = "first on" if share else "first off"
+                best[key] = min(best[key], _run(model, ids, first, share)[0])
     _check_equal(runs[True][0], runs[False][0])
     on, off = runs[True][1], runs[False][1]
     return {
@@ -79,6 +83,8 @@ def bench_grpo(
         "threads": threads,
         "on": best[True],
         "off": best[False],
+        "first_on": best["first on"],
+        "first_off": best["first off"],
         "prefill_tokens_on": on.prefill_tokens,
         "prefill_tokens_off": off.prefill_tokens,
         "shared": on.shared_prefills,
@@ -89,10 +95,12 @@ def markdown_table(row: dict) -> str:
     return "\n".join(
         [
             "| GRPO-shaped rollout | dtype | threads | whole call s, sharing on | whole call s, off "
-            "| off / on | prefill tokens on | prefill tokens off | shared prefills | tokens and logprobs |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+            "| off / on | 1-token call s, on | 1-token call s, off "
+            "| prefill tokens on | prefill tokens off | shared prefills | tokens and logprobs |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
             f"| {row['shape']} | {row['dtype']} | {row['threads']} | {row['on']:.2f} "
-            f"| {row['off']:.2f} | {row['off'] / row['on']:.2f}x | {row['prefill_tokens_on']} "
+            f"| {row['off']:.2f} | {row['off'] / row['on']:.2f}x | {row['first_on']:.2f} "
+            f"| {row['first_off']:.2f} | {row['prefill_tokens_on']} "
             f"| {row['prefill_tokens_off']} | {row['shared']} | equal |",
         ]
     )

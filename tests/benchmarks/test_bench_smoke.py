@@ -144,7 +144,8 @@ def test_bench_rollout_decode(capsys):
     (row,) = grpo
     assert row["tokens and logprobs"] == "equal"
     on, off = "whole call s, sharing on", "whole call s, off"
-    assert_figures(grpo, times=(on, off), ratios=("off / on", "shared prefills"))
+    first = ("1-token call s, on", "1-token call s, off")
+    assert_figures(grpo, times=(on, off, *first), ratios=("off / on", "shared prefills"))
     assert number(row["prefill tokens on"]) < number(row["prefill tokens off"])
 
 
