@@ -192,8 +192,8 @@ def markdown_table(rows: list[dict], bandwidth: dict[int, float]) -> str:
             f"| {roof.step_bytes / 1e6:.4g} | {roof.bandwidth:.1f} | {roof.step_flops / 1e9:.4g} "
             f"| {roof.peak:.1f} | {_rate(roof, roof.memory_seconds):.1f} "
             f"| {_rate(roof, roof.compute_seconds):.1f} | {roof.bound} "
-            f"| {roof.fraction(r['on']):.2f} | {r['on'] / _rate(roof, roof.memory_seconds):.2f} "
-            f"| {roof.fraction(r['hf']):.2f} |"
+            f"| {roof.fraction(r['on']):.2g} | {r['on'] / _rate(roof, roof.memory_seconds):.2g} "
+            f"| {roof.fraction(r['hf']):.2g} |"
         )
     return "\n".join(lines)
 
