@@ -74,8 +74,10 @@ def test_one_prompt_of_n_samples_prefills_once():
 
 
 def test_negative_control_an_unpatched_model_changes_its_bits_when_it_shares():
-    """Unpatched (plain torch GEMMs and SDPA), a prefill's bits depend on its batch: the
-    prompts alone (sharing) and every sample's copy (no sharing) give other logprobs."""
+    """Unpatched (plain torch GEMMs and SDPA), a prefill's bits depend on its batch: a forward
+    of each distinct prompt (sharing) and a forward of every sample's copy of it (no sharing)
+    give other logprobs. (In bf16 this tiny model's plain prefills happen to agree: the fp32
+    logits' differences vanish in bf16 hidden states, so the control is fp32.)"""
     model = fresh_model("tiny-llama", torch.float32, patched=False)
     shared, _ = generate_sharing_scenario(model, share=True)
     alone, _ = generate_sharing_scenario(model, share=False)
