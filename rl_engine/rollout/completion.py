@@ -48,8 +48,9 @@ class Request:
     finish_reason: str | None = None
     shares_prefill: bool = True
     """Whether its prefill may be shared with requests of the same prompt (prompt_sharing.py).
-    A prefill that continues a transcript after an environment turn (multi-turn) must set
-    False: a group's transcripts diverge, and such a prefill always runs on its own."""
+    False for a prefill that continues a transcript after an environment turn (multi-turn:
+    `generate(..., after_env_turn=True)`): a group's transcripts diverge, and such a prefill
+    always runs on its own."""
 
     @property
     def length(self) -> int:

@@ -113,9 +113,15 @@ class RolloutEngine:
         sampling: SamplingParams | None = None,
         *,
         progress: bool | None = None,
+        after_env_turn: bool = False,
     ) -> list[Completion]:
-        """Sample `sampling.n` completions per prompt; returned prompt-major, then by sample index."""
+        """Sample `sampling.n` completions per prompt; returned prompt-major, then by sample index.
+
+        after_env_turn: the prompts continue transcripts after an environment turn
+        (multi-turn); their prefills never share (a group's transcripts diverge), whatever
+        `share_prompt_prefill` says."""
         self._check_weights_complete()
+        check_bool("after_env_turn", after_env_turn)
         sampling = check_sampling(sampling)
         prompt_ids = check_prompts(
             prompts,
@@ -127,7 +133,9 @@ class RolloutEngine:
         if not prompt_ids:
             return []
         requests = [
-            Request(p, s, ids, request_generator(sampling.seed, p, s))
+            Request(
+                p, s, ids, request_generator(sampling.seed, p, s), shares_prefill=not after_env_turn
+            )
             for p, ids in enumerate(prompt_ids)
             for s in range(sampling.n)
         ]

@@ -25,8 +25,9 @@ sample, against the prefill's ~2 x parameters FLOPs per prompt token.
 
 What shares: requests with the same `Request.share_key`, the full token list a request
 prefills at admission. A prefill that continues a transcript after an environment turn
-(multi-turn) must never share, since a group's transcripts diverge: such a request is built
-with `shares_prefill=False` (key None) and always prefills on its own.
+(multi-turn) must never share, since a group's transcripts diverge: `generate(...,
+after_env_turn=True)` builds its requests with `shares_prefill=False` (key None), and each
+prefills on its own.
 """
 
 from __future__ import annotations

@@ -27,11 +27,14 @@ from tests.invariance import run_with_threads
 from tests.rollout import tp_procs
 from tests.rollout.helpers import (
     DENSE_FAMILIES,
+    SHARING_SLOTS,
     assert_same_completions,
     fresh_model,
     generate_sharing_scenario,
     patched_model,
     random_prompts,
+    sharing_scenario_prompts,
+    sharing_scenario_sampling,
 )
 
 
@@ -179,6 +182,22 @@ def test_a_request_that_does_not_share_always_prefills():
     assert plan.run == [first, again] and plan.copies == []
     off = PromptSharing(enabled=False)
     assert off.plan([first, _request([4, 4], 2, 2)]).copies == []
+
+
+def test_prompts_after_an_environment_turn_never_share():
+    """generate(..., after_env_turn=True): every request prefills on its own, with the bits
+    of the engine that never shares."""
+    model = patched_model("tiny-llama")
+    vocab = model.config.vocab_size
+    prompts, sampling = sharing_scenario_prompts(vocab), sharing_scenario_sampling(vocab)
+    engine = RolloutEngine(model, device="cpu", max_batch_size=SHARING_SLOTS, progress=False)
+    continued = engine.generate(prompts, sampling, after_env_turn=True)
+    assert engine.last_stats.shared_prefills == 0
+    alone, off = generate_sharing_scenario(model, share=False)
+    assert engine.last_stats.prefill_tokens == off.prefill_tokens
+    assert_same_completions(continued, alone, "after_env_turn vs sharing off")
+    with pytest.raises(ValueError, match="after_env_turn must be true or false, got 'yes'"):
+        engine.generate(prompts, sampling, after_env_turn="yes")
 
 
 def test_copy_rows_copies_the_prompt_positions_of_every_layer():

@@ -80,12 +80,23 @@ class TensorParallelEngine(RolloutEngine):
     def tensor_parallel_size(self) -> int:
         return self.shards.world
 
-    def generate(self, prompts, sampling: SamplingParams | None = None, *, progress=None):
-        """As `RolloutEngine.generate`; every rank must pass the same prompts and sampling, and
-        have the same share_prompt_prefill (checked: a ValueError on every rank otherwise)."""
-        self._check_same_request(prompts, sampling)
+    def generate(
+        self,
+        prompts,
+        sampling: SamplingParams | None = None,
+        *,
+        progress=None,
+        after_env_turn: bool = False,
+    ):
+        """As `RolloutEngine.generate`; every rank must pass the same prompts, sampling and
+        after_env_turn, and have the same share_prompt_prefill (checked: a ValueError on every
+        rank otherwise)."""
+        self._check_same_request(prompts, sampling, after_env_turn)
         return super().generate(
-            prompts, sampling, progress=progress if self.tp_rank == 0 else False
+            prompts,
+            sampling,
+            progress=progress if self.tp_rank == 0 else False,
+            after_env_turn=after_env_turn,
         )
 
     def load_weights(self, state_dict, version: int) -> None:
@@ -109,15 +120,15 @@ class TensorParallelEngine(RolloutEngine):
     def _make_stepper(self, cache, sampling: SamplingParams) -> _Stepper:
         return _ShardedStepper(self, cache, sampling)
 
-    def _check_same_request(self, prompts, sampling) -> None:
-        # share_prompt_prefill decides which prompts a prefill forward runs: ranks must agree
-        request = (_plain(prompts), sampling, self.share_prompt_prefill)
+    def _check_same_request(self, prompts, sampling, after_env_turn: bool) -> None:
+        # the sharing flags decide which prompts a prefill forward runs: ranks must agree
+        request = (_plain(prompts), sampling, self.share_prompt_prefill, after_env_turn)
         digest = hashlib.blake2b(repr(request).encode(), digest_size=16)
         digests = self.shards.gather_objects(digest.hexdigest())
         if len(set(digests)) != 1:
             raise ValueError(
                 "the ranks of a tensor-parallel engine were given different prompts or sampling "
-                "(or share_prompt_prefill) "
+                "(or prefill sharing) "
                 f"(request digests by rank: {digests}); every rank must generate the same request"
             )
 

@@ -89,10 +89,13 @@ class RolloutActor(JobActor):
             timeout=timedelta(seconds=self.config.trainer.collective_timeout_s),
         )
 
-    def generate(self, prompts, sampling):
-        """(completions, seconds spent generating)."""
+    def generate(self, prompts, sampling, after_env_turn: bool = False):
+        """(completions, seconds spent generating); after_env_turn: the prompts continue
+        transcripts after an environment turn (their prefills never share)."""
         started = time.perf_counter()
-        completions = self.engine.generate(prompts, sampling, progress=False)
+        completions = self.engine.generate(
+            prompts, sampling, progress=False, after_env_turn=after_env_turn
+        )
         seconds = time.perf_counter() - started
         release_free_heap()
         return completions, seconds
