@@ -1,4 +1,5 @@
-"""`rl-engine bench rollout`: decode throughput of the rollout engine vs Hugging Face `generate`.
+"""`rl-engine bench rollout`: decode throughput of the rollout engine vs Hugging Face `generate`,
+beside the machine's limit, and a GRPO-shaped rollout with one prefill per group on / off.
 
 On SmolLM2-135M-Instruct (`--model`: any load_model spec; a tiny model without a tokenizer
 gets random prompts), for each dtype and batch size it measures, in the same process:
@@ -12,19 +13,33 @@ and the first token are subtracted out. Every run generates exactly N tokens
 (no EOS stop). Best of `--repeats` interleaved runs. On a shared machine use
 `--threads 1`: oversubscribed OpenMP threads make every variant 5-10x slower.
 
+Beside each row, the limit of (a)'s decode step (roofline.py), measured in the same run: the
+step's bytes (weights + KV read) over a copy probe's bandwidth (probed beside every row; the
+best probe of a thread count counts for all its rows, since other processes can only lower
+it), its FLOPs over the cpp GEMM's peak at the step's shapes, the limit max(bytes /
+bandwidth, FLOPs / peak) as tokens/s, and
+the fraction of it (a) and (c) reach. Then the GRPO-shaped case (grpo_rollout.py: 8 prompts of
+~256 tokens x n = 8, 64 new tokens, bf16, 2 threads): whole-call time with
+`share_prompt_prefill` on and off, tokens and logprobs checked equal. Then the llama.cpp
+orientation row, when llama-cpp-python is installed (orientation.py).
+
     rl-engine bench rollout     (or: python scripts/bench_rollout.py --new-tokens 32 --batch 1 8 32)
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from functools import partial
 
 import torch
 
+from rl_engine.benchmarks import grpo_rollout
 from rl_engine.benchmarks.args import bench_parser
+from rl_engine.benchmarks.orientation import orientation_line
+from rl_engine.benchmarks.roofline import ModelShape, Roofline, copy_bandwidth, decode_roofline
 from rl_engine.benchmarks.timing import intra_op_threads
 from rl_engine.models import SMOLLM2_NAME, load_model
 from rl_engine.patching import apply_batch_invariant
@@ -109,11 +124,21 @@ def rates(runs: dict, batch: int, new_tokens: int, repeats: int) -> dict[str, fl
 
 
 def bench_dtype(
-    dtype: torch.dtype, threads, batches, new_tokens: int, repeats: int, spec: str = SMOLLM2_NAME
+    dtype: torch.dtype,
+    threads,
+    batches,
+    new_tokens: int,
+    repeats: int,
+    spec: str = SMOLLM2_NAME,
+    *,
+    probes: dict[int, list[float]],
+    copy_mib: int = 512,
 ) -> list[dict]:
+    """The rows of one dtype; every row's bandwidth probe (GB/s) joins `probes[threads]`."""
     model, tokenizer = load_model(spec, dtype=dtype)
     patched = copy.deepcopy(model)
     apply_batch_invariant(patched)
+    shape = ModelShape.of(patched, patched=True)
     pad = tokenizer.pad_token_id if tokenizer is not None else 0
     rows = []
     for n_threads in threads:
@@ -127,30 +152,59 @@ def bench_dtype(
                 "off": partial(time_engine, model, prompts),
                 "on": partial(time_engine, patched, prompts),
             }
+            # mean context of the timed decode steps (the 2nd to the Nth token)
+            context = sum(map(len, prompts)) / batch + new_tokens / 2
             with intra_op_threads(n_threads):
                 r = rates(runs, batch, new_tokens, repeats)
+                probes.setdefault(n_threads, []).append(copy_bandwidth(copy_mib))
+                roof = decode_roofline(shape, batch, context, dtype, max(probes[n_threads]))
             name = str(dtype).removeprefix("torch.")
-            rows.append({"dtype": name, "threads": n_threads, "batch": batch, **r})
+            rows.append(
+                {"dtype": name, "threads": n_threads, "batch": batch, **r, "roof": roof}
+                | {"prompt": prompts[0]}
+            )
             print(
                 f"  {name} {n_threads} thr batch {batch}: on {r['on']:.1f}  off {r['off']:.1f}  "
-                f"hf {r['hf']:.1f} decode tokens/s",
+                f"hf {r['hf']:.1f} decode tokens/s; limit {roof.tokens_per_second:.1f} "
+                f"({roof.bound})",
                 flush=True,
             )
     return rows
 
 
-def markdown_table(rows: list[dict]) -> str:
-    lines = [
-        "| dtype | threads | batch | (a) invariant tok/s | (b) off tok/s | (c) HF tok/s | (a)/(c) | (b)/(c) | (a)/(c) with prefill | (b)/(c) with prefill |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+COLUMNS = (
+    "| dtype | threads | batch | (a) invariant tok/s | (b) off tok/s | (c) HF tok/s | (a)/(c) "
+    "| (b)/(c) | (a)/(c) with prefill | (b)/(c) with prefill | MB / step | copy GB/s "
+    "| GFLOP / step | GEMM GFLOP/s | bytes limit tok/s | FLOP limit tok/s | bound "
+    "| (a) / limit | (a) / bytes limit | (c) / limit |"
+)
+
+
+def markdown_table(rows: list[dict], bandwidth: dict[int, float]) -> str:
+    """The rows, each roofline at its thread count's best bandwidth probe (`bandwidth`)."""
+    lines = [COLUMNS, "|---|---:|---:|" + "---:|" * 13 + "---|---:|---:|---:|"]
     for r in rows:
+        roof = dataclasses.replace(r["roof"], bandwidth=bandwidth[r["threads"]])
         lines.append(
             f"| {r['dtype']} | {r['threads']} | {r['batch']} | {r['on']:.1f} | {r['off']:.1f} "
             f"| {r['hf']:.1f} | {r['on'] / r['hf']:.2f}x | {r['off'] / r['hf']:.2f}x "
-            f"| {r['on_e2e'] / r['hf_e2e']:.2f}x | {r['off_e2e'] / r['hf_e2e']:.2f}x |"
+            f"| {r['on_e2e'] / r['hf_e2e']:.2f}x | {r['off_e2e'] / r['hf_e2e']:.2f}x "
+            f"| {roof.step_bytes / 1e6:.4g} | {roof.bandwidth:.1f} | {roof.step_flops / 1e9:.4g} "
+            f"| {roof.peak:.1f} | {_rate(roof, roof.memory_seconds):.1f} "
+            f"| {_rate(roof, roof.compute_seconds):.1f} | {roof.bound} "
+            f"| {roof.fraction(r['on']):.2g} | {r['on'] / _rate(roof, roof.memory_seconds):.2g} "
+            f"| {roof.fraction(r['hf']):.2g} |"
         )
     return "\n".join(lines)
+
+
+def _rate(roof: Roofline, seconds: float) -> float:
+    """Tokens/s of a step that takes `seconds`."""
+    return roof.batch / seconds
+
+
+GRPO = {"prompts": 8, "prompt_tokens": 256, "samples": 8, "new_tokens": 64, "threads": 2}
+GRPO_TINY = {"prompts": 2, "prompt_tokens": 16, "samples": 2, "new_tokens": 3, "threads": 1}
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -165,7 +219,11 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument(
         "--threads", type=int, nargs="+", default=[1, 2], help="torch intra-op thread counts"
     )
+    parser.add_argument(
+        "--no-grpo", action="store_true", help="skip the GRPO-shaped sharing on / off case"
+    )
     args = parser.parse_args(argv)
+    grpo, copy_mib = dict(GRPO), 512
     if args.quick:
         args.dtype, args.batch, args.repeats, args.threads = ["bfloat16"], [8], 1, [1]
     if args.tiny:
@@ -176,10 +234,12 @@ def main(argv: list[str] | None = None) -> str:
             1,
             [1],
         )
+        grpo, copy_mib = dict(GRPO_TINY), 16
     if args.new_tokens < 2:
         raise ValueError(f"--new-tokens must be >= 2, got {args.new_tokens}")
     logging.basicConfig(level=logging.WARNING)
     print(f"{args.model}, {args.new_tokens} new tokens", flush=True)
+    probes: dict[int, list[float]] = {}
     rows = []
     for name in args.dtype:
         rows += bench_dtype(
@@ -189,11 +249,32 @@ def main(argv: list[str] | None = None) -> str:
             args.new_tokens,
             args.repeats,
             args.model,
+            probes=probes,
+            copy_mib=copy_mib,
         )
-    table = markdown_table(rows)
+    bandwidth = {n: max(values) for n, values in probes.items()}
+    for n, values in probes.items():
+        listed = ", ".join(f"{v:.1f}" for v in values)
+        print(f"  copy bandwidth probes, {n} threads: {listed} GB/s (best counts)", flush=True)
+    tables = [markdown_table(rows, bandwidth)]
+    if not args.no_grpo:
+        tables.append(grpo_table(args.model, grpo, args.repeats))
     print()
-    print(table)
-    return table
+    print("\n\n".join(tables))
+    print()
+    print(orientation_line(rows[0]["prompt"], args.new_tokens, max(args.threads)))
+    return "\n\n".join(tables)
+
+
+def grpo_table(spec: str, shape: dict, repeats: int) -> str:
+    """The GRPO-shaped case (grpo_rollout.py) on the patched model in bf16."""
+    model, _ = load_model(spec, dtype=torch.bfloat16)
+    apply_batch_invariant(model)
+    row = grpo_rollout.bench_grpo(model, repeats=repeats, **shape)
+    print(
+        f"  GRPO {row['shape']}: sharing on {row['on']:.2f} s, off {row['off']:.2f} s", flush=True
+    )
+    return grpo_rollout.markdown_table(row)
 
 
 if __name__ == "__main__":

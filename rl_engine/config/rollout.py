@@ -31,6 +31,9 @@ class RolloutConfig(SamplingKeys):
     """Number of rollout engines (Ray actors)."""
     max_batch_size: int = 8
     """Most sequences one engine decodes at once."""
+    share_prompt_prefill: bool = True
+    """Samples of one prompt share one prefill (its KV rows copied into each sample's slot);
+    tokens and logprobs stay bit for bit those of a prefill per sample."""
     prompts_per_step: int = 4
     """Prompts sampled per training step."""
     samples_per_prompt: int = 4
@@ -85,6 +88,7 @@ class RolloutConfig(SamplingKeys):
         check_choice("rollout.placement", self.placement, PLACEMENTS)
         if self.source is not None:
             check_text("rollout.source", self.source)
+        check_bool("rollout.share_prompt_prefill", self.share_prompt_prefill)
         check_bool("rollout.save", self.save)
         check_bool("rollout.filter_groups", self.filter_groups)
         check_choice(

@@ -219,8 +219,15 @@ def diagnose_mode(config: RunConfig, invariant: bool) -> ModeResult:
         seed=config.seed,
     )
     prompts = task.prompts(config.rollout.prompts_per_step, 0)
-    engine = RolloutEngine(model, device="cpu", max_batch_size=config.rollout.max_batch_size)
     moe = bool(moe_layers(model))
+    # the routing trace reads every sequence's prompt from a prefill forward in its own slot:
+    # a shared prefill (copied KV rows) has none
+    engine = RolloutEngine(
+        model,
+        device="cpu",
+        max_batch_size=config.rollout.max_batch_size,
+        share_prompt_prefill=not moe,
+    )
     with EngineRoutingTrace(model) if moe else nullcontext() as trace:
         completions = engine.generate(prompts, _sampling(config, config.rollout.samples_per_prompt))
     mbs, packing = config.trainer.micro_batch_size, config.trainer.packing

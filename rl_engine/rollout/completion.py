@@ -46,10 +46,21 @@ class Request:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    shares_prefill: bool = True
+    """Whether its prefill may be shared with requests of the same prompt (prompt_sharing.py).
+    False for a prefill that continues a transcript after an environment turn (multi-turn:
+    `generate(..., after_env_turn=True)`): a group's transcripts diverge, and such a prefill
+    always runs on its own."""
 
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.token_ids)
+
+    @property
+    def share_key(self) -> tuple[int, ...] | None:
+        """What its prefill is shared by: the full token list it prefills at admission (None:
+        it never shares)."""
+        return tuple(self.prompt_ids) if self.shares_prefill else None
 
     @property
     def finished(self) -> bool:

@@ -6,7 +6,9 @@ runs them to their end by continuous batching (scheduler.py): at most
 (right-padded, or, patched and with prompts of different lengths, packed into one
 row with segment-aware attention) and decoded one token per forward; a finished
 request frees its slot at once. The forwards, the scoring and the draw of each
-token are the stepper's (stepper.py).
+token are the stepper's (stepper.py). With `share_prompt_prefill` (the default) the
+samples of one prompt share one prefill: it runs once and the other slots copy its KV
+rows (prompt_sharing.py); with a patched model the bits are those of a prefill per sample.
 
 Logprobs. With a patched model (`rl_engine.patching.apply_batch_invariant`) every
 recorded logprob equals the trainer's teacher-forced recompute bit for bit (see
@@ -33,6 +35,7 @@ import torch
 from torch import nn
 
 from rl_engine.devices import check_device
+from rl_engine.fields import check_bool
 from rl_engine.patching import is_patched, patch_handle
 from rl_engine.patching.attention import PLAIN_CACHED_NAME, register_plain_cached_attention
 from rl_engine.rollout.checks import (
@@ -68,6 +71,9 @@ class RolloutEngine:
     built. max_batch_size: most sequences decoded at once. max_seq_len: most
     positions of prompt + completion (default: the model's
     max_position_embeddings). progress: tqdm bar; None = only on a TTY.
+    share_prompt_prefill: run each distinct prompt through the model once per call and
+    copy its KV rows into the other samples' slots (prompt_sharing.py); False: one
+    prefill per sample.
     """
 
     def __init__(
@@ -79,11 +85,14 @@ class RolloutEngine:
         max_seq_len: int | None = None,
         weight_version: int = 0,
         progress: bool | None = None,
+        share_prompt_prefill: bool = True,
     ):
         self.device = check_device(device)
         check_model(model, self.device)
         self.model = model
         self.max_batch_size = check_max_batch_size(max_batch_size)
+        check_bool("share_prompt_prefill", share_prompt_prefill)
+        self.share_prompt_prefill = share_prompt_prefill
         self.max_seq_len = resolve_max_seq_len(model, max_seq_len)
         self.weight_version = check_version(weight_version)
         self.progress = progress
@@ -104,9 +113,15 @@ class RolloutEngine:
         sampling: SamplingParams | None = None,
         *,
         progress: bool | None = None,
+        after_env_turn: bool = False,
     ) -> list[Completion]:
-        """Sample `sampling.n` completions per prompt; returned prompt-major, then by sample index."""
+        """Sample `sampling.n` completions per prompt; returned prompt-major, then by sample index.
+
+        after_env_turn: the prompts continue transcripts after an environment turn
+        (multi-turn); their prefills never share (a group's transcripts diverge), whatever
+        `share_prompt_prefill` says."""
         self._check_weights_complete()
+        check_bool("after_env_turn", after_env_turn)
         sampling = check_sampling(sampling)
         prompt_ids = check_prompts(
             prompts,
@@ -118,7 +133,9 @@ class RolloutEngine:
         if not prompt_ids:
             return []
         requests = [
-            Request(p, s, ids, request_generator(sampling.seed, p, s))
+            Request(
+                p, s, ids, request_generator(sampling.seed, p, s), shares_prefill=not after_env_turn
+            )
             for p, ids in enumerate(prompt_ids)
             for s in range(sampling.n)
         ]

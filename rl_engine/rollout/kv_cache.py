@@ -28,6 +28,11 @@ A packed prefill (several prompts concatenated in one row, `rl_engine.packing`)
 binds with `bind_packed(token_slots, positions)`: every token names its own slot.
 Its attention runs on the packed keys themselves (segment-aware), so the hook
 only stores them: `cache.store(layer_idx, key, value)`.
+
+Between forwards, `copy_rows(source, targets, length)` copies positions [0, length) of one
+slot into others, in every layer: how samples of one prompt share its prefill (the rows a
+prefill writes depend on the prompt alone, so a copy has the bits a prefill of its own
+would write).
 """
 
 from __future__ import annotations
@@ -105,6 +110,26 @@ class SlotKVCache:
 
     def unbind(self) -> None:
         self._bound = False
+
+    def copy_rows(self, source: int, targets: list[int], length: int) -> None:
+        """Copy the keys and values of positions [0, length) of slot `source` into each slot of
+        `targets`, in every layer (between forwards; the source must have been written)."""
+        if self._bound:
+            raise RuntimeError("SlotKVCache.copy_rows called inside a bound forward")
+        if not self._keys:
+            raise RuntimeError("SlotKVCache.copy_rows: no forward has written the cache yet")
+        slots = [source, *targets]
+        if len(set(slots)) != len(slots) or not all(0 <= s < self.num_slots for s in slots):
+            raise ValueError(
+                f"copy_rows needs distinct slots in [0, {self.num_slots}), got source {source} "
+                f"and targets {targets}"
+            )
+        if not 1 <= length <= self.capacity:
+            raise ValueError(f"length must be in [1, {self.capacity}], got {length}")
+        index = torch.tensor(targets, device=self.device)
+        for buffers in (self._keys, self._values):
+            for buf in buffers.values():  # (S, Hkv, capacity, D)
+                buf[index, :, :length] = buf[source, :, :length]
 
     def bound(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(slots (B,), q_positions (B, Tq)) of the forward being run: which sequence and position

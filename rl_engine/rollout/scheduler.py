@@ -6,7 +6,9 @@ iteration admits waiting requests into the lowest free slots and prefills them
 request that samples EOS / a stop token or reaches `max_new_tokens` frees its slot
 at once, so batch composition and cache lengths change from step to step.
 Admission, release and stops depend only on the requests and their token streams,
-so every rank of a tensor-parallel engine schedules alike.
+so every rank of a tensor-parallel engine schedules alike. Which admitted requests
+share a prefill (prompt_sharing.py) is the stepper's concern: it changes neither
+the order of admission nor the slots.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ class GenerateStats:
     """What the last `generate` call did (for tests, logging and benchmarks)."""
 
     slots: int = 0
-    prefill_forwards: int = 0
+    prefill_forwards: int = 0  # forwards run (an admission whose every prompt was shared runs none)
     packed_prefills: int = 0  # prefill forwards that ran packed (see _Stepper.prefill)
+    shared_prefills: int = 0  # sequences that copied another slot's prompt rows, not prefilled
+    prefill_tokens: int = 0  # prompt tokens run through the model
     decode_forwards: int = 0
     admitted_while_running: int = 0  # sequences prefilled into a slot freed mid-run
     batch_sizes: list[int] = field(
@@ -50,8 +54,11 @@ def run_continuous_batching(
     while waiting or running:
         admitted = _admit(waiting, free)
         if admitted:
-            stats.packed_prefills += step.prefill(admitted)
-            stats.prefill_forwards += 1
+            prefill = step.prefill(admitted)
+            stats.prefill_forwards += prefill.forwards
+            stats.packed_prefills += prefill.packed
+            stats.shared_prefills += prefill.shared
+            stats.prefill_tokens += prefill.tokens
             stats.admitted_while_running += len(admitted) if running else 0
         active = running + admitted
         running = [r for r in active if not r.finished]

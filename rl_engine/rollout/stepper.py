@@ -1,7 +1,9 @@
 """The forwards of one `generate` call: prefill or decode a batch of requests, score, sample.
 
 A prefill runs the prompts of newly admitted requests, right-padded or, when the
-engine says so, packed into one row with segment-aware attention; a decode feeds
+engine says so, packed into one row with segment-aware attention; with the engine's
+`share_prompt_prefill`, one request per prompt runs and the others copy its KV rows and
+its logprob row (prompt_sharing.py); a decode feeds
 every running request's last token (one query each). Both write the KV cache
 through the attention hook (`rl_kv_cache`) and score each row's last hidden state:
 patched, through the `lm_head` and `log_softmax` ops the model was patched with
@@ -13,6 +15,7 @@ generator (`sample_token`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,12 +29,23 @@ from rl_engine.patching import (
 )
 from rl_engine.rollout.completion import Request
 from rl_engine.rollout.kv_cache import SlotKVCache
+from rl_engine.rollout.prompt_sharing import PromptSharing, SharePlan
 from rl_engine.rollout.sampling import SamplingParams, sample_token
 
 if TYPE_CHECKING:
     from rl_engine.rollout.engine import RolloutEngine
 
 PAD_ID = 0  # fills the right padding of a ragged prefill; never attended to, never scored
+
+
+@dataclass(frozen=True)
+class PrefillOutcome:
+    """What one admission's prefill did (counted in GenerateStats)."""
+
+    forwards: int  # 0 (every admitted request copied a live slot's prompt) or 1
+    packed: bool  # the forward ran packed
+    shared: int  # requests that copied another slot's prompt rows instead of prefilling
+    tokens: int  # prompt tokens run through the model
 
 
 class _Stepper:
@@ -41,30 +55,40 @@ class _Stepper:
         self.engine, self.model, self.cache, self.sampling = engine, engine.model, cache, sampling
         self.device = engine.device
         self.temperature = sampling.logprob_temperature
+        self.sharing = PromptSharing(engine.share_prompt_prefill)
         if engine.batch_invariant:
             self._lm_head = model_op(self.model, "lm_head")
             self._log_softmax = model_op(self.model, "log_softmax")
             self._head_params = lm_head_parameters(self.model)
 
-    def prefill(self, requests: list[Request]) -> bool:
-        """Run the prompts of newly admitted requests and sample their first token: packed
-        into one row (`_packed_prefill`) when the engine packs prompts of these lengths,
-        else right-padded. Returns whether it ran packed."""
+    def prefill(self, requests: list[Request]) -> PrefillOutcome:
+        """Give newly admitted requests their prompt's KV rows and sample their first token:
+        the prompts the sharing plan runs go through one forward (`_prefill_forward`), the
+        other requests copy a slot's rows; each draws from its prompt's logprob row."""
         requests = sorted(requests, key=lambda r: r.slot)
+        plan = self.sharing.plan(requests)
+        logp, packed = self._prefill_forward(plan.run) if plan.run else (None, False)
+        self._copy_prompt_rows(plan)
+        self._sample(requests, self.sharing.first_logprobs(requests, plan, logp))
+        tokens = sum(len(r.prompt_ids) for r in plan.run)
+        return PrefillOutcome(int(bool(plan.run)), packed, len(plan.copies), tokens)
+
+    def _prefill_forward(self, requests: list[Request]) -> tuple[torch.Tensor | None, bool]:
+        """((B, V) logprobs at each prompt's last position (None on a rank that does not
+        score), whether it ran packed): packed into one row (`_packed_prefill`) when the
+        engine packs prompts of these lengths, else right-padded."""
         lengths = [len(r.prompt_ids) for r in requests]
         if self.engine._packs_prefill(lengths):
-            self._packed_prefill(requests)
-            return True
+            return self._packed_prefill(requests), True
         ids = torch.full((len(requests), max(lengths)), PAD_ID, dtype=torch.long)  # (B, T)
         positions = torch.full(ids.shape, -1, dtype=torch.long)  # (B, T), -1 = padding
         for row, n in enumerate(lengths):
             ids[row, :n] = torch.tensor(requests[row].prompt_ids)
             positions[row, :n] = torch.arange(n)
         last = torch.tensor(lengths) - 1  # (B,)
-        self._step(requests, ids, positions, last)
-        return False
+        return self._score(requests, ids, positions, last), False
 
-    def _packed_prefill(self, requests: list[Request]) -> None:
+    def _packed_prefill(self, requests: list[Request]) -> torch.Tensor | None:
         """The prompts concatenated in one row (positions restarting at 0): segment-aware
         attention on the row's own keys, which the cache stores for decoding (`bind_packed`).
         Every token gets the bits of the padded prefill (the invariant ops are row-wise)."""
@@ -77,7 +101,15 @@ class _Stepper:
         packed = PackedSegments(positions, segments.to(self.device))
         self.cache.bind_packed(token_slots.to(self.device), positions)
         hidden = self._forward(ids, positions, **{PACKED_KWARG: packed})  # (1, N, H)
-        self._sample(requests, self._logprobs(hidden[0, last.to(self.device)]))
+        return self._logprobs(hidden[0, last.to(self.device)])
+
+    def _copy_prompt_rows(self, plan: SharePlan) -> None:
+        """Each copying request's prompt rows from its source slot (grouped by source)."""
+        by_source: dict[tuple[int, int], list[int]] = {}
+        for request, source in plan.copies:
+            by_source.setdefault((source, len(request.prompt_ids)), []).append(request.slot)
+        for (source, length), targets in by_source.items():
+            self.cache.copy_rows(source, targets, length)
 
     def decode(self, requests: list[Request]) -> None:
         """Feed every request's last sampled token (one query each) and sample the next."""
@@ -87,11 +119,16 @@ class _Stepper:
         self._step(requests, ids, positions, torch.zeros(len(requests), dtype=torch.long))
 
     def _step(self, requests, ids, positions, last) -> None:
+        self._sample(requests, self._score(requests, ids, positions, last))
+
+    def _score(self, requests, ids, positions, last) -> torch.Tensor | None:
+        """(B, V) logprobs of each row's token at column `last` (None on a rank that does not
+        score), after one forward that writes the requests' slots."""
         slots = torch.tensor([r.slot for r in requests], device=self.device)
         hidden = self._last_hidden(
             ids.to(self.device), positions.to(self.device), last.to(self.device), slots
         )
-        self._sample(requests, self._logprobs(hidden))
+        return self._logprobs(hidden)
 
     def _last_hidden(self, ids, positions, last, slots) -> torch.Tensor:
         """(B, H) final-norm hidden state of each row's token at column `last`."""

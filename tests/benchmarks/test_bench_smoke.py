@@ -130,10 +130,23 @@ def test_bench_kernels_native_linear(capsys):
 
 
 def test_bench_rollout_decode(capsys):
-    (rows,) = bench(capsys, "rollout")
+    """The decode rows with the roofline beside them, and the GRPO-shaped case (the benchmark
+    raises if sharing the prefill changed a token or a logprob)."""
+    rows, grpo = bench(capsys, "rollout")
     assert {r["dtype"] for r in rows} == DTYPES
     rates = ("(a) invariant tok/s", "(b) off tok/s", "(c) HF tok/s")
     assert_figures(rows, ratios=(*rates, "(a)/(c)", "(a)/(c) with prefill"))
+    roofline = ("MB / step", "copy GB/s", "GFLOP / step", "GEMM GFLOP/s")
+    limits = ("bytes limit tok/s", "FLOP limit tok/s")
+    fractions = ("(a) / limit", "(a) / bytes limit", "(c) / limit")
+    assert_figures(rows, ratios=(*roofline, *limits, *fractions))
+    assert {r["bound"] for r in rows} <= {"memory", "compute"}
+    (row,) = grpo
+    assert row["tokens and logprobs"] == "equal"
+    on, off = "whole call s, sharing on", "whole call s, off"
+    first = ("1-token call s, on", "1-token call s, off")
+    assert_figures(grpo, times=(on, off, *first), ratios=("off / on", "shared prefills"))
+    assert number(row["prefill tokens on"]) < number(row["prefill tokens off"])
 
 
 def test_bench_rollout_prefill(capsys):

@@ -13,6 +13,7 @@ import torch
 from rl_engine.logprobs import token_logprobs
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant
+from rl_engine.rollout import RolloutEngine, SamplingParams
 
 DENSE_FAMILIES = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral")
 MOE_FAMILIES = ("tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-olmoe")
@@ -162,3 +163,40 @@ def recompute_packed(
         completion_slice(out[i], 0, len(c.prompt_ids), len(seqs[i]))
         for i, c in enumerate(completions)
     ]
+
+
+SHARING_PROMPT_LENGTHS = (5, 23, 1, 12, 40)
+SHARING_SLOTS = 6  # 28 requests of the sharing scenario through 6 slots
+
+
+def sharing_scenario_prompts(vocab: int) -> list[list[int]]:
+    """7 prompts of mixed lengths; prompts 3 and 6 repeat prompts 1 and 0 (identical prompts
+    across groups)."""
+    prompts = random_prompts(vocab, SHARING_PROMPT_LENGTHS, seed=3)
+    return prompts[:3] + [prompts[1]] + prompts[3:] + [prompts[0]]
+
+
+def sharing_scenario_sampling(vocab: int) -> SamplingParams:
+    stops = stop_ids(vocab, vocab // 15)
+    return SamplingParams(
+        n=4,
+        max_new_tokens=12,
+        temperature=0.8,
+        seed=2,
+        eos_token_id=stops[0],
+        stop_token_ids=stops[1:],
+    )
+
+
+def generate_sharing_scenario(model, share: bool):
+    """(completions, GenerateStats) of the prompt-sharing scenario (test_prompt_sharing.py)."""
+    vocab = model.config.vocab_size
+    engine = RolloutEngine(
+        model,
+        device="cpu",
+        max_batch_size=SHARING_SLOTS,
+        progress=False,
+        share_prompt_prefill=share,
+    )
+    completions = engine.generate(sharing_scenario_prompts(vocab), sharing_scenario_sampling(vocab))
+    return completions, engine.last_stats

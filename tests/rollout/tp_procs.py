@@ -68,6 +68,36 @@ def generate_tp1(key: str, dtype: str) -> dict:
     return record(engine.generate(PROMPTS, sampling()), engine.last_stats)
 
 
+def generate_sharing(key: str, dtype: str, *, share: bool, tp_engine: bool = False) -> dict:
+    """The prompt-sharing scenario (tests/rollout/test_prompt_sharing.py) on a TP = 1 engine
+    or, `tp_engine`, on this rank of a TP engine; its record and its prefill counts."""
+    from rl_engine.rollout import RolloutEngine
+    from rl_engine.rollout.tp import TensorParallelEngine
+    from tests.rollout.helpers import (
+        SHARING_SLOTS,
+        sharing_scenario_prompts,
+        sharing_scenario_sampling,
+    )
+
+    model = build(key, dtype)
+    engine_class = TensorParallelEngine if tp_engine else RolloutEngine
+    engine = engine_class(
+        model, device="cpu", max_batch_size=SHARING_SLOTS, share_prompt_prefill=share
+    )
+    vocab = model.config.vocab_size
+    prompts, sampling = sharing_scenario_prompts(vocab), sharing_scenario_sampling(vocab)
+    completions = engine.generate(prompts, sampling)
+    stats = engine.last_stats
+    out = record(completions, stats)
+    out.update(shared_prefills=stats.shared_prefills, prefill_forwards=stats.prefill_forwards)
+    return out
+
+
+def generate_sharing_on_ranks(key: str, dtype: str, rank: int, world: int) -> dict:
+    """`generate_sharing` with sharing on, on every rank of a TP engine."""
+    return generate_sharing(key, dtype, share=True, tp_engine=True)
+
+
 def save_weights(key: str, dtype: str, folder) -> str:
     """The seed-0 weights of `key`: an HF folder (tiny-llama: its tied head is not stored)
     or, for other models, a job checkpoint's weights file."""

@@ -6,7 +6,9 @@ scheduler decides: rank 0 alone gathers the full row of logits, takes the
 log_softmax and samples; it broadcasts each step's tokens and logprobs, and
 every rank appends exactly those. Admission, slot release and stop conditions
 are a function of that token stream and the (checked identical) request, so
-every rank's batches are rank 0's. Every logit is one full-K chain computed on
+every rank's batches are rank 0's. Which requests share a prompt's prefill is a
+function of the same requests and slots, so every rank copies the same slots' rows
+(each its own KV heads). Every logit is one full-K chain computed on
 one rank and the gathers copy bits: completions and logprobs are those of the
 TP = 1 engine, bit for bit.
 
@@ -56,6 +58,7 @@ class TensorParallelEngine(RolloutEngine):
         max_seq_len: int | None = None,
         weight_version: int = 0,
         progress: bool | None = None,
+        share_prompt_prefill: bool = True,
     ):
         self.shards = ShardGroup(group)
         super().__init__(
@@ -65,6 +68,7 @@ class TensorParallelEngine(RolloutEngine):
             max_seq_len=max_seq_len,
             weight_version=weight_version,
             progress=progress if self.shards.rank == 0 else False,
+            share_prompt_prefill=share_prompt_prefill,
         )
         self.layout = shard_model(model, self.shards)
 
@@ -76,12 +80,23 @@ class TensorParallelEngine(RolloutEngine):
     def tensor_parallel_size(self) -> int:
         return self.shards.world
 
-    def generate(self, prompts, sampling: SamplingParams | None = None, *, progress=None):
-        """As `RolloutEngine.generate`; every rank must pass the same prompts and sampling
-        (checked: a ValueError on every rank otherwise)."""
-        self._check_same_request(prompts, sampling)
+    def generate(
+        self,
+        prompts,
+        sampling: SamplingParams | None = None,
+        *,
+        progress=None,
+        after_env_turn: bool = False,
+    ):
+        """As `RolloutEngine.generate`; every rank must pass the same prompts, sampling and
+        after_env_turn, and have the same share_prompt_prefill (checked: a ValueError on every
+        rank otherwise)."""
+        self._check_same_request(prompts, sampling, after_env_turn)
         return super().generate(
-            prompts, sampling, progress=progress if self.tp_rank == 0 else False
+            prompts,
+            sampling,
+            progress=progress if self.tp_rank == 0 else False,
+            after_env_turn=after_env_turn,
         )
 
     def load_weights(self, state_dict, version: int) -> None:
@@ -105,12 +120,15 @@ class TensorParallelEngine(RolloutEngine):
     def _make_stepper(self, cache, sampling: SamplingParams) -> _Stepper:
         return _ShardedStepper(self, cache, sampling)
 
-    def _check_same_request(self, prompts, sampling) -> None:
-        digest = hashlib.blake2b(repr((_plain(prompts), sampling)).encode(), digest_size=16)
+    def _check_same_request(self, prompts, sampling, after_env_turn: bool) -> None:
+        # the sharing flags decide which prompts a prefill forward runs: ranks must agree
+        request = (_plain(prompts), sampling, self.share_prompt_prefill, after_env_turn)
+        digest = hashlib.blake2b(repr(request).encode(), digest_size=16)
         digests = self.shards.gather_objects(digest.hexdigest())
         if len(set(digests)) != 1:
             raise ValueError(
                 "the ranks of a tensor-parallel engine were given different prompts or sampling "
+                "(or prefill sharing) "
                 f"(request digests by rank: {digests}); every rank must generate the same request"
             )
 

@@ -70,7 +70,8 @@ def generate_tensor_parallel(
 
     build_model(): the same model (weights, dtype, patching) on every rank, on `device`
     (each rank calls it; cuda ranks have their own device current). engine_kwargs go to
-    `TensorParallelEngine` (max_batch_size, max_seq_len, weight_version)."""
+    `TensorParallelEngine` (max_batch_size, max_seq_len, weight_version,
+    share_prompt_prefill)."""
     prompts = [list(p) for p in prompts]
     fn = partial(_generate, build_model, prompts, sampling, device, engine_kwargs)
     return launch(fn, tensor_parallel_size, device=device, threads_per_rank=threads_per_rank)

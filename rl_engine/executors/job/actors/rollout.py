@@ -39,7 +39,11 @@ class RolloutActor(JobActor):
 
         quiet_model_loading()
         config = self.config
-        device, batch = actor_device(config), config.rollout.max_batch_size
+        device = actor_device(config)
+        engine_args = {  # the engine arguments the run config sets
+            "max_batch_size": config.rollout.max_batch_size,
+            "share_prompt_prefill": config.rollout.share_prompt_prefill,
+        }
         if config.rollout.tensor_parallel_size > 1:
             self._join_tp_group(device, tp_address, tp_port)
         if config.rollout.tensor_parallel_size > 1 and has_safetensors(config.model):
@@ -51,7 +55,7 @@ class RolloutActor(JobActor):
                 dtype=config.torch_dtype,
                 device=device,
                 patch=config.batch_invariant,
-                max_batch_size=batch,
+                **engine_args,
             )
             model = self.engine.model
         else:
@@ -63,9 +67,9 @@ class RolloutActor(JobActor):
             if config.rollout.tensor_parallel_size > 1:
                 from rl_engine.rollout.tp import TensorParallelEngine
 
-                self.engine = TensorParallelEngine(model, device=device, max_batch_size=batch)
+                self.engine = TensorParallelEngine(model, device=device, **engine_args)
             else:
-                self.engine = RolloutEngine(model, device=device, max_batch_size=batch)
+                self.engine = RolloutEngine(model, device=device, **engine_args)
         release_free_heap()
         return {
             "vocab_size": model.config.vocab_size,
@@ -87,10 +91,13 @@ class RolloutActor(JobActor):
             timeout=timedelta(seconds=self.config.trainer.collective_timeout_s),
         )
 
-    def generate(self, prompts, sampling):
-        """(completions, seconds spent generating)."""
+    def generate(self, prompts, sampling, after_env_turn: bool = False):
+        """(completions, seconds spent generating); after_env_turn: the prompts continue
+        transcripts after an environment turn (their prefills never share)."""
         started = time.perf_counter()
-        completions = self.engine.generate(prompts, sampling, progress=False)
+        completions = self.engine.generate(
+            prompts, sampling, progress=False, after_env_turn=after_env_turn
+        )
         seconds = time.perf_counter() - started
         release_free_heap()
         return completions, seconds
