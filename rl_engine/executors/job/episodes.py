@@ -112,7 +112,9 @@ def _turns_on_engines(engines: list[ActorInfo], requests: list[TurnRequest], sam
     per_engine = [
         replace(sampling, n=1, seed=turn_seed(sampling.seed, turn, k)) for k in range(count)
     ]
-    return generate_on_engines(engines, [r.ids for r in requests], per_engine)
+    prompts = [r.ids for r in requests]
+    # turns count from 1: turn 1 is the prompt itself, later ones continue after an observation
+    return generate_on_engines(engines, prompts, per_engine, after_env_turn=turn > 1)
 
 
 def turn_seed(seed: int, turn: int, engine: int) -> int:

@@ -202,15 +202,24 @@ class StepGeneration:
         return completions
 
 
-def generate_on_engines(engines: list[ActorInfo], prompts: list[list[int]], sampling):
+def generate_on_engines(
+    engines: list[ActorInfo], prompts: list[list[int]], sampling, *, after_env_turn: bool = False
+):
     """Prompts spread over the engines: (completions in prompt order, the slowest engine's
     seconds). Every TP rank of an engine gets its engine's prompts; its rank 0 answers.
-    `sampling`: one SamplingParams for every engine, or a list of one per engine."""
+    `sampling`: one SamplingParams for every engine, or a list of one per engine.
+    `after_env_turn`: the prompts continue transcripts after an environment turn (no prefill
+    sharing: a group's transcripts have diverged)."""
     count = len(engine_leads(engines))
     per_engine = sampling if isinstance(sampling, list) else [sampling] * count
     shards = [list(range(i, len(prompts), count)) for i in range(count)]
     calls = [
-        (e, e.handle.generate.remote([prompts[j] for j in shards[e.rank]], per_engine[e.rank]))
+        (
+            e,
+            e.handle.generate.remote(
+                [prompts[j] for j in shards[e.rank]], per_engine[e.rank], after_env_turn
+            ),
+        )
         for e in engines
     ]
     answers = [answer for e, answer in zip(engines, gather(calls)) if not e.tp_rank]
