@@ -6,7 +6,8 @@ session and through the job's whole-transcript turns: the same tokens, masks, fi
 and bit-equal logprobs, each equal to the trainer's recompute; the session prefilled fewer
 tokens. One turn that mixes a prefill at an offset of 1 token, one of several, a new key
 prefilling from 0 in the slot an ended key freed, and decodes of all of them together. The
-errors: n > 1, more keys than slots, repeated keys, a weight change under a held cache.
+errors: n > 1, more keys than slots, repeated keys, a weight change under a held cache, a
+tensor-parallel engine.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from rl_engine.envs import EpisodeLimits, TurnCodec, run_episodes
 from rl_engine.rollout import RolloutEngine, SamplingParams
+from rl_engine.rollout.tp import TensorParallelEngine
 from tests.envs.scripted import Answer, engine_turns
 from tests.envs.test_engine_parity import PROMPT_LENGTHS, _policy_logprobs
 from tests.rollout.helpers import DENSE_FAMILIES, patched_model, random_prompts
@@ -123,6 +125,8 @@ def test_errors():
         session.generate([(0, prompts[0]), (0, prompts[1])], SAMPLING)
     with pytest.raises(ValueError, match="num_slots must be a positive int"):
         engine.turn_session(0, 32)
+    with pytest.raises(NotImplementedError, match="tensor-parallel"):
+        TensorParallelEngine.turn_session(engine, 2, 32)  # its ranks do not check their calls
     session.generate([(0, prompts[0])], SAMPLING)
     engine.load_weights(model.state_dict(), 5)
     with pytest.raises(RuntimeError, match="weight version"):
