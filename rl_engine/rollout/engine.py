@@ -51,6 +51,7 @@ from rl_engine.rollout.kv_cache import SlotKVCache
 from rl_engine.rollout.sampling import SamplingParams, request_generator
 from rl_engine.rollout.scheduler import GenerateStats, run_continuous_batching
 from rl_engine.rollout.stepper import _Stepper
+from rl_engine.rollout.turn_session import TurnSession
 from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
 from rl_engine.rollout.weight_receiver import WeightReceiver
 from rl_engine.rollout.weights import copy_weights, plan_weight_copy
@@ -152,6 +153,13 @@ class RolloutEngine:
         self.last_stats.seconds = time.perf_counter() - start
         self._log_summary(requests, self.last_stats.seconds)
         return [r.completion(self.weight_version, sampling.logprob_temperature) for r in requests]
+
+    def turn_session(self, num_slots: int, capacity: int) -> TurnSession:
+        """A KV cache of `num_slots` sequences of at most `capacity` tokens that stay in their
+        slots between turns: `session.generate([(key, transcript), ...], sampling)` is
+        `generate(transcripts, sampling)` token for token, but prefills only what follows each
+        key's cached rows (turn_session.py)."""
+        return TurnSession(self, num_slots, capacity)
 
     def load_weights(self, state_dict, version: int) -> None:
         """Copy `state_dict` into the model in place and set `weight_version`; validates everything first."""
