@@ -93,6 +93,7 @@ def cmd_diagnose_rollouts(args) -> int:
         dtype=args.dtype,
         output_dir=args.output_dir or "runs/diagnose_rollouts",
         skip_bad_lines=args.skip_bad_lines,
+        adapter=args.adapter,
     )
     print(report.markdown())
     return 0 if report.exact else 1
@@ -109,6 +110,8 @@ def _check_diagnose_args(parser: argparse.ArgumentParser, args) -> None:
         False,
     ):
         parser.error("--model, --dtype and --skip-bad-lines go with diagnose --rollouts")
+    if args.rollouts is None and args.adapter is not None:
+        parser.error("--adapter goes with diagnose --rollouts (with --config: the adapter: key)")
     args.dtype = args.dtype or "float32"
 
 
@@ -215,6 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--model", help="with --rollouts: the model spec that sampled them")
     diag.add_argument(
         "--dtype", choices=["float32", "bfloat16"], help="with --rollouts (default float32)"
+    )
+    diag.add_argument(
+        "--adapter",
+        metavar="DIR",
+        help="with --rollouts: a PEFT adapter folder (rl-engine export RUN --to DIR) on --model",
     )
     diag.add_argument(
         "--skip-bad-lines",

@@ -163,18 +163,14 @@ def check_env(config: RunConfig) -> None:
 
 
 def check_lora(config: RunConfig) -> None:
-    """A LoRA policy (lora.rank > 0) runs on one-process engines, without a critic, patched."""
+    """A LoRA policy (lora.rank > 0) runs without a critic, patched (tensor-parallel engines
+    split its adapters: rl_engine/rollout/tp/shard_lora.py)."""
     if not config.lora.enabled:
         return
     if config.algorithm.name == "ppo":
         raise ValueError(
             "lora.rank > 0 with algorithm.name 'ppo' is not supported yet: the critic has no "
             "adapter of its own; use a critic-free algorithm or lora.rank 0"
-        )
-    if config.rollout.tensor_parallel_size > 1:
-        raise ValueError(
-            "lora.rank > 0 with rollout.tensor_parallel_size > 1 is not supported yet: the "
-            "tensor-parallel engine does not split adapters; use rollout.tensor_parallel_size 1"
         )
     if not config.batch_invariant:
         raise ValueError(

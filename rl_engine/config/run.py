@@ -46,6 +46,10 @@ class RunConfig:
 
     model: str = "tiny-llama"
     """`rl_engine.models.load_model` spec: tiny config name, smollm2-135m-instruct, or a path."""
+    adapter: str | None = None
+    """`rl-engine diagnose --config` only: a PEFT adapter folder (`rl-engine export RUN --to
+    DIR`) on `model`, the policy sampled and scored; a training run refuses it (its adapter
+    is the `lora:` section's)."""
     dtype: str = "float32"
     """'float32' or 'bfloat16': policy weights on both sides (DeepSpeed bf16 when bfloat16)."""
     seed: int = 0
@@ -87,6 +91,8 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_text("model", self.model)
+        if self.adapter is not None:
+            check_text("adapter", self.adapter)
         check_choice("dtype", self.dtype, tuple(DTYPES))
         check_int("seed", self.seed, 0)
         check_choice("device", self.device, DEVICES)

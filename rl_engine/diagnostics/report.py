@@ -68,10 +68,17 @@ class DiagnosisReport:
     model: str
     dtype: str
     results: list[ModeResult]
+    adapter: str | None = None
+    """The PEFT adapter folder on the model, or None."""
+
+    @property
+    def policy(self) -> str:
+        """The model, with its adapter when there is one."""
+        return self.model if self.adapter is None else f"{self.model} + adapter {self.adapter}"
 
     def markdown(self) -> str:
         lines = [
-            f"# Logprob mismatch: {self.model} ({self.dtype})",
+            f"# Logprob mismatch: {self.policy} ({self.dtype})",
             "",
             "| batch_invariant | tokens | exact match | max abs dlogp | mean abs dlogp | k3 KL | mean abs dprob | first divergence |",
             "|---|---:|---:|---:|---:|---:|---:|---|",
@@ -95,6 +102,7 @@ class DiagnosisReport:
     def as_dict(self) -> dict:
         return {
             "model": self.model,
+            "adapter": self.adapter,
             "dtype": self.dtype,
             "modes": {
                 f"batch_invariant={str(r.batch_invariant).lower()}": {
@@ -152,6 +160,13 @@ def _load(config: RunConfig, invariant: bool):
     from rl_engine.patching import apply_batch_invariant
 
     model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
+    if config.adapter is not None:
+        from rl_engine.patching.lora import check_adapter_shape
+        from rl_engine.patching.lora_adapter import load_adapter
+
+        load_adapter(model, config.adapter)
+        if config.lora.enabled:  # a run's config: its adapter must be the run's shape
+            check_adapter_shape(model, config.lora.rank, config.lora.scale)
     if invariant:
         apply_batch_invariant(model)
     return model, tokenizer
@@ -255,7 +270,7 @@ def diagnose_mode(config: RunConfig, invariant: bool) -> ModeResult:
 
 def run_diagnosis(config: RunConfig, output_dir: str | None = None) -> DiagnosisReport:
     results = [diagnose_mode(config, invariant) for invariant in (True, False)]
-    report = DiagnosisReport(config.model, config.dtype, results)
+    report = DiagnosisReport(config.model, config.dtype, results, config.adapter)
     write_report(report, Path(output_dir or Path(config.output_dir) / "diagnosis"), _plot)
     return report
 
@@ -336,7 +351,7 @@ def _plot(report: DiagnosisReport, path: Path) -> None:
     plot_report(
         report,
         path,
-        f"{report.model} ({report.dtype})",
+        f"{report.policy} ({report.dtype})",
         per_module,
         title="decode vs prefill, per module (execution order)",
         xlabel="module index",

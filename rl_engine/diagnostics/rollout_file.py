@@ -146,12 +146,18 @@ def diagnose_rollouts(
     dtype: str = "float32",
     output_dir: str | Path = "runs/diagnose_rollouts",
     skip_bad_lines: bool = False,
+    adapter: str | Path | None = None,
 ) -> RolloutDiagnosisReport:
     """Recompute every token of the file on the trainer path, invariance off then on; write the report.
 
+    `adapter`: a PEFT adapter folder (`rl-engine export RUN --to DIR`) on the base model
+    `model_spec`; with invariance on its layers compute the patched, unmerged LoRA expression
+    the rollout engine serves (rl_engine/patching/lora.py).
+
     Raises RolloutFileError (a ValueError listing every malformed line with its number,
     ids checked against the model's vocabulary) before computing anything, unless
-    `skip_bad_lines`; ValueError for an unknown dtype or model.
+    `skip_bad_lines`; ValueError for an unknown dtype or model, or an adapter that does not
+    fit the model (naming its file).
     """
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {list(DTYPES)}, got {dtype!r}")
@@ -159,6 +165,10 @@ def diagnose_rollouts(
     from rl_engine.models import load_model
 
     model, tokenizer = load_model(model_spec, dtype=DTYPES[dtype])
+    if adapter is not None:
+        from rl_engine.patching.lora_adapter import load_adapter
+
+        load_adapter(model, adapter)
     parsed = parse_episode_rollouts(path, vocab_size=model.config.vocab_size)
     parsed = _usable(parsed, skip_bad_lines)
     started = time.perf_counter()
@@ -174,7 +184,10 @@ def diagnose_rollouts(
     report = RolloutDiagnosisReport(
         model=str(model_spec),
         dtype=dtype,
-        results=results[::-1],  # invariant first, as in diagnose --config
+        results=results[::-1],
+        adapter=None
+        if adapter is None
+        else str(adapter),  # invariant first, as in diagnose --config
         source=str(path),
         lines_used=len(parsed.completions),
         bad_lines=parsed.bad_lines,
@@ -299,7 +312,7 @@ def _plot(report: RolloutDiagnosisReport, path: Path) -> None:
     plot_report(
         report,
         path,
-        f"{Path(report.source).name} vs {report.model} ({report.dtype})",
+        f"{Path(report.source).name} vs {report.policy} ({report.dtype})",
         by_position,
         title="|dlogp| by position in the completion (0 shown at 1e-12)",
         xlabel="completion position",

@@ -116,13 +116,13 @@ def add_lora(
         torch.manual_seed(seed)
         inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     model.to(dtype)  # the adapters in the model's dtype, like every other weight
-    _check_injected(model, set(targets))
+    check_injected(model, set(targets))
     for name, param in model.named_parameters():
         param.requires_grad_(is_adapter_name(name))
     return model
 
 
-def _check_injected(model: nn.Module, targets: set[str]) -> None:
+def check_injected(model: nn.Module, targets: set[str]) -> None:
     """PEFT put a LoRA `Linear` on exactly `targets`, each around an `nn.Linear` (no 3-D
     expert parameter, no other layer type: the patch computes those adapters alone)."""
     adapted = {name for name, _ in lora_layers(model)}

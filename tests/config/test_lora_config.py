@@ -36,13 +36,17 @@ def test_bad_values_name_the_key(lora, message):
     ("top", "message"),
     [
         ({"algorithm": {"name": "ppo"}}, r"lora.rank > 0 with algorithm.name 'ppo'"),
-        ({"rollout": {"tensor_parallel_size": 2}}, r"rollout.tensor_parallel_size > 1"),
         ({"batch_invariant": False, "parity": "off"}, r"lora.rank > 0 needs batch_invariant"),
     ],
 )
 def test_what_a_lora_policy_cannot_run_with_is_a_config_error(top, message):
     with pytest.raises(ValueError, match=message):
         RunConfig.from_dict({"lora": {"rank": 4}, **top})
+
+
+def test_a_lora_policy_runs_on_tensor_parallel_engines():
+    config = RunConfig.from_dict({"lora": {"rank": 4}, "rollout": {"tensor_parallel_size": 2}})
+    assert config.lora.enabled and config.rollout.tensor_parallel_size == 2
 
 
 def test_a_target_that_matches_no_module_is_caught_before_ray_listing_the_linears():

@@ -32,10 +32,18 @@ def sampling():
 
 def build(key: str, dtype: str):
     """The patched model of `key` (seed 0) in `dtype`."""
+    from rl_engine.patching import apply_batch_invariant
+
+    model = build_unpatched(key, dtype)
+    apply_batch_invariant(model.eval())
+    return model
+
+
+def build_unpatched(key: str, dtype: str):
+    """The model of `key` (seed 0) in `dtype`, unpatched."""
     from transformers import AutoModelForCausalLM
 
     from rl_engine.models.tiny import TINY_CONFIGS, build_tiny_model
-    from rl_engine.patching import apply_batch_invariant
 
     if key == "tiny-llama-1003":
         config = TINY_CONFIGS["tiny-llama"]()
@@ -46,7 +54,6 @@ def build(key: str, dtype: str):
         model = model.to(DTYPES[dtype])
     else:
         model = build_tiny_model(key, dtype=DTYPES[dtype], seed=0)
-    apply_batch_invariant(model.eval())
     return model
 
 

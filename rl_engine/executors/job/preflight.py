@@ -14,6 +14,7 @@ def validate_before_start(config: RunConfig) -> None:
     task known and its reward function importable / prompt file valid, datasets readable
     with their columns, reward.function loadable, trackers installed. Raises ValueError."""
     from rl_engine.executors.worker.ds_config import build_deepspeed_config
+    from rl_engine.executors.worker.policy import check_no_diagnostics_adapter
     from rl_engine.models import check_model_spec, has_tokenizer
     from rl_engine.tasks import check_task_spec
 
@@ -21,6 +22,7 @@ def validate_before_start(config: RunConfig) -> None:
         check_model_spec(config.model)
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
         raise ValueError(f"model: {err}") from None
+    check_no_diagnostics_adapter(config)
     check_tensor_parallel(config)
     check_lora_targets(config)
     config.gradient_accumulation_steps  # noqa: B018 - raises when the batch does not divide

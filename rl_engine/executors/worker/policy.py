@@ -116,8 +116,18 @@ def load_policy(config: RunConfig):
     """(model, tokenizer): `load_model(config.model, seed=config.seed)` with the `lora:`
     section's adapter when its rank > 0 (PEFT's, initialised from config.seed: every rank and
     every engine builds the same one). Unpatched, on the CPU."""
+    check_no_diagnostics_adapter(config)
     model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
     return with_lora(model, config), tokenizer
+
+
+def check_no_diagnostics_adapter(config: RunConfig) -> None:
+    """A policy to train never takes the `adapter:` key (diagnostics' adapter folder)."""
+    if config.adapter is not None:
+        raise ValueError(
+            f"adapter: {config.adapter!r} is read by `rl-engine diagnose --config` only; a "
+            "trained policy's adapter is the lora: section's, drawn from the run's seed"
+        )
 
 
 def with_lora(model: nn.Module, config: RunConfig) -> nn.Module:
@@ -147,6 +157,7 @@ def prepare_policy(model: nn.Module | None, config: RunConfig, device: torch.dev
     Moved first, then patched when `config.batch_invariant` (patching resolves the ops for
     the device); a model patched for another device, or patched without batch_invariant, raises.
     """
+    check_no_diagnostics_adapter(config)
     if model is None:
         model, _ = load_policy(config)
     if not isinstance(model, nn.Module):

@@ -6,7 +6,9 @@ with (resolved through `get_op` by the patching layer), or `F.linear` for an
 unpatched model. Where a layer's input is split across ranks (o_proj reads the
 attention heads, down_proj the MLP width) the input is all-gathered first, and
 where the residual stream needs the whole output (o_proj, down_proj) the
-output is all-gathered after: bits are copied, never summed.
+output is all-gathered after: bits are copied, never summed. A PEFT LoRA layer
+becomes a `ShardedLoraLinear` (shard_lora.py): its B split by output rows like W,
+its A (rank x K) whole on every rank.
 
 Per layer and token each rank sends (Hq * D + I) / N + 2 * H / N elements
 (docs/scaling.md); q/k/v and gate/up outputs stay local.
@@ -159,11 +161,12 @@ def _shard_attention(attn: nn.Module, layout: TPLayout, group: ShardGroup, index
             )
     hidden = _child(attn, "o_proj", index).weight.shape[0]
     for name, kind in (("q_proj", "q"), ("k_proj", "kv"), ("v_proj", "kv")):
-        _replace(
-            attn, name, ShardedLinear(_child(attn, name, index), layout.rows(kind, rank), group)
-        )
-    o_proj = ShardedLinear(
-        attn.o_proj,
+        rows = layout.rows(kind, rank)
+        _replace(attn, name, _projection(attn, name, index, rows, group))
+    o_proj = _projection(
+        attn,
+        "o_proj",
+        index,
         layout.rows("hidden", rank, hidden),
         group,
         input_widths=layout.widths("q"),
@@ -178,12 +181,12 @@ def _shard_attention(attn: nn.Module, layout: TPLayout, group: ShardGroup, index
 def _shard_mlp(mlp: nn.Module, layout: TPLayout, group: ShardGroup, index: int) -> None:
     rank = group.rank
     for name in ("gate_proj", "up_proj"):
-        _replace(
-            mlp, name, ShardedLinear(_child(mlp, name, index), layout.rows("mlp", rank), group)
-        )
+        _replace(mlp, name, _projection(mlp, name, index, layout.rows("mlp", rank), group))
     hidden = _child(mlp, "down_proj", index).weight.shape[0]
-    down = ShardedLinear(
-        mlp.down_proj,
+    down = _projection(
+        mlp,
+        "down_proj",
+        index,
         layout.rows("hidden", rank, hidden),
         group,
         input_widths=layout.widths("mlp"),
@@ -237,6 +240,17 @@ def _tied_names(model: nn.Module) -> dict[str, list[str]]:
     for name, tensor in model.state_dict(keep_vars=True).items():
         groups.setdefault(id(tensor), []).append(name)
     return {name: names for names in groups.values() for name in names}
+
+
+def _projection(
+    parent: nn.Module, name: str, index: int, rows: tuple[int, int], group: ShardGroup, **gathers
+) -> nn.Module:
+    """The output shard of `parent.name`: a `ShardedLinear`, or for a PEFT LoRA layer a
+    `ShardedLoraLinear` (its B split like W, its A whole: rl_engine/rollout/tp/shard_lora.py)."""
+    from rl_engine.rollout.tp.shard_lora import sharded_projection  # it builds ShardedLinears
+
+    path = f"layers.{index}.{name}"
+    return sharded_projection(_child(parent, name, index), path, rows, group, **gathers)
 
 
 def _child(module: nn.Module, name: str, index: int, *, weight: bool = True) -> nn.Module:

@@ -46,7 +46,9 @@ class RolloutActor(JobActor):
         }
         if config.rollout.tensor_parallel_size > 1:
             self._join_tp_group(device, tp_address, tp_port)
-        if config.rollout.tensor_parallel_size > 1 and has_safetensors(config.model):
+        # a LoRA policy's adapter is not in the base's folder: its ranks load the whole policy
+        reads_rows = not config.lora.enabled and has_safetensors(config.model)
+        if config.rollout.tensor_parallel_size > 1 and reads_rows:
             from rl_engine.rollout.tp.engine import engine_from_folder
 
             # this rank reads only its rows of the folder's weights
@@ -59,7 +61,8 @@ class RolloutActor(JobActor):
             )
             model = self.engine.model
         else:
-            # the policy's adapter too (lora.rank > 0), served unmerged
+            # the policy's adapter too (lora.rank > 0), served unmerged (a TP engine splits
+            # it: B by output rows, A whole)
             model, tokenizer = load_policy(config)
             model.to(device)  # first move, then patch: the ops are resolved for this device
             if config.batch_invariant:
