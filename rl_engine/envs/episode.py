@@ -19,9 +19,10 @@ logprob it returns is the engine's logprob of that token after the whole transcr
 The job's `generate_turn` (executors/job/episodes.py) sends the whole transcript as a fresh
 prompt every turn, which is exact by construction: prefill is batch-invariant and equals
 decode bit for bit, so every sampled token's logprob equals the trainer's teacher-forced
-recompute of the whole transcript. An engine that appends an observation to a running
-sequence's KV cache changes only `generate_turn` (it receives each episode's stable `key`
-with its transcript), not this loop.
+recompute of the whole transcript. `RolloutEngine.turn_session` keeps each episode in its
+KV slot and prefills only the observation, at the sequence's length (tested token for token
+against the whole-transcript path, tests/rollout/test_turn_session.py); a `generate_turn` over
+it changes nothing in this loop, which hands it each episode's stable `key` with its transcript.
 """
 
 from __future__ import annotations
