@@ -63,10 +63,10 @@ WORKER = PACKAGE / "executors" / "worker"
 FORBIDDEN_IN_WORKER = ("ray", "rl_engine.executors.job")
 
 
-def _imports(path: Path, forbidden: tuple[str, ...], root: Path = PACKAGE.parent) -> list[str]:
-    """Every import (module level or inside a function) of a module in `forbidden`."""
+def _imported_names(path: Path):
+    """(line, dotted name) of every import in `path`, module level or inside a function, and of
+    every string that names an rl_engine module (importlib.import_module("rl_engine...."))."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -77,8 +77,16 @@ def _imports(path: Path, forbidden: tuple[str, ...], root: Path = PACKAGE.parent
         else:
             continue
         for name in names:
-            if any(name == f or name.startswith(f + ".") for f in forbidden):
-                found.append((node.lineno, f"{path.relative_to(root)}:{node.lineno}: {name}"))
+            yield node.lineno, name
+
+
+def _imports(path: Path, forbidden: tuple[str, ...], root: Path = PACKAGE.parent) -> list[str]:
+    """Every import (module level or inside a function) of a module in `forbidden`."""
+    found = [
+        (line, f"{path.relative_to(root)}:{line}: {name}")
+        for line, name in _imported_names(path)
+        if any(name == f or name.startswith(f + ".") for f in forbidden)
+    ]
     return [hit for _, hit in sorted(found)]
 
 
@@ -178,21 +186,11 @@ SCRIPTS = PACKAGE.parent / "scripts"
 def _private_imports(path: Path, root: Path = PACKAGE.parent) -> list[str]:
     """Every rl_engine module or name `path` imports whose dotted path has a part starting with
     '_' (module level or inside a function, or a module-path string)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
     found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            names = [node.value] if node.value.startswith("rl_engine.") else []
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "rl_engine" and any(part.startswith("_") for part in parts):
-                found.append((node.lineno, f"{path.relative_to(root)}:{node.lineno}: {name}"))
+    for line, name in _imported_names(path):
+        parts = name.split(".")
+        if parts[0] == "rl_engine" and any(part.startswith("_") for part in parts):
+            found.append((line, f"{path.relative_to(root)}:{line}: {name}"))
     return [hit for _, hit in sorted(found)]
 
 
