@@ -55,7 +55,7 @@ from rl_engine.rollout.sampling import SamplingParams, request_generator
 from rl_engine.rollout.scheduler import GenerateStats, run_continuous_batching
 from rl_engine.rollout.stepper import _Stepper
 from rl_engine.rollout.turn_session import TurnSession
-from rl_engine.rollout.turns import OnTurnEnd, TurnChain, TurnStart
+from rl_engine.rollout.turns import OnTurnEnd, TurnChain, TurnStart, check_starts
 from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
 from rl_engine.rollout.weight_receiver import WeightReceiver
 from rl_engine.rollout.weights import copy_weights, plan_weight_copy
@@ -173,6 +173,7 @@ class RolloutEngine:
                 f"max_total_tokens must be an int in [2, max_seq_len = {self.max_seq_len}], "
                 f"got {max_total_tokens!r}"
             )
+        episodes = check_starts(starts)
         prompt_ids = check_prompts(
             [s.prompt_ids for s in starts],
             vocab_size=self.vocab_size,
@@ -183,7 +184,7 @@ class RolloutEngine:
         if not prompt_ids:
             return []
         chain = TurnChain(
-            starts,
+            episodes,
             prompt_ids,
             sampling,
             on_turn_end,

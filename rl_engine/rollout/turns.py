@@ -71,7 +71,7 @@ class TurnChain:
 
     def __init__(
         self,
-        starts: Sequence[TurnStart],
+        episodes: list[tuple[int, int]],
         prompt_ids: list[list[int]],
         sampling: SamplingParams,
         on_turn_end: OnTurnEnd | None,
@@ -83,9 +83,9 @@ class TurnChain:
         self.sampling, self.on_turn_end = sampling, on_turn_end
         self.max_total_tokens, self.vocab_size = max_total_tokens, vocab_size
         self.weight_version = weight_version
-        self.episodes = [_checked_start(i, s) for i, s in enumerate(starts)]
+        self.episodes = list(episodes)  # (episode, turn now playing) of each start
         self.prompt_ids = prompt_ids
-        self.last: list[Completion | None] = [None] * len(starts)
+        self.last: list[Completion | None] = [None] * len(episodes)
 
     def first_requests(self) -> list[Request]:
         return [
@@ -160,6 +160,13 @@ class TurnChain:
                 f"{self.vocab_size}"
             )
         return [int(t) for t in ids]
+
+
+def check_starts(starts) -> list[tuple[int, int]]:
+    """(episode, turn) of each TurnStart; TypeError / ValueError naming the bad one."""
+    if not isinstance(starts, Sequence):
+        raise TypeError(f"starts must be a list of TurnStart, got {type(starts).__name__}")
+    return [_checked_start(i, s) for i, s in enumerate(starts)]
 
 
 def _checked_start(index: int, start) -> tuple[int, int]:

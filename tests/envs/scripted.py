@@ -36,6 +36,18 @@ class Answer:
         return observation, reward, self.seen >= self.turns
 
 
+class Mixed:
+    """Answers each model turn with 1 id when its last token is odd, else with 6 (a function
+    of the episode alone, whichever process or slot plays it); reward 1.0; never done."""
+
+    def reset(self, record):
+        return None
+
+    def step(self, turn):
+        last = turn["completion_ids"][-1]
+        return [FIRST_ID + (last + i) % 50 for i in range(1 if last % 2 else 6)], 1.0, False
+
+
 class Faulty:
     """Episode n (counted in the order the driver makes them) behaves by n % 4: 0 answers
     with 2 ids, 1 raises in step, 2 sleeps past any time limit in step, 3 answers with more
