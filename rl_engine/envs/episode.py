@@ -14,15 +14,16 @@ sampled. `logprobs` holds the policy's logprob of each of its tokens and 0 on th
 environment's: those are context to the trainer, never scored (TrainBatch's response_mask is
 the policy mask).
 
-Exactness. `generate_turn` produces every model turn; what the loop needs of it is that each
-logprob it returns is the engine's logprob of that token after the whole transcript so far.
-The job's `generate_turn` (executors/job/episodes.py) sends the whole transcript as a fresh
-prompt every turn, which is exact by construction: prefill is batch-invariant and equals
-decode bit for bit, so every sampled token's logprob equals the trainer's teacher-forced
-recompute of the whole transcript. `RolloutEngine.turn_session` keeps each episode in its
-KV slot and prefills only the observation, at the sequence's length (tested token for token
-against the whole-transcript path, tests/rollout/test_turn_session.py); a `generate_turn` over
-it changes nothing in this loop, which hands it each episode's stable `key` with its transcript.
+Two paths, one set of rules (`_Live.take_turn`, and `turn_budget` for each turn's tokens):
+- `play_episodes` (play.py) runs the rules as the engine's turn-end hook: each episode's next
+  turn continues in its own KV slot by a prefill at its length while the other episodes
+  decode (`RolloutEngine.generate_episodes`); the job's engine actors play their episodes so.
+- `run_episodes` here takes a `generate_turn` and calls it once per turn for every live
+  episode; `transcript_turns` (play.py) sends each whole transcript as a fresh prompt with the
+  seeds of the first path (turn t of episode `key` draws from the generator of (seed, key, t)),
+  so both give the same episodes. A tensor-parallel engine's episodes take this path.
+Both are exact: prefill, prefill at an offset and decode are batch-invariant and equal, so every
+sampled token's logprob equals the trainer's teacher-forced recompute of the whole transcript.
 """
 
 from __future__ import annotations
