@@ -146,6 +146,7 @@ class RolloutEngine:
         ]
         capacity = max(len(ids) for ids in prompt_ids) + sampling.max_new_tokens  # per slot
         self._run(requests, capacity, sampling, progress)
+        self._log_summary(requests, self.last_stats.seconds)
         return [r.completion(self.weight_version, sampling.logprob_temperature) for r in requests]
 
     def generate_episodes(
@@ -194,6 +195,7 @@ class RolloutEngine:
         )
         requests = chain.first_requests()
         self._run(requests, max_total_tokens, sampling, progress, chain.next_turn)
+        self._log_summary(chain.requests, self.last_stats.seconds)
         return chain.last_turns()
 
     def turn_session(self, num_slots: int, capacity: int) -> TurnSession:
@@ -251,7 +253,6 @@ class RolloutEngine:
             step = self._make_stepper(self._make_cache(num_slots, capacity), sampling)
             run_continuous_batching(requests, step, num_slots, self.last_stats, bar, next_turn)
         self.last_stats.seconds = time.perf_counter() - start
-        self._log_summary(requests, self.last_stats.seconds)
 
     def _check_weights_complete(self) -> None:
         if self._torn is not None:

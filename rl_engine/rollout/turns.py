@@ -86,6 +86,7 @@ class TurnChain:
         self.episodes = list(episodes)  # (episode, turn now playing) of each start
         self.prompt_ids = prompt_ids
         self.last: list[Completion | None] = [None] * len(episodes)
+        self.requests: list[Request] = []  # every turn's, in the order they were made
 
     def first_requests(self) -> list[Request]:
         return [
@@ -134,7 +135,7 @@ class TurnChain:
                 self.sampling.max_new_tokens, len(ids), self.max_total_tokens
             )
         episode = self.episodes[index][0]
-        return Request(
+        request = Request(
             index,
             0,
             list(ids),
@@ -143,6 +144,8 @@ class TurnChain:
             max_new_tokens=max_new_tokens,
             cached=cached,
         )
+        self.requests.append(request)
+        return request
 
     @staticmethod
     def _kept(following: Continuation, length: int) -> int:
