@@ -31,6 +31,7 @@ from rl_engine.envs import (
 from rl_engine.rollout import RolloutEngine, SamplingParams
 from tests.envs.scripted import Mixed
 from tests.envs.test_engine_parity import PROMPT_LENGTHS, _policy_logprobs
+from tests.invariance import run_with_threads
 from tests.rollout.helpers import DENSE_FAMILIES, fresh_model, patched_model, random_prompts
 
 # turns end at a stop token about one time in six: of different lengths, so episodes continue
@@ -151,3 +152,33 @@ def test_negative_control_the_plain_engine_differs():
     fraction = (trainer == sampled).float().mean().item()
     print(f"\nplain tiny-llama fp32, continued episodes: {fraction:.1%} of policy tokens equal")
     assert fraction < 1.0
+
+
+THREADS_SNIPPET = """
+from rl_engine.envs import episode_tasks
+from tests.envs.test_continuous_episodes import _play, _records
+from tests.rollout.helpers import patched_model
+import torch
+
+model = patched_model("{name}", torch.{dtype})
+episodes, _ = _play(model, episode_tasks(_records(model.config.vocab_size), 2))
+result = [(e.token_ids, e.policy_mask, e.logprobs) for e in episodes]
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.threads
+@pytest.mark.parametrize(
+    "name,dtype",
+    [
+        ("tiny-llama", "float32"),
+        pytest.param("tiny-qwen3-moe", "bfloat16", marks=pytest.mark.exhaustive),
+    ],
+)
+def test_continued_episodes_at_two_threads_equal_those_at_one(name, dtype):
+    """Played at 2 intra-op threads (a worker process) and at 1: the same episodes, bit for bit."""
+    code = THREADS_SNIPPET.format(name=name, dtype=dtype)
+    one, two = run_with_threads(code, 1), run_with_threads(code, 2)
+    assert len(one) == len(two) == 8
+    for (t1, m1, l1), (t2, m2, l2) in zip(one, two):
+        assert (t1, m1) == (t2, m2) and torch.equal(l1, l2)
