@@ -14,15 +14,16 @@ sampled. `logprobs` holds the policy's logprob of each of its tokens and 0 on th
 environment's: those are context to the trainer, never scored (TrainBatch's response_mask is
 the policy mask).
 
-Exactness. `generate_turn` produces every model turn; what the loop needs of it is that each
-logprob it returns is the engine's logprob of that token after the whole transcript so far.
-The job's `generate_turn` (executors/job/episodes.py) sends the whole transcript as a fresh
-prompt every turn, which is exact by construction: prefill is batch-invariant and equals
-decode bit for bit, so every sampled token's logprob equals the trainer's teacher-forced
-recompute of the whole transcript. `RolloutEngine.turn_session` keeps each episode in its
-KV slot and prefills only the observation, at the sequence's length (tested token for token
-against the whole-transcript path, tests/rollout/test_turn_session.py); a `generate_turn` over
-it changes nothing in this loop, which hands it each episode's stable `key` with its transcript.
+Two paths, one set of rules (`_Live.take_turn`, and `turn_budget` for each turn's tokens):
+- `play_episodes` (play.py) runs the rules as the engine's turn-end hook: each episode's next
+  turn continues in its own KV slot by a prefill at its length while the other episodes
+  decode (`RolloutEngine.generate_episodes`); the job's engine actors play their episodes so.
+- `run_episodes` here takes a `generate_turn` and calls it once per turn for every live
+  episode; `transcript_turns` (play.py) sends each whole transcript as a fresh prompt with the
+  seeds of the first path (turn t of episode `key` draws from the generator of (seed, key, t)),
+  so both give the same episodes. A tensor-parallel engine's episodes take this path.
+Both are exact: prefill, prefill at an offset and decode are batch-invariant and equal, so every
+sampled token's logprob equals the trainer's teacher-forced recompute of the whole transcript.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 from rl_engine.envs.codec import ObservationError, TurnCodec
 from rl_engine.envs.protocol import Call, call_env, check_step
 from rl_engine.rollout import Completion
+from rl_engine.rollout.turns import Continuation, turn_budget
 
 log = logging.getLogger("rl_engine.envs")
 
@@ -93,6 +95,34 @@ class TurnRequest:
 GenerateTurn = Callable[[list[TurnRequest], int], Sequence[Completion]]
 
 
+@dataclass(frozen=True)
+class EpisodeTask:
+    """One episode to play: its prompt record, prompt and sample index, and `key`, the episode
+    index that seeds its turns (prompt index x samples_per_prompt + sample index)."""
+
+    record: dict
+    prompt_index: int
+    sample_index: int
+    key: int
+
+
+def episode_tasks(records: Sequence[dict], samples_per_prompt: int) -> list[EpisodeTask]:
+    """`samples_per_prompt` episodes of each record, prompt-major."""
+    return [
+        EpisodeTask(record, p, s, p * samples_per_prompt + s)
+        for p, record in enumerate(records)
+        for s in range(samples_per_prompt)
+    ]
+
+
+def start_episodes(tasks, make_env, codec: TurnCodec, limits: EpisodeLimits) -> list[_Live]:
+    """Each task's environment instance, reset, and prompt (in order)."""
+    return [
+        _Live.start(t.key, t.prompt_index, t.sample_index, t.record, make_env, codec, limits)
+        for t in tasks
+    ]
+
+
 def run_episodes(
     records: list[dict],
     samples_per_prompt: int,
@@ -103,12 +133,10 @@ def run_episodes(
     limits: EpisodeLimits,
 ) -> list[Episode]:
     """`samples_per_prompt` episodes of each record (dicts with `prompt_ids` and the optional
-    `prompt`, `answer`, `extra_info`), prompt-major; `prompt_index` is the record's index."""
-    live = [
-        _Live.start(p * samples_per_prompt + s, p, s, record, make_env, codec, limits)
-        for p, record in enumerate(records)
-        for s in range(samples_per_prompt)
-    ]
+    `prompt`, `answer`, `extra_info`), prompt-major; `prompt_index` is the record's index.
+    The whole-transcript path: every turn of the live episodes is one `generate_turn` call."""
+    tasks = episode_tasks(records, samples_per_prompt)
+    live = start_episodes(tasks, make_env, codec, limits)
     for turn in range(1, limits.max_turns + 1):
         active = [e for e in live if e.end is None]
         if not active:
@@ -218,6 +246,21 @@ class _Live:
             self.truncated, self.end = True, "truncated"  # no room left for the model to answer
         else:
             self._append(seen.value, [0.0] * len(seen.value), policy=False)
+
+    def continue_after(
+        self, sample: Completion, codec: TurnCodec, limits: EpisodeLimits, max_new_tokens: int
+    ) -> Continuation | None:
+        """`take_turn` for the engine's turn-end hook: the next turn in the episode's own
+        slot (its kept tokens, the observation, `turn_budget`), or None when it ended."""
+        before = len(self.ids)
+        self.take_turn(sample, self.turns + 1, codec, limits)
+        if self.end is not None:
+            return None
+        kept = sum(
+            self.mask[before - len(self.prompt) :]
+        )  # the turn's tokens, then the observation
+        budget = turn_budget(max_new_tokens, len(self.ids), limits.max_total_tokens)
+        return Continuation(self.ids[before + kept :], budget, kept)
 
     def _append(self, ids: list[int], logprobs: list[float], *, policy: bool) -> None:
         self.ids += ids

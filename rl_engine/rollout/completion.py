@@ -2,8 +2,9 @@
 
 A request is one (prompt index, sample index) pair with its own generator. It
 collects each sampled token and its logprob and finishes on the first stop / EOS
-token (kept as its last token) or at `max_new_tokens`; the finished request
-becomes a `Completion`.
+token (kept as its last token) or at `max_new_tokens` (its own, or the sampling's); the
+finished request becomes a `Completion`. A model turn of an episode is one request; the
+next turn is a new request in the same slot (turns.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ class Request:
     False for a prefill that continues a transcript after an environment turn (multi-turn:
     `generate(..., after_env_turn=True)`): a group's transcripts diverge, and such a prefill
     always runs on its own."""
+    max_new_tokens: int | None = None
+    """This request's own budget of sampled tokens (None: the sampling's `max_new_tokens`);
+    a model turn of an episode gets what is left of `max_total_tokens` (turns.py)."""
+    cached: int = 0
+    """How many leading `prompt_ids` its slot already holds when admitted: a turn that
+    continues an episode in its own slot prefills only the ids after them (turns.py)."""
 
     @property
     def length(self) -> int:
@@ -71,7 +78,7 @@ class Request:
         self.logprobs.append(logprob)
         if sampling.stops_on(token):
             self.finish_reason = "stop"
-        elif len(self.token_ids) >= sampling.max_new_tokens:
+        elif len(self.token_ids) >= (self.max_new_tokens or sampling.max_new_tokens):
             self.finish_reason = "length"
 
     def completion(self, weight_version: int, logprob_temperature: float) -> Completion:

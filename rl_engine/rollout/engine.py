@@ -5,7 +5,10 @@ runs them to their end by continuous batching (scheduler.py): at most
 `max_batch_size` requests in the slots of a `SlotKVCache`, prefilled when admitted
 (right-padded, or, patched and with prompts of different lengths, packed into one
 row with segment-aware attention) and decoded one token per forward; a finished
-request frees its slot at once. The forwards, the scoring and the draw of each
+request frees its slot at once. `generate_episodes` plays multi-turn episodes in the same
+loop: a request that ends a model turn asks the caller's hook for the next, which keeps its
+slot and prefills [its last sampled token, the observation] at the slot's length beside the
+other sequences' decodes (turns.py). The forwards, the scoring and the draw of each
 token are the stepper's (stepper.py). With `share_prompt_prefill` (the default) the
 samples of one prompt share one prefill: it runs once and the other slots copy its KV
 rows (prompt_sharing.py); with a patched model the bits are those of a prefill per sample.
@@ -35,7 +38,7 @@ import torch
 from torch import nn
 
 from rl_engine.devices import check_device
-from rl_engine.fields import check_bool
+from rl_engine.fields import check_bool, is_int
 from rl_engine.patching import is_patched, patch_handle
 from rl_engine.patching.attention import PLAIN_CACHED_NAME, register_plain_cached_attention
 from rl_engine.rollout.checks import (
@@ -52,6 +55,7 @@ from rl_engine.rollout.sampling import SamplingParams, request_generator
 from rl_engine.rollout.scheduler import GenerateStats, run_continuous_batching
 from rl_engine.rollout.stepper import _Stepper
 from rl_engine.rollout.turn_session import TurnSession
+from rl_engine.rollout.turns import OnTurnEnd, TurnChain, TurnStart, check_starts
 from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
 from rl_engine.rollout.weight_receiver import WeightReceiver
 from rl_engine.rollout.weights import copy_weights, plan_weight_copy
@@ -140,19 +144,59 @@ class RolloutEngine:
             for p, ids in enumerate(prompt_ids)
             for s in range(sampling.n)
         ]
-        num_slots = min(self.max_batch_size, len(requests))
         capacity = max(len(ids) for ids in prompt_ids) + sampling.max_new_tokens  # per slot
-        start = time.perf_counter()
-        with (
-            torch.inference_mode(),
-            self._attention_mode(),
-            self._progress_bar(len(requests), progress) as bar,
-        ):
-            step = self._make_stepper(self._make_cache(num_slots, capacity), sampling)
-            run_continuous_batching(requests, step, num_slots, self.last_stats, bar)
-        self.last_stats.seconds = time.perf_counter() - start
+        self._run(requests, capacity, sampling, progress)
         self._log_summary(requests, self.last_stats.seconds)
         return [r.completion(self.weight_version, sampling.logprob_temperature) for r in requests]
+
+    def generate_episodes(
+        self,
+        starts: Sequence[TurnStart],
+        sampling: SamplingParams,
+        on_turn_end: OnTurnEnd | None = None,
+        *,
+        max_total_tokens: int,
+        progress: bool | None = None,
+    ) -> list[Completion]:
+        """Multi-turn episodes by continuous batching (turns.py): each `TurnStart` samples a
+        turn (sampling.n must be 1) of at most `turn_budget` tokens; when it ends,
+        `on_turn_end(index, turn)` answers with a `Continuation`, which the episode plays in
+        its own slot at the next iteration (a prefill at the slot's length, beside the other
+        sequences' decodes), or None. Each turn draws from the generator of (sampling.seed,
+        episode, turn). Every slot holds `max_total_tokens` positions. Returns each episode's
+        last turn, in the order of `starts`; `last_stats` counts the continuations."""
+        self._check_weights_complete()
+        sampling = check_sampling(sampling)
+        if sampling.n != 1:
+            raise ValueError(f"generate_episodes plays one episode per start, got n={sampling.n}")
+        if not is_int(max_total_tokens) or not 2 <= max_total_tokens <= self.max_seq_len:
+            raise ValueError(
+                f"max_total_tokens must be an int in [2, max_seq_len = {self.max_seq_len}], "
+                f"got {max_total_tokens!r}"
+            )
+        episodes = check_starts(starts)
+        prompt_ids = check_prompts(
+            [s.prompt_ids for s in starts],
+            vocab_size=self.vocab_size,
+            max_seq_len=max_total_tokens,
+            max_new_tokens=1,
+        )
+        self.last_stats = GenerateStats()
+        if not prompt_ids:
+            return []
+        chain = TurnChain(
+            episodes,
+            prompt_ids,
+            sampling,
+            on_turn_end,
+            max_total_tokens=max_total_tokens,
+            vocab_size=self.vocab_size,
+            weight_version=self.weight_version,
+        )
+        requests = chain.first_requests()
+        self._run(requests, max_total_tokens, sampling, progress, chain.next_turn)
+        self._log_summary(chain.requests, self.last_stats.seconds)
+        return chain.last_turns()
 
     def turn_session(self, num_slots: int, capacity: int) -> TurnSession:
         """A KV cache of `num_slots` sequences of at most `capacity` tokens that stay in their
@@ -196,6 +240,19 @@ class RolloutEngine:
         return version
 
     # ------------------------------------------------------------------ helpers
+
+    def _run(self, requests: list[Request], capacity: int, sampling, progress, next_turn=None):
+        """Every request to its end by continuous batching in slots of `capacity` positions."""
+        num_slots = min(self.max_batch_size, len(requests))
+        start = time.perf_counter()
+        with (
+            torch.inference_mode(),
+            self._attention_mode(),
+            self._progress_bar(len(requests), progress) as bar,
+        ):
+            step = self._make_stepper(self._make_cache(num_slots, capacity), sampling)
+            run_continuous_batching(requests, step, num_slots, self.last_stats, bar, next_turn)
+        self.last_stats.seconds = time.perf_counter() - start
 
     def _check_weights_complete(self) -> None:
         if self._torn is not None:

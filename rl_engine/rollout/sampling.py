@@ -14,7 +14,8 @@ Every request (prompt index p, sample index s) owns a `torch.Generator` seeded
 from (seed, p, s), and a token is drawn from that request's row alone with ops
 on a 1-D tensor. The draw therefore depends neither on the other rows of the
 batch nor on the batch size: same prompt, same index, same seed -> same
-completion.
+completion. A model turn of a multi-turn episode owns the generator of (seed, episode
+index, turn) instead (`turn_generator`): its draws depend on no slot, batch or engine.
 """
 
 from __future__ import annotations
@@ -142,6 +143,13 @@ def request_seed(seed: int, prompt_index: int, sample_index: int) -> int:
 def request_generator(seed: int, prompt_index: int, sample_index: int) -> torch.Generator:
     """The CPU generator owned by one request (draws are tiny; they stay on the CPU)."""
     return torch.Generator(device="cpu").manual_seed(request_seed(seed, prompt_index, sample_index))
+
+
+def turn_generator(seed: int, episode: int, turn: int) -> torch.Generator:
+    """The generator of one model turn of an episode (turns from 1): a function of (seed,
+    episode index, turn) alone, so a turn's draws depend on no slot, batch or engine."""
+    digest = hashlib.blake2b(f"{seed}/episode/{episode}/turn/{turn}".encode(), digest_size=8)
+    return torch.Generator(device="cpu").manual_seed(int.from_bytes(digest.digest(), "little") >> 1)
 
 
 def candidates(

@@ -70,21 +70,25 @@ class _Stepper:
         logp, packed = self._prefill_forward(plan.run) if plan.run else (None, False)
         self._copy_prompt_rows(plan)
         self._sample(requests, self.sharing.first_logprobs(requests, plan, logp))
-        tokens = sum(len(r.prompt_ids) for r in plan.run)
+        tokens = sum(len(r.prompt_ids) - r.cached for r in plan.run)
         return PrefillOutcome(int(bool(plan.run)), packed, len(plan.copies), tokens)
 
     def _prefill_forward(self, requests: list[Request]) -> tuple[torch.Tensor | None, bool]:
         """((B, V) logprobs at each prompt's last position (None on a rank that does not
         score), whether it ran packed): packed into one row (`_packed_prefill`) when the
-        engine packs prompts of these lengths, else right-padded."""
-        lengths = [len(r.prompt_ids) for r in requests]
-        if self.engine._packs_prefill(lengths):
+        engine packs prompts of these lengths and none continues in its slot, else
+        right-padded, each row from the first id its slot does not hold (`Request.cached`):
+        a continued episode's prefill at an offset reads its earlier keys from the cache
+        (the attention's kv_index), a fresh prompt's starts at 0, in the same forward."""
+        lengths = [len(r.prompt_ids) - r.cached for r in requests]
+        continues = any(r.cached for r in requests)
+        if not continues and self.engine._packs_prefill(lengths):
             return self._packed_prefill(requests), True
         ids = torch.full((len(requests), max(lengths)), PAD_ID, dtype=torch.long)  # (B, T)
         positions = torch.full(ids.shape, -1, dtype=torch.long)  # (B, T), -1 = padding
-        for row, n in enumerate(lengths):
-            ids[row, :n] = torch.tensor(requests[row].prompt_ids)
-            positions[row, :n] = torch.arange(n)
+        for row, (request, n) in enumerate(zip(requests, lengths)):
+            ids[row, :n] = torch.tensor(request.prompt_ids[request.cached :])
+            positions[row, :n] = torch.arange(request.cached, len(request.prompt_ids))
         last = torch.tensor(lengths) - 1  # (B,)
         return self._score(requests, ids, positions, last), False
 

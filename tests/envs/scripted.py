@@ -3,7 +3,7 @@ turns: what the envs tests and the job tests run episodes with.
 
 The job loads this file by path (`rollout.env: tests/envs/scripted.py:Faulty`), as a user's
 file would be; its classes keep no state outside the instance except `Faulty`'s episode
-counter (one driver process).
+counter (one per process that plays episodes).
 """
 
 from __future__ import annotations
@@ -36,8 +36,21 @@ class Answer:
         return observation, reward, self.seen >= self.turns
 
 
+class Mixed:
+    """Answers each model turn with 1 id when its last token is odd, else with 6 (a function
+    of the episode alone, whichever process or slot plays it); reward 1.0; never done."""
+
+    def reset(self, record):
+        return None
+
+    def step(self, turn):
+        last = turn["completion_ids"][-1]
+        return [FIRST_ID + (last + i) % 50 for i in range(1 if last % 2 else 6)], 1.0, False
+
+
 class Faulty:
-    """Episode n (counted in the order the driver makes them) behaves by n % 4: 0 answers
+    """Episode n (counted in the order its process makes them: the engine actor that plays
+    it, or the driver for a tensor-parallel engine) behaves by n % 4: 0 answers
     with 2 ids, 1 raises in step, 2 sleeps past any time limit in step, 3 answers with more
     ids than any token budget holds. Rewards: 0.5 per answered turn."""
 

@@ -1,42 +1,56 @@
-"""The step's episodes (`rollout.env`): the episode loop of rl_engine.envs on the rollout engines.
+"""The step's episodes (`rollout.env`): the episode rules of rl_engine.envs on the rollout engines.
 
 `EpisodeRunner` (built once the engines have reported their tokenizer and vocabulary) holds
 the environment class, the codec and the limits; `run` plays `samples_per_prompt` episodes of
-each prompt record. The environments live in the driver: one instance per episode, each call
-under `rollout.env_timeout_s` (a raise or a timeout is counted in env/* and scored 0).
-`EpisodeGeneration` is `StepRollouts`'s generate with an environment: a round's records ->
-their episodes, each carrying its reward (the environment's, `algorithm.turn_reward`).
+each prompt record. `EpisodeGeneration` is `StepRollouts`'s generate with an environment: a
+round's records -> their episodes, each carrying its reward (the environment's,
+`algorithm.turn_reward`).
 
-Each model turn is one `generate` call per engine whose prompts are the live episodes' whole
-transcripts (`_turns_on_engines`). That is exact as it stands: prefill is batch-invariant and
-equal to decode bit for bit, so every sampled token's logprob is the trainer's recompute of
-the whole transcript. Seeds: turn t of a step samples on engine k with a seed of (the step's
-seed, t, k); each episode is a different request index within its engine's call, so no two
-episodes share a generator.
+Where the environments run. The driver sends each engine its share of the episodes (each
+prompt's episodes to one engine, prompts round-robin) as `EpisodeTask`s (the record, prompt
+and sample index, the episode index); the engine's actor builds its own `EpisodeRunner` and
+plays them with `play_episodes` (RolloutActor.play_episodes): one environment instance per
+episode (`Class(**rollout.env_args)`), each call under `rollout.env_timeout_s` in the actor's
+main thread (a raise or a timeout is counted in env/* and scored 0, never hangs), and each
+episode's next turn continues in its own KV slot while the engine's other episodes decode.
+The episodes come back to the driver, which reports env/* as before.
+
+A tensor-parallel engine (rollout.tensor_parallel_size > 1) keeps the environments in the
+driver and plays the whole-transcript path (`run_episodes`, each turn one
+`generate_episodes` call per engine with the transcripts as fresh prompts): its ranks would
+otherwise each run the environments and would have to take the same decision after every
+turn. Both paths are exact, and give the same episodes.
+
+Seeds: turn t of the episode with index k (prompt index x samples_per_prompt + sample index)
+draws from the generator of (the round's seed, k, t) (rl_engine/rollout/turns.py), so an
+episode depends neither on the engine that plays it, nor on the engine count or slot count.
 """
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from rl_engine.config import RunConfig
 from rl_engine.data import PromptRecord
 from rl_engine.envs import (
     Episode,
     EpisodeLimits,
+    EpisodeTask,
     TurnCodec,
-    TurnRequest,
+    episode_tasks,
     load_environment,
+    play_episodes,
     run_episodes,
+    transcript_turns,
 )
-from rl_engine.executors.job.faults import ActorInfo
-from rl_engine.executors.job.rollouts import engine_leads, generate_on_engines, step_sampling
+from rl_engine.executors.job.faults import ActorInfo, gather
+from rl_engine.executors.job.rollouts import engine_leads, step_sampling
 from rl_engine.executors.job.step_metrics import StepClock
 
 
 class EpisodeRunner:
-    """The run's environment: `run(records, samples, engines, sampling)` -> episodes."""
+    """The run's environment: `run(records, samples, engines, sampling)` -> episodes (in the
+    driver); `play(engine, tasks, sampling)` -> episodes (in an engine's actor)."""
 
     def __init__(self, config: RunConfig, tokenizer, vocab_size: int):
         r = config.rollout
@@ -44,6 +58,7 @@ class EpisodeRunner:
         self.env_args = dict(r.env_args)
         self.codec = TurnCodec(tokenizer, vocab_size, tuple(r.stop_strings))
         self.limits = EpisodeLimits.from_config(config)
+        self.tensor_parallel = r.tensor_parallel_size > 1
 
     def make_env(self):
         return self.env_class(**self.env_args)
@@ -56,23 +71,46 @@ class EpisodeRunner:
         sampling,
         clock: StepClock | None = None,
     ) -> list[Episode]:
-        """The episodes of `records` (prompt-major), each turn sampled by `sampling` (n = 1,
-        its seed mixed with the turn and the engine); the engines' time to `clock`."""
+        """The episodes of `records` (prompt-major), each turn sampled by `sampling` (n = 1);
+        the slowest engine's time to `clock`'s generate_compute."""
+        records = [self.reset_record(r) for r in records]
+        if self.tensor_parallel:
+            episodes, seconds = self._whole_transcripts(
+                records, samples_per_prompt, engines, sampling
+            )
+        else:
+            tasks = episode_tasks(records, samples_per_prompt)
+            episodes, seconds = play_on_engines(engines, tasks, sampling)
+        if clock is not None:
+            clock.add("generate_compute", seconds)
+        return episodes
 
-        def generate_turn(requests: list[TurnRequest], turn: int):
-            completions, seconds = _turns_on_engines(engines, requests, sampling, turn)
-            if clock is not None:
-                clock.add("generate_compute", seconds)
+    def play(self, engine, tasks: list[EpisodeTask], sampling) -> list[Episode]:
+        """The episodes of `tasks` on `engine`, the environments in this process."""
+        return play_episodes(
+            engine, tasks, sampling, make_env=self.make_env, codec=self.codec, limits=self.limits
+        )
+
+    def _whole_transcripts(self, records, samples_per_prompt, engines, sampling):
+        """The tensor-parallel path: the environments here, every turn a call per engine."""
+        spent = [0.0]
+
+        def play_turns(starts, turn_sampling, max_total_tokens):
+            completions, seconds = turns_on_engines(
+                engines, starts, turn_sampling, max_total_tokens
+            )
+            spent[0] += seconds
             return completions
 
-        return run_episodes(
-            [self.reset_record(r) for r in records],
+        episodes = run_episodes(
+            records,
             samples_per_prompt,
-            generate_turn,
+            transcript_turns(play_turns, sampling, self.limits),
             make_env=self.make_env,
             codec=self.codec,
             limits=self.limits,
         )
+        return episodes, spent[0]
 
     @staticmethod
     def reset_record(record: PromptRecord) -> dict:
@@ -105,20 +143,40 @@ class EpisodeGeneration:
         return self.runner.run(records, samples, self.engines, sampling, self.clock)
 
 
-def _turns_on_engines(engines: list[ActorInfo], requests: list[TurnRequest], sampling, turn: int):
-    """One turn of the live episodes over the engines: (completions in request order, the
-    slowest engine's seconds)."""
+def play_on_engines(engines: list[ActorInfo], tasks: list[EpisodeTask], sampling):
+    """The episodes of `tasks` played in the engines' actors, each prompt's on one engine
+    (prompts round-robin): (episodes in task order, the slowest engine's seconds)."""
+    leads = engine_leads(engines)
+    shards = {e.rank: [t for t in tasks if t.prompt_index % len(leads) == e.rank] for e in leads}
+    busy = [e for e in leads if shards[e.rank]]
+    answers = gather([(e, e.handle.play_episodes.remote(shards[e.rank], sampling)) for e in busy])
+    played = {}
+    for e, (episodes, _) in zip(busy, answers):
+        if len(episodes) != len(shards[e.rank]):
+            raise RuntimeError(f"{e.name} played {len(episodes)} of {len(shards[e.rank])} episodes")
+        played.update((t.key, episode) for t, episode in zip(shards[e.rank], episodes))
+    return [played[t.key] for t in tasks], max((s for _, s in answers), default=0.0)
+
+
+def turns_on_engines(engines: list[ActorInfo], starts, sampling, max_total_tokens: int):
+    """One turn of the live episodes (whole transcripts as `TurnStart`s) spread over the
+    engines; every TP rank of an engine gets its engine's starts and its rank 0 answers:
+    (completions in start order, the slowest engine's seconds)."""
     count = len(engine_leads(engines))
-    per_engine = [
-        replace(sampling, n=1, seed=turn_seed(sampling.seed, turn, k)) for k in range(count)
+    shards = [list(range(i, len(starts), count)) for i in range(count)]
+    calls = [
+        (
+            e,
+            e.handle.play_turns.remote(
+                [starts[j] for j in shards[e.rank]], sampling, max_total_tokens
+            ),
+        )
+        for e in engines
     ]
-    prompts = [r.ids for r in requests]
-    # turns count from 1: turn 1 is the prompt itself, later ones continue after an observation
-    return generate_on_engines(engines, prompts, per_engine, after_env_turn=turn > 1)
-
-
-def turn_seed(seed: int, turn: int, engine: int) -> int:
-    """The 63-bit sampling seed of a turn on one engine, a function of (the round's seed,
-    turn, engine index)."""
-    digest = hashlib.blake2b(f"turn/{seed}/{turn}/{engine}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
+    answers = [answer for e, answer in zip(engines, gather(calls)) if not e.tp_rank]
+    completions, seconds = [None] * len(starts), 0.0
+    for idx, (result, spent) in zip(shards, answers):
+        seconds = max(seconds, spent)
+        for j, completion in zip(idx, result):
+            completions[j] = completion
+    return completions, seconds

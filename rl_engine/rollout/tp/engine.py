@@ -99,6 +99,27 @@ class TensorParallelEngine(RolloutEngine):
             after_env_turn=after_env_turn,
         )
 
+    def generate_episodes(
+        self, starts, sampling, on_turn_end=None, *, max_total_tokens: int, progress=None
+    ):
+        """As `RolloutEngine.generate_episodes` with each turn's whole transcript as a start
+        (`on_turn_end` None); every rank must pass the same starts and sampling (checked). A
+        hook is refused: every rank would have to take the same decision after every turn,
+        which nothing checks yet."""
+        if on_turn_end is not None:
+            raise NotImplementedError(
+                "a tensor-parallel engine plays one turn per generate_episodes call (no "
+                "on_turn_end): its ranks would have to agree on every continuation"
+            )
+        request = [(list(s.prompt_ids), s.episode, s.turn) for s in starts]
+        self._check_same_request(request, (sampling, max_total_tokens), True)
+        return super().generate_episodes(
+            starts,
+            sampling,
+            max_total_tokens=max_total_tokens,
+            progress=progress if self.tp_rank == 0 else False,
+        )
+
     def turn_session(self, num_slots: int, capacity: int):
         """Not on a tensor-parallel engine: its ranks would have to agree on every call's
         keys and transcripts, which nothing checks yet."""

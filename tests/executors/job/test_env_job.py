@@ -128,3 +128,33 @@ def test_the_calculator_job_on_two_zero3_ranks_trains_and_validates_on_its_data(
     final = history[-1]
     assert final["eval/num_prompts"] == 64.0 and 0.0 <= final["eval/reward_mean"] <= 1.0
     assert "reward/errors" not in final  # no reward function ran: the environment scored
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.exhaustive  # two more 2-rank jobs
+def test_a_tp2_engines_whole_transcript_episodes_equal_a_tp1_engines_continued_ones(
+    tmp_path, monkeypatch
+):
+    """A TP = 2 engine plays episodes by whole transcripts, environments in the driver; a
+    TP = 1 engine continues them in its KV slots, environments in its actor. Each turn is
+    seeded by (seed, episode, turn) and both paths are exact: metrics.jsonl is the same on
+    every key but the wall-clock `time/` ones."""
+    from rl_engine.config import RunConfig
+    from rl_engine.models import build_tiny_model
+    from tests.executors.job.jobs import without_timings
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the job sizes its own cluster
+    folder = tmp_path / "tiny-llama"
+    build_tiny_model("tiny-llama", seed=3).save_pretrained(folder)
+    histories = []
+    for tp in (2, 1):
+        data = env_config(
+            tmp_path / f"tp{tp}",
+            steps=2,
+            rollout={"env": f"{SCRIPTED}:Mixed", "env_args": {}, "tensor_parallel_size": tp},
+            trainer={"num_ranks": 2, "zero_stage": 3},
+        ).to_dict()
+        histories.append(run_job(RunConfig.from_dict({**data, "model": str(folder)})))
+    assert all(m["parity/exact_match_fraction"] == 1.0 for h in histories for m in h)
+    assert without_timings(tmp_path / "tp2") == without_timings(tmp_path / "tp1")

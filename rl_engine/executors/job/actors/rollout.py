@@ -1,7 +1,9 @@
 """`RolloutActor`: one rollout engine in its own process, or one rank of a tensor-parallel engine.
 
 `start` loads the model (first moved to the actor's device, then patched: the device picks
-the kernels), `generate` samples a shard of the step's prompts, and `weight_plan` /
+the kernels), `generate` samples a shard of the step's prompts, `play_episodes` plays a share
+of rollout.env's episodes with their environments in this process (`play_turns`: one turn of
+whole transcripts, a tensor-parallel engine's episodes), and `weight_plan` /
 `connect_weight_group` / `receive_weights` are the engine's side of a weight sync.
 """
 
@@ -30,6 +32,7 @@ class RolloutActor(JobActor):
     def __init__(self, config: RunConfig, index: int = 0, tp_rank: int = 0):
         self.config, self.index, self.tp_rank = config, index, tp_rank
         self.receiver = self.adapter_receiver = self.group = None
+        self.episodes = None  # rollout.env's EpisodeRunner, made at the first episodes
 
     def start(self, tp_address: str | None = None, tp_port: int | None = None) -> dict:
         from rl_engine.executors.worker.policy import load_policy
@@ -74,6 +77,7 @@ class RolloutActor(JobActor):
             else:
                 self.engine = RolloutEngine(model, device=device, **engine_args)
         release_free_heap()
+        self.tokenizer, self.vocab_size = tokenizer, model.config.vocab_size
         return {
             "vocab_size": model.config.vocab_size,
             "eos_token_id": model.config.eos_token_id,
@@ -100,6 +104,30 @@ class RolloutActor(JobActor):
         started = time.perf_counter()
         completions = self.engine.generate(
             prompts, sampling, progress=False, after_env_turn=after_env_turn
+        )
+        seconds = time.perf_counter() - started
+        release_free_heap()
+        return completions, seconds
+
+    def play_episodes(self, tasks, sampling):
+        """(episodes, seconds spent): rollout.env's episodes of `tasks` played on this engine,
+        their environments in this process (executors/job/episodes.py)."""
+        from rl_engine.executors.job.episodes import EpisodeRunner
+
+        if self.episodes is None:
+            self.episodes = EpisodeRunner(self.config, self.tokenizer, self.vocab_size)
+        started = time.perf_counter()
+        episodes = self.episodes.play(self.engine, tasks, sampling)
+        seconds = time.perf_counter() - started
+        release_free_heap()
+        return episodes, seconds
+
+    def play_turns(self, starts, sampling, max_total_tokens: int):
+        """(completions, seconds spent): one turn of each whole transcript (`TurnStart`s), the
+        whole-transcript path of a tensor-parallel engine's episodes."""
+        started = time.perf_counter()
+        completions = self.engine.generate_episodes(
+            starts, sampling, max_total_tokens=max_total_tokens, progress=False
         )
         seconds = time.perf_counter() - started
         release_free_heap()
