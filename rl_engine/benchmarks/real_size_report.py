@@ -22,8 +22,8 @@ FIGURES = (
     ("step s", "step_s", "{:.1f}"),
     ("peak extra system memory GiB", "peak_extra_gib", "{:.2f}"),
     ("peak of the job's own memory GiB (PSS of its processes)", "peak_job_pss_gib", "{:.2f}"),
-    ("weight_sync/bytes MiB, first sync", "sync_first_mib", "{:.2f}"),
-    ("weight_sync/bytes MiB, later syncs (median)", "sync_later_mib", "{:.2f}"),
+    ("weight_sync/bytes MiB, first sync", "sync_first_mib", "{:.3g}"),
+    ("weight_sync/bytes MiB, later syncs (median)", "sync_later_mib", "{:.3g}"),
 )
 """(row title, figure key, format) of the rows that get ratios."""
 
@@ -61,7 +61,7 @@ def markdown(results: list[dict], env_before: dict, env_after: dict, label: str)
         values = {m: by_mode[m].get(key) for m in modes}
         cells = [fmt.format(v) if v is not None else "-" for v in values.values()]
         for _, a, b in ratios:
-            cells.append(f"{values[a] / values[b]:.2f}x" if values[a] and values[b] else "-")
+            cells.append(_ratio(values[a], values[b]))
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     lines += _process_rows(results, modes, "peak RSS MiB", "peak_rss_mib", blank)
     lines += _process_rows(results, modes, "PSS MiB at the job's peak", "pss_at_peak_mib", blank)
@@ -81,6 +81,15 @@ def markdown(results: list[dict], env_before: dict, env_after: dict, label: str)
         f"after {env_after['load_average']}; available memory before {env_before['available_gib']:.1f} GiB.",
     ]
     return "\n".join(lines)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    """a / b: two decimals, or two significant digits below 0.1 (a LoRA run's sync bytes
+    are a few thousandths of the full run's at the tiny shape)."""
+    if not a or not b:
+        return "-"
+    r = a / b
+    return f"{r:.2f}x" if r >= 0.1 else f"{r:.2g}x"
 
 
 def _process_rows(results: list[dict], modes: list[str], title: str, key: str, blank: str):
