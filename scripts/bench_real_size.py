@@ -1,4 +1,5 @@
-"""The Qwen2.5-0.5B-shaped job, invariant and plain: weight sync, train/generate time, memory.
+"""The Qwen2.5-0.5B-shaped job, invariant and plain (`--lora RANK`: and the LoRA policy beside them):
+weight sync, train/generate time, memory.
 
 See rl_engine/benchmarks/real_size.py; `--help` lists the options.
 """

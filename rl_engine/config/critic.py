@@ -18,7 +18,9 @@ class CriticConfig:
 
     model: str | None = None
     """`load_model` spec of the critic's backbone. null: the policy's model (same architecture,
-    initialised from the policy's weights, tiny models from the run's seed)."""
+    initialised from the policy's weights, tiny models from the run's seed). With lora.rank > 0
+    the backbone, this one too, is frozen and carries the critic's own adapter (the lora:
+    section's rank, alpha and targets, which must exist in it)."""
     lr: float = 1e-5
     """The critic's AdamW learning rate (weight decay and grad clip: the trainer's)."""
     num_ranks: int | None = None

@@ -163,15 +163,11 @@ def check_env(config: RunConfig) -> None:
 
 
 def check_lora(config: RunConfig) -> None:
-    """A LoRA policy (lora.rank > 0) runs without a critic, patched (tensor-parallel engines
-    split its adapters: rl_engine/rollout/tp/shard_lora.py)."""
+    """A LoRA policy (lora.rank > 0) runs patched, with every algorithm: PPO's critic carries
+    an adapter of its own (executors/worker/critic.py); tensor-parallel engines split the
+    policy's adapters (rl_engine/rollout/tp/shard_lora.py)."""
     if not config.lora.enabled:
         return
-    if config.algorithm.name == "ppo":
-        raise ValueError(
-            "lora.rank > 0 with algorithm.name 'ppo' is not supported yet: the critic has no "
-            "adapter of its own; use a critic-free algorithm or lora.rank 0"
-        )
     if not config.batch_invariant:
         raise ValueError(
             "lora.rank > 0 needs batch_invariant: true (the unmerged adapter is computed by the "

@@ -9,8 +9,8 @@ exact. Nothing is asserted about speed: the figures of a tiny run mean nothing.
 
 The job benchmark (`rl-engine bench job`: two Ray jobs of 2 ZeRO-3 ranks) is too heavy for a
 smoke run: its parts are tested at the tiny shape instead (the model it saves, the run config
-it writes, the memory sampler and its guard, the report). The Triton benchmark needs a GPU:
-on a CPU it must refuse.
+it writes, the memory sampler and its guard, the report), and its `--lora` comparison runs
+at the tiny shape (slow). The Triton benchmark needs a GPU: on a CPU it must refuse.
 """
 
 from __future__ import annotations
@@ -246,6 +246,14 @@ def test_bench_job_model_and_run_configs_at_tiny_size(tmp_path):
         config = RunConfig.from_dict(real_size.job_config(path, tmp_path / "run", invariant, args))
         assert config.batch_invariant is invariant
         assert config.trainer.num_ranks == 2 and config.trainer.zero_stage == 3
+    lora = real_size.job_config(path, tmp_path / "run", True, args, lora_rank=16)
+    config = RunConfig.from_dict(lora)
+    assert (config.lora.rank, config.lora.alpha, config.lora.target_modules) == (
+        16,
+        32,
+        "all-linear",
+    )
+    assert set(real_size.QWEN25) >= {"qwen2.5-0.5b", "qwen2.5-1.5b"} and real_size.VOCAB == 151936
 
 
 def _child(seconds: float) -> subprocess.Popen:
@@ -255,7 +263,7 @@ def _child(seconds: float) -> subprocess.Popen:
 
 
 def test_bench_job_sampler_reads_a_process_and_its_guard_kills_it(tmp_path):
-    from rl_engine.benchmarks.real_size import GIB, Sampler
+    from rl_engine.benchmarks.job_memory import GIB, Sampler
 
     proc = _child(2.0)
     sampler = Sampler(tmp_path, proc.pid, 0, lambda: os.killpg(proc.pid, signal.SIGKILL))
@@ -278,7 +286,7 @@ def test_bench_job_sampler_reads_a_process_and_its_guard_kills_it(tmp_path):
 
 
 def test_bench_job_report():
-    from rl_engine.benchmarks.real_size import environment, markdown
+    from rl_engine.benchmarks.real_size_report import environment, markdown
 
     env = environment()
     assert env["cpus"] >= 1 and env["total_gib"] > 0
@@ -307,6 +315,76 @@ def test_bench_job_report():
     }
     assert by_title["peak RSS MiB, trainer 0"]["invariant"] == "1800"
     assert by_title["parity exact-match per step"]["plain"] == "0.25, -"
+
+
+def test_bench_job_report_with_lora():
+    """A LoRA run's column and the LoRA / full ratios (lora over the invariant full run)."""
+    from rl_engine.benchmarks.real_size_report import environment, markdown
+
+    env = environment()
+    figures = [
+        {
+            "mode": mode,
+            "train_compute_s": 2.0 * scale,
+            "peak_extra_gib": 4.0 * scale,
+            "sync_first_mib": 100.0,
+            "sync_later_mib": 100.0 * scale**4,
+            "pss_at_peak_mib": {"driver": 300.0, "trainer rank 0": 900.0 * scale},
+            "driver_rss_during_steps_mib": None,
+            "parity_exact": [1.0],
+        }
+        for mode, scale in (("invariant", 1.0), ("plain", 1.0), ("lora", 0.25))
+    ]
+    (rows,) = tables(markdown(figures, env, env, "label"))
+    by_title = {r[""]: r for r in rows}
+    assert by_title["train compute s"] == {
+        "": "train compute s",
+        "invariant": "2.0",
+        "plain": "2.0",
+        "lora": "0.5",
+        "ratio": "1.00x",
+        "lora / full": "0.25x",
+    }
+    assert by_title["weight_sync/bytes MiB, first sync"]["lora / full"] == "1.00x"
+    later = by_title["weight_sync/bytes MiB, later syncs (median)"]
+    assert (later["lora"], later["lora / full"]) == ("0.391", "0.0039x")  # significant digits
+    assert by_title["PSS MiB at the job's peak, trainer rank 0"]["lora"] == "225"
+    assert by_title["step s"]["lora / full"] == "-"  # a figure a run does not have
+
+
+@pytest.mark.multiprocess  # two Ray jobs of 2 ZeRO-3 ranks and an engine each
+@pytest.mark.slow
+def test_bench_job_lora_beside_the_full_weight_run(tmp_path, capsys):
+    """`--lora RANK` at the tiny shape: the LoRA run beside the full-weight invariant run, with
+    memory, the train / generate / sync split and weight_sync/bytes (first and later syncs)
+    for each, and the LoRA / full ratios; a LoRA run's later syncs move its adapters alone."""
+    from rl_engine.benchmarks import real_size
+
+    argv = ["--tiny", "--lora", "2", "--modes", "invariant"]
+    assert real_size.main([*argv, "--out", str(tmp_path / "out"), "--cache", str(tmp_path)]) == 0
+    (rows,) = tables(capsys.readouterr().out)
+    by_title = {r[""]: r for r in rows}
+    assert set(rows[0]) == {"", "invariant", "lora", "lora / full"}
+    ratios = (
+        "peak extra system memory GiB",
+        "peak of the job's own memory GiB (PSS of its processes)",
+        "train compute s",
+        "weight_sync/bytes MiB, first sync",
+        "weight_sync/bytes MiB, later syncs (median)",
+    )
+    for title in (*ratios, "generate compute s", "weight sync s (median, steps 1..)"):
+        assert_figures([by_title[title]], memory=("invariant", "lora"))
+    assert_figures([by_title[title] for title in ratios], ratios=("lora / full",))
+    later = by_title["weight_sync/bytes MiB, later syncs (median)"]
+    assert number(later["lora / full"]) < 0.1
+    pss = [r for title, r in by_title.items() if title.startswith("PSS MiB at the job's peak")]
+    assert {r[""].split(", ", 1)[1] for r in pss} >= {
+        "driver",
+        "trainer rank 0",
+        "rollout engine 0",
+    }
+    assert_figures(pss, memory=("invariant", "lora"))
+    assert by_title["parity exact-match per step"]["lora"] == "1, 1"
 
 
 # ------------------------------------------------------------------------------ GPU

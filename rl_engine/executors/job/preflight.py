@@ -61,8 +61,9 @@ def check_tensor_parallel(config: RunConfig) -> None:
     TPLayout.from_config(model_config(config.model), config.rollout.tensor_parallel_size)
 
 
-def check_lora_targets(config: RunConfig) -> None:
-    """lora.target_modules against the model's linears, on a weightless (meta) copy of it."""
+def check_lora_targets(config: RunConfig, model: str | None = None) -> None:
+    """lora.target_modules against the linears of `model` (default: the policy's), on a
+    weightless (meta) copy of it."""
     if not config.lora.enabled:
         return
     import torch
@@ -72,7 +73,7 @@ def check_lora_targets(config: RunConfig) -> None:
     from rl_engine.patching.lora import resolve_targets
 
     with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(model_config(config.model))
+        skeleton = AutoModelForCausalLM.from_config(model_config(model or config.model))
     resolve_targets(skeleton, config.lora.target_modules)
 
 
@@ -132,6 +133,7 @@ def _check_critic(config: RunConfig) -> None:
     if config.critic.model is not None:
         try:
             check_model_spec(config.critic.model)
+            check_lora_targets(config, config.critic.model)  # the critic's own adapter
         except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
             raise ValueError(f"critic.model: {err}") from None
     view = config.critic_view()

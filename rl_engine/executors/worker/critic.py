@@ -8,6 +8,13 @@ when `batch_invariant` (the same kernels as the policy, so a sequence's values d
 depend on the micro-batch layout, the packing or the other sequences of the batch), and
 a scalar value head.
 
+With `lora.rank` > 0 the backbone is frozen and carries an adapter of its own (the `lora:`
+section's rank, alpha and targets; PEFT's initialisation drawn from `critic_adapter_seed`, a
+stream apart from the policy's seed): the optimizer holds that adapter and the value head
+alone, and checkpoints hold them, with the base's spec and content hash checked on resume as
+the policy's are. With `critic.model` null the backbone is the policy's base model, so the
+two adapters share one frozen base (each process holds its own copy of it).
+
 Per RL step the job calls `values(shard)` (no grad: the rollout-time values V_old that
 GAE reads) and then `train_step(shard, returns, old_values)`: for every epoch and
 mini-batch, the clipped value loss (`rl_engine.algorithms.clipped_value_loss`, a token
@@ -18,6 +25,7 @@ the all-or-none update guard and checkpoints are the policy worker's own helpers
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +43,7 @@ from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
 from rl_engine.executors.worker.errors import BatchError
 from rl_engine.executors.worker.micro_batches import MicroBatch
-from rl_engine.executors.worker.policy import StepGuard, prepare_policy
+from rl_engine.executors.worker.policy import StepGuard, base_record, prepare_policy
 from rl_engine.executors.worker.value_model import ValueModule
 from rl_engine.sums import Sums
 
@@ -52,6 +60,13 @@ class ValueLossSums(Sums):
     """Completion tokens whose clipped error was the larger."""
     tokens: float = 0.0
     """Its completion tokens."""
+
+
+def critic_adapter_seed(seed: int) -> int:
+    """The seed of the critic's LoRA adapter: a 63-bit hash of (seed, 'critic'), stable across
+    Python versions, so the critic's A never repeats the policy's (drawn from `seed` itself)."""
+    digest = hashlib.blake2b(f"critic_adapter/{seed}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 class CriticWorker:
@@ -76,13 +91,14 @@ class CriticWorker:
         self._deepspeed.init_distributed(dist_backend=backend)
         validate_with_deepspeed(self.ds_config)
         self.comm = Collectives(self.env.rank, self.env.world_size, self.device)
-        backbone = prepare_policy(model, self.config, self.device)
+        adapter_seed = critic_adapter_seed(config.seed)
+        backbone = prepare_policy(model, self.config, self.device, adapter_seed=adapter_seed)
+        self.base = base_record(backbone, self.config)  # before ZeRO-3 partitions the base
         self.vocab_size = int(backbone.get_input_embeddings().weight.shape[0])
         self.module = ValueModule(backbone)
         trainer = self.config.trainer
-        optimizer = torch.optim.AdamW(
-            self.module.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay
-        )
+        trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: adapter, head
+        optimizer = torch.optim.AdamW(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
         self.guard = StepGuard(optimizer, self.comm)
         self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
             model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
@@ -225,11 +241,13 @@ class CriticWorker:
     # -------------------------------------------------------------- checkpoints
 
     def save_checkpoint(self, directory: str | Path, tag: str = "state") -> None:
-        """DeepSpeed checkpoint (value model, optimizer, step) under `directory`; collective, atomic."""
+        """DeepSpeed checkpoint (value model, optimizer, step) under `directory`; collective,
+        atomic. LoRA: the adapter and the value head, and the base's record instead of it."""
         state = {"critic_updates": self.updates}
-        checkpoints.save_checkpoint(self.engine, self.comm, Path(directory), tag, state)
+        checkpoints.save_checkpoint(self.engine, self.comm, Path(directory), tag, state, self.base)
 
     def load_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
-        """Restore what `save_checkpoint` wrote (latest tag by default); collective."""
-        _, state = checkpoints.load_checkpoint(self.engine, Path(directory), tag)
+        """Restore what `save_checkpoint` wrote (latest tag by default); collective. LoRA: a
+        checkpoint of another base raises before anything is loaded."""
+        _, state = checkpoints.load_checkpoint(self.engine, Path(directory), tag, self.base)
         self.updates = int(state.get("critic_updates", 0))

@@ -112,13 +112,13 @@ def release_zero3_parameters(engine) -> None:
     coordinator.release_and_reset_all(engine.module)
 
 
-def load_policy(config: RunConfig):
+def load_policy(config: RunConfig, *, adapter_seed: int | None = None):
     """(model, tokenizer): `load_model(config.model, seed=config.seed)` with the `lora:`
-    section's adapter when its rank > 0 (PEFT's, initialised from config.seed: every rank and
-    every engine builds the same one). Unpatched, on the CPU."""
+    section's adapter when its rank > 0 (PEFT's, initialised from `adapter_seed`, default
+    config.seed: every rank and every engine builds the same one). Unpatched, on the CPU."""
     check_no_diagnostics_adapter(config)
     model, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
-    return with_lora(model, config), tokenizer
+    return with_lora(model, config, seed=adapter_seed), tokenizer
 
 
 def check_no_diagnostics_adapter(config: RunConfig) -> None:
@@ -130,9 +130,9 @@ def check_no_diagnostics_adapter(config: RunConfig) -> None:
         )
 
 
-def with_lora(model: nn.Module, config: RunConfig) -> nn.Module:
-    """`model` with the `lora:` section's adapter added (unless it has one already); a model
-    with an adapter when lora.rank is 0 raises."""
+def with_lora(model: nn.Module, config: RunConfig, *, seed: int | None = None) -> nn.Module:
+    """`model` with the `lora:` section's adapter added (unless it has one already), drawn
+    from `seed` (default config.seed); a model with an adapter when lora.rank is 0 raises."""
     lora = config.lora
     if has_lora(model):
         if not lora.enabled:
@@ -146,24 +146,31 @@ def with_lora(model: nn.Module, config: RunConfig) -> nn.Module:
         rank=lora.rank,
         alpha=lora.alpha,
         target_modules=lora.target_modules,
-        seed=config.seed,
+        seed=config.seed if seed is None else seed,
     )
 
 
-def prepare_policy(model: nn.Module | None, config: RunConfig, device: torch.device) -> nn.Module:
+def prepare_policy(
+    model: nn.Module | None,
+    config: RunConfig,
+    device: torch.device,
+    *,
+    adapter_seed: int | None = None,
+) -> nn.Module:
     """The worker's policy on `device`: `model`, else `load_policy(config)`'s; with
-    `lora.rank` > 0 it carries the adapter (only its parameters train).
+    `lora.rank` > 0 it carries the adapter (only its parameters train), drawn from
+    `adapter_seed` (default config.seed) when the model has none yet.
 
     Moved first, then patched when `config.batch_invariant` (patching resolves the ops for
     the device); a model patched for another device, or patched without batch_invariant, raises.
     """
     check_no_diagnostics_adapter(config)
     if model is None:
-        model, _ = load_policy(config)
+        model, _ = load_policy(config, adapter_seed=adapter_seed)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch nn.Module, got {type(model).__name__}")
     if patch_handle(model) is None:
-        model = with_lora(model, config)
+        model = with_lora(model, config, seed=adapter_seed)
     elif config.lora.enabled and not has_lora(model):
         raise ValueError(
             "lora.rank > 0 but the model is patched without adapters: pass it unpatched"

@@ -15,6 +15,8 @@ from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.critic import CriticWorker
 from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
 from rl_engine.executors.worker.errors import BatchError
+from rl_engine.executors.worker.policy import load_policy
+from rl_engine.patching.lora import base_fingerprint, is_adapter_name
 from tests.executors.worker.cell import cached_completions, to_batch
 from tests.executors.worker.critic_setup import critic_config, gae_returns
 
@@ -88,6 +90,47 @@ def test_updates_move_values_to_the_returns_and_a_checkpoint_resumes_bitwise(bat
     assert first["critic/value_loss"] > second["critic/value_loss"] > 0
     with pytest.raises(BatchError, match=r"returns must be \(B, T-1\)"):
         worker.train_step(batch, returns[:, :3], moved)
+
+
+def test_a_lora_critic_trains_its_own_adapter_and_head_on_the_frozen_base(batch, tmp_path):
+    """lora.rank > 0: the critic's backbone is the policy's base, frozen (no gradient, not in
+    the optimizer), with an adapter of its own (another A than the policy's); one update on
+    V = 0 moves the head, the next the adapter too; a checkpoint resumes bitwise, and one of
+    another base is refused."""
+    config = critic_config(lora={"rank": 4, "alpha": 8})
+    worker = CriticWorker(config, device="cpu")
+    named = dict(worker.module.named_parameters())
+    adapters = {n for n in named if is_adapter_name(n)}
+    trainable = {n for n, p in named.items() if p.requires_grad}
+    assert adapters and trainable == adapters | {"head.weight", "head.bias"}
+    held = {id(p) for group in worker.guard.optimizer.param_groups for p in group["params"]}
+    assert held == {id(named[n]) for n in trainable}
+    policy, _ = load_policy(config)  # the policy's adapter, drawn from config.seed
+    assert worker.base == {"model": config.model, "hash": base_fingerprint(policy)}
+    a_name = next(n for n in adapters if ".lora_A." in n)
+    policy_a = policy.get_parameter("model." + a_name.removeprefix("backbone."))
+    assert not torch.equal(named[a_name], policy_a)  # its own seed stream
+    before = {n: p.detach().clone() for n, p in named.items()}
+
+    old = worker.values(batch)
+    returns = gae_returns(batch, old)
+    worker.train_step(batch, returns, old)  # the head starts at 0: only it moves
+    worker.save_checkpoint(tmp_path / "critic")
+    moved = worker.values(batch)
+    second = worker.train_step(batch, returns, moved)
+    after = worker.values(batch)
+    changed = {n for n, p in named.items() if not torch.equal(p, before[n])}
+    assert {n for n in adapters if ".lora_B." in n} <= changed  # B starts at 0, now moved
+    assert changed <= trainable  # the base is untouched
+
+    resumed = CriticWorker(config, device="cpu")
+    resumed.load_checkpoint(tmp_path / "critic")
+    assert torch.equal(resumed.values(batch), moved)
+    assert resumed.train_step(batch, returns, moved) == second
+    assert torch.equal(resumed.values(batch), after)
+    other_base = CriticWorker(critic_config(lora={"rank": 4, "alpha": 8}, seed=4), device="cpu")
+    with pytest.raises(ValueError, match="holds adapters of base 'tiny-llama'"):
+        other_base.load_checkpoint(tmp_path / "critic")
 
 
 def test_a_warmup_step_checks_parity_and_leaves_the_policy_as_it_was(batch):
