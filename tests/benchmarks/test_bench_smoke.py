@@ -354,6 +354,7 @@ def test_bench_job_report_with_lora():
 
 @pytest.mark.multiprocess  # two Ray jobs of 2 ZeRO-3 ranks and an engine each
 @pytest.mark.slow
+@pytest.mark.exhaustive  # make test keeps the report's LoRA columns (test_bench_job_report_with_lora)
 def test_bench_job_lora_beside_the_full_weight_run(tmp_path, capsys):
     """`--lora RANK` at the tiny shape: the LoRA run beside the full-weight invariant run, with
     memory, the train / generate / sync split and weight_sync/bytes (first and later syncs)

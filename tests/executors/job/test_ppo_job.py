@@ -74,6 +74,7 @@ def test_ppo_job_warms_up_keeps_parity_and_resumes_bitwise(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # make test keeps the LoRA job under GRPO and the critic's adapter at worker level
 @pytest.mark.multiprocess
 def test_ppo_job_with_lora_policy_and_critic_is_exact_and_resumes_bitwise(tmp_path):
     """lora.rank > 0 under PPO, 2 ZeRO-3 ranks each for the policy and the critic: parity 1.0
