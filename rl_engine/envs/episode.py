@@ -150,9 +150,12 @@ def run_episodes(
 
 
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
-    """env/turns_mean, env/errors, env/timeouts, env/truncated (counts over the episodes)."""
+    """env/turns_mean, env/multi_turn_fraction (episodes of more than one model turn: with the
+    calculator, those that called the tool), env/errors, env/timeouts, env/truncated (counts)."""
+    count = max(len(episodes), 1)
     return {
-        "env/turns_mean": sum(e.turns for e in episodes) / max(len(episodes), 1),
+        "env/turns_mean": sum(e.turns for e in episodes) / count,
+        "env/multi_turn_fraction": sum(e.turns > 1 for e in episodes) / count,
         "env/errors": float(sum(e.env_errors for e in episodes)),
         "env/timeouts": float(sum(e.env_timeouts for e in episodes)),
         "env/truncated": float(sum(e.truncated for e in episodes)),

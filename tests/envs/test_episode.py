@@ -62,6 +62,7 @@ def test_max_turns_and_the_last_turn_reward(engine):
     metrics = episode_metrics(summed)
     assert metrics == {
         "env/turns_mean": 3.0,
+        "env/multi_turn_fraction": 1.0,
         "env/errors": 0.0,
         "env/timeouts": 0.0,
         "env/truncated": 0.0,

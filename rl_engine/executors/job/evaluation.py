@@ -23,7 +23,8 @@ Metrics (k = eval.samples_per_prompt), over the validation prompts:
 
 With `rollout.env` every validation sample is an episode with the environment (eval's
 sampling, the run's limits); its reward is the episode's return, and `eval/reward_errors` /
-`eval/reward_timeouts` count the episodes whose environment raised / timed out.
+`eval/reward_timeouts` count the episodes whose environment raised / timed out, and the
+episodes' env/* figures come under `eval/env/`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from collections import defaultdict
 
 from rl_engine.config import RunConfig
 from rl_engine.data import PromptDataset
+from rl_engine.envs import episode_metrics
 from rl_engine.executors.job.faults import ActorInfo
 from rl_engine.executors.job.prompts import load_prompt_files
 from rl_engine.executors.job.rollouts import generate_on_engines
@@ -109,6 +111,8 @@ class Evaluator:
         metrics["eval/num_prompts"] = float(len(records))
         metrics["eval/reward_errors"] = float(sum(1 for s in scores if s.error and not s.timed_out))
         metrics["eval/reward_timeouts"] = float(sum(1 for s in scores if s.timed_out))
+        if self.episodes is not None:
+            metrics.update({f"eval/{k}": v for k, v in episode_metrics(completions).items()})
         sources = self.dataset.data_sources
         if len(sources) > 1:
             for source in sources:
