@@ -3,8 +3,9 @@
     python scripts/learning_curve.py runs/smollm2_arithmetic
 
 One row per step: training reward, validation reward where an eval ran (the initial
-eval is in step 0's row), parity, step time; then the validation rise and the median
-step time.
+eval is in step 0's row), parity, step time, and with an environment the fraction of
+episodes of more than one model turn (the calculator's tool calls) in training and
+validation; then the validation rise and the median step time.
 """
 
 from __future__ import annotations
@@ -22,15 +23,22 @@ def main(argv: list[str]) -> None:
     rows = read_metrics(Path(argv[0]))
     if not rows:
         raise SystemExit(f"{argv[0]}: no metrics.jsonl rows")
-    print("| step | train reward | validation reward | parity exact | tokens | step s |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    episodes = any("env/multi_turn_fraction" in m for m in rows)
+    extra = " multi-turn episodes | validation multi-turn |" if episodes else ""
+    print("| step | train reward | validation reward | parity exact | tokens | step s |" + extra)
+    print("|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if episodes else ""))
     for m in rows:
         val = f"{m['eval/reward_mean']:.3f}" if "eval/reward_mean" in m else ""
-        print(
+        line = (
             f"| {m['step']} | {m['reward_mean']:.3f} | {val} | "
             f"{m.get('parity/exact_match_fraction', float('nan')):.4f} | {m['tokens']} | "
             f"{m['time/step']:.1f} |"
         )
+        if episodes:
+            val_turns = m.get("eval/env/multi_turn_fraction")
+            line += f" {m['env/multi_turn_fraction']:.3f} | "
+            line += f"{val_turns:.3f} |" if val_turns is not None else " |"
+        print(line)
     evals = [m["eval/reward_mean"] for m in rows if "eval/reward_mean" in m]
     if len(evals) >= 2:
         print(
