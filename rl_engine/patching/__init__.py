@@ -21,6 +21,7 @@ from rl_engine.patching.attention import (
     PackedSegments,
     attention_name,
 )
+from rl_engine.patching.decode_path import FastDecoder, fast_decoder
 from rl_engine.patching.families import FAMILIES, family_for
 from rl_engine.patching.modules import InvariantLMHead
 from rl_engine.patching.moe import (
@@ -36,12 +37,14 @@ __all__ = [
     "FAMILIES",
     "KV_CACHE_KWARG",
     "PACKED_KWARG",
+    "FastDecoder",
     "InvariantLMHead",
     "PackedSegments",
     "PatchHandle",
     "apply_batch_invariant",
     "attention_name",
     "family_for",
+    "fast_decoder",
     "is_patched",
     "lm_head_parameters",
     "model_op",

@@ -3,14 +3,15 @@
 A prefill runs the prompts of newly admitted requests, right-padded or, when the
 engine says so, packed into one row with segment-aware attention; with the engine's
 `share_prompt_prefill`, one request per prompt runs and the others copy its KV rows and
-its logprob row (prompt_sharing.py); a decode feeds
-every running request's last token (one query each). Both write the KV cache
-through the attention hook (`rl_kv_cache`) and score each row's last hidden state:
-patched, through the `lm_head` and `log_softmax` ops the model was patched with
-(`model_op`), the definition the trainer's `linear_logp` computes, so every
-recorded logprob equals its recompute bit for bit; unpatched, through the model's
-own lm_head and `torch.log_softmax`. Each row then draws its token from its own
-generator (`sample_token`).
+its logprob row (prompt_sharing.py); a decode feeds every running request's last token
+(one query each). Both write the KV cache through the attention hook (`rl_kv_cache`) or,
+for the padded and decode forwards of a patched dense model, through its FastDecoder: the
+same ops in the same order without transformers' module calls (patching/decode_path.py).
+Each row's last hidden state is scored: patched, through the `lm_head` and `log_softmax`
+ops the model was patched with (`model_op`), the definition the trainer's `linear_logp`
+computes, so every recorded logprob equals its recompute bit for bit; unpatched, through
+the model's own lm_head and `torch.log_softmax`. Each row then draws its token from its
+own generator (`sample_token`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rl_engine.patching import (
     KV_CACHE_KWARG,
     PACKED_KWARG,
     PackedSegments,
+    fast_decoder,
     lm_head_parameters,
     model_op,
 )
@@ -56,7 +58,9 @@ class _Stepper:
         self.device = engine.device
         self.temperature = sampling.logprob_temperature
         self.sharing = PromptSharing(engine.share_prompt_prefill)
+        self._decoder = None  # the module path; patched dense models: the same ops, flat
         if engine.batch_invariant:
+            self._decoder = fast_decoder(self.model)
             self._lm_head = model_op(self.model, "lm_head")
             self._log_softmax = model_op(self.model, "log_softmax")
             self._head_params = lm_head_parameters(self.model)
@@ -143,8 +147,12 @@ class _Stepper:
 
     def _forward(self, ids, positions, **kwargs) -> torch.Tensor:
         """(B, T, H) final-norm hidden states of one decoder forward that reads and writes
-        the cache as bound; unbinds it, whatever happens."""
+        the cache as bound; unbinds it, whatever happens. A padded or decode forward of a
+        patched dense model runs its FastDecoder (the modules' ops in their order, without
+        HF's module calls); a packed one, and any other model, the modules."""
         try:
+            if self._decoder is not None and not kwargs:
+                return self._decoder(ids, positions, self.cache)
             out = self.model.base_model(
                 input_ids=ids,
                 position_ids=positions,

@@ -289,15 +289,14 @@ def attention_op(attention_forward, serving: Serving, module: str, backward=atte
                 q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments
             )
             guard("q", q)
-            if (
-                kv_index is not None
-                and torch.is_grad_enabled()
-                and (q.requires_grad or k.requires_grad or v.requires_grad)
-            ):  # the backward works on per-row keys
+            args = (q_positions, k_positions, scale)
+            if not (
+                torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+            ):  # no gradient wanted (rollout decode): the same forward without autograd's cost
+                return attention_forward(q, k, v, *args, kv_index, q_segments, k_segments)
+            if kv_index is not None:  # the backward works on per-row keys
                 k, v, kv_index = k.index_select(0, kv_index), v.index_select(0, kv_index), None
-            return function.apply(
-                q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments
-            )
+            return function.apply(q, k, v, *args, kv_index, q_segments, k_segments)
 
         return attention
 
