@@ -101,6 +101,40 @@ def test_backward_matches_reference(monkeypatch, dtype, tol, backend):
     assert torch.equal(ours[0][3], torch.zeros(48, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_frozen_head_gets_no_gradient_and_the_same_hidden_gradient(monkeypatch, dtype, backend):
+    """A frozen weight (a LoRA policy's vocabulary head) is never given a V x H gradient, and
+    the hidden states' gradient is bitwise the trainable head's."""
+    skip_if_refused(backend, dtype)
+    monkeypatch.setattr(_chunk_module(backend), "CHUNK_ELEMENTS", 3000)
+    linear_logp = get_op("linear_logp", "cpu", backend=backend)
+    h, w, b, t = _problem(150, 48, 500, dtype, bias=True)
+    coeff = torch.randn(150)
+    made = []
+    real_zeros = torch.zeros
+
+    def counting_zeros(*shape, **kwargs):
+        out = real_zeros(*shape, **kwargs)
+        made.append(tuple(out.shape))
+        return out
+
+    def hidden_grad(train_head: bool):
+        hh = h.detach().requires_grad_(True)
+        ww, bb = (x.detach().requires_grad_(train_head) for x in (w, b))
+        made.clear()
+        monkeypatch.setattr(torch, "zeros", counting_zeros)
+        (linear_logp(hh, ww, t, bb, temperature=0.7) * coeff).sum().backward()
+        monkeypatch.setattr(torch, "zeros", real_zeros)
+        return hh.grad, ww.grad, bb.grad, list(made)
+
+    trained, frozen = hidden_grad(True), hidden_grad(False)
+    assert torch.equal(trained[0], frozen[0])
+    assert trained[1] is not None and trained[2] is not None
+    assert frozen[1] is None and frozen[2] is None
+    assert tuple(w.shape) in trained[3] and tuple(w.shape) not in frozen[3]
+
+
 def test_gradcheck_fp64():
     linear_logp = get_op("linear_logp", "cpu", allow_non_invariant=True)  # cpp's fp64: opt in
     h, w, b, t = _problem(6, 8, 11, torch.float64, bias=True)

@@ -54,15 +54,21 @@ def chunked_logp_backward(
     targets,
     temperature,
     ignore_index,
+    needs=(True, True, True),
 ):
+    """(grad hidden, grad weight, grad bias); `needs` (ctx.needs_input_grad of the three): a
+    frozen weight or bias gets None, and no V x H accumulator or product is made for it."""
     n, vocab = hidden.shape[0], weight.shape[0]
+    needs_weight, needs_bias = needs[1], needs[2] and bias is not None
     live = targets != ignore_index
     safe_targets = torch.where(live, targets, torch.zeros_like(targets))
     acc = at_least_fp32(weight.dtype)
     coeff = torch.where(live, grad_out.to(acc), torch.zeros_like(grad_out, dtype=acc))
     grad_hidden = torch.empty_like(hidden)
-    grad_weight = torch.zeros(weight.shape, dtype=acc, device=weight.device)
-    grad_bias = torch.zeros(vocab, dtype=acc, device=weight.device) if bias is not None else None
+    grad_weight = (
+        torch.zeros(weight.shape, dtype=acc, device=weight.device) if needs_weight else None
+    )
+    grad_bias = torch.zeros(vocab, dtype=acc, device=weight.device) if needs_bias else None
     step = chunk_rows_for(vocab)
     for start in range(0, n, step):
         stop = min(start + step, n)
@@ -73,10 +79,12 @@ def chunked_logp_backward(
         grad_logits.mul_(coeff[start:stop, None] / temperature)  # (n, V)
         g = grad_logits.to(weight.dtype)
         grad_hidden[start:stop] = (g @ weight).to(hidden.dtype)
-        grad_weight += g.t() @ h.to(weight.dtype)
+        if grad_weight is not None:
+            grad_weight += g.t() @ h.to(weight.dtype)
         if grad_bias is not None:
             grad_bias += grad_logits.sum(0)
-    grad_weight = grad_weight.to(weight.dtype)
+    if grad_weight is not None:
+        grad_weight = grad_weight.to(weight.dtype)
     if grad_bias is not None:
         grad_bias = grad_bias.to(bias.dtype)
     return grad_hidden, grad_weight, grad_bias
@@ -96,7 +104,14 @@ def linear_logp_function(linear_logp_forward, linear_logp_backward, module: str)
         def backward(ctx, grad_out):
             hidden, weight, bias, targets = ctx.saved_tensors
             grads = linear_logp_backward(
-                grad_out, hidden, weight, bias, targets, ctx.temperature, ctx.ignore_index
+                grad_out,
+                hidden,
+                weight,
+                bias,
+                targets,
+                ctx.temperature,
+                ctx.ignore_index,
+                needs=ctx.needs_input_grad[:3],
             )
             grad_hidden, grad_weight, grad_bias = grads
             return (
