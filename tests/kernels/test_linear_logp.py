@@ -200,29 +200,3 @@ def test_backward_weight_gradient_same_bits_kept_or_accumulated(monkeypatch, dty
 
     monkeypatch.setattr(common.WeightGradient, "__init__", accumulate)
     assert torch.equal(kept, weight_grad())
-
-
-def test_frozen_weight_gets_no_gradient_and_same_hidden_gradient(monkeypatch):
-    from rl_engine.kernels.common import linear_logp as common
-
-    monkeypatch.setattr(_chunk_module("cpp"), "CHUNK_ELEMENTS", 3000)  # several chunks
-    formed = []
-    real_add = common.WeightGradient.add
-    monkeypatch.setattr(
-        common.WeightGradient, "add", lambda self, *a: formed.append(real_add(self, *a))
-    )
-    linear_logp = get_op("linear_logp", "cpu", backend="cpp")
-    h, w, b, t = _problem(150, 48, 500, torch.bfloat16, bias=True)
-
-    def hidden_grad(train_head):
-        hh = h.detach().clone().requires_grad_(True)
-        ww, bb = (x.detach().clone().requires_grad_(train_head) for x in (w, b))
-        linear_logp(hh, ww, t, bb, temperature=0.7).sum().backward()
-        return hh.grad, ww.grad, bb.grad
-
-    trained = hidden_grad(True)
-    assert formed and trained[1] is not None and trained[2] is not None
-    formed.clear()
-    frozen = hidden_grad(False)  # a LoRA policy's LM head
-    assert not formed and frozen[1] is None and frozen[2] is None
-    assert torch.equal(trained[0], frozen[0])

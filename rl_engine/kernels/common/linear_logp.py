@@ -57,21 +57,15 @@ def chunked_logp_backward(
     targets,
     temperature,
     ignore_index,
-    wanted=(True, True, True),
 ):
-    """(grad_hidden, grad_weight, grad_bias); `wanted` (hidden, weight, bias): a gradient
-    autograd does not want is None and never formed (a LoRA policy's frozen LM head: no
-    V x H weight gradient)."""
-    want_hidden, want_weight, want_bias = wanted
     n, vocab = hidden.shape[0], weight.shape[0]
     live = targets != ignore_index
     safe_targets = torch.where(live, targets, torch.zeros_like(targets))
     acc = at_least_fp32(weight.dtype)
     coeff = torch.where(live, grad_out.to(acc), torch.zeros_like(grad_out, dtype=acc))
-    grad_hidden = torch.empty_like(hidden) if want_hidden else None
-    grad_weight = WeightGradient(weight, n) if want_weight else None
-    want_bias = want_bias and bias is not None
-    grad_bias = torch.zeros(vocab, dtype=acc, device=weight.device) if want_bias else None
+    grad_hidden = torch.empty_like(hidden)
+    grad_weight = WeightGradient(weight, n)
+    grad_bias = torch.zeros(vocab, dtype=acc, device=weight.device) if bias is not None else None
     step = chunk_rows_for(vocab)
     for start in range(0, n, step):
         stop = min(start + step, n)
@@ -81,14 +75,11 @@ def chunked_logp_backward(
         grad_logits.scatter_add_(1, safe_targets[start:stop, None], torch.ones_like(probs[:, :1]))
         grad_logits.mul_(coeff[start:stop, None] / temperature)  # (n, V)
         g = grad_logits.to(weight.dtype)
-        if grad_hidden is not None:
-            grad_hidden[start:stop] = (g @ weight).to(hidden.dtype)
-        if grad_weight is not None:
-            grad_weight.add(g, h.to(weight.dtype))
+        grad_hidden[start:stop] = (g @ weight).to(hidden.dtype)
+        grad_weight.add(g, h.to(weight.dtype))
         if grad_bias is not None:
             grad_bias += grad_logits.sum(0)
-    if grad_weight is not None:
-        grad_weight = grad_weight.result()
+    grad_weight = grad_weight.result()
     if grad_bias is not None:
         grad_bias = grad_bias.to(bias.dtype)
     return grad_hidden, grad_weight, grad_bias
@@ -174,16 +165,17 @@ def linear_logp_function(linear_logp_forward, linear_logp_backward, module: str)
         def backward(ctx, grad_out):
             hidden, weight, bias, targets = ctx.saved_tensors
             grads = linear_logp_backward(
-                grad_out,
-                hidden,
-                weight,
-                bias,
-                targets,
-                ctx.temperature,
-                ctx.ignore_index,
-                wanted=tuple(ctx.needs_input_grad[:3]),
+                grad_out, hidden, weight, bias, targets, ctx.temperature, ctx.ignore_index
             )
-            return (*grads, None, None, None)
+            grad_hidden, grad_weight, grad_bias = grads
+            return (
+                grad_hidden if ctx.needs_input_grad[0] else None,
+                grad_weight if ctx.needs_input_grad[1] else None,
+                grad_bias if ctx.needs_input_grad[2] else None,
+                None,
+                None,
+                None,
+            )
 
     _LinearLogp.__module__, _LinearLogp.__qualname__ = module, "_LinearLogp"
     return _LinearLogp
