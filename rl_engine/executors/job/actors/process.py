@@ -96,7 +96,7 @@ def map_large_allocations() -> None:
     when freed: glibc's dynamic mmap threshold otherwise rises to 32 MiB after the first
     large free, and the step's many freed tensors below that (activations, gathered layers,
     blocks of the LM-head gradient) stay resident on its heap. Measured on a 2-rank ZeRO-3
-    train step of the 0.5B-shaped model: a rank's peak RSS 6.3 -> 5.7 GiB. Called before
+    train step of the 0.5B-shaped model: a rank's peak RSS 6321 -> 5711 MiB. Called before
     the worker is built; raises if glibc refuses a setting.
     """
     mallopt = getattr(_glibc(), "mallopt", None)
