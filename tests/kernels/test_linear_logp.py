@@ -172,3 +172,65 @@ def test_bad_inputs_name_the_problem():
         linear_logp(h, w, t, temperature=0.0)
     with pytest.raises(TypeError, match="targets must be an integer tensor"):
         linear_logp(h, w, t.float())
+
+
+def _one_accumulator(parts, shape, dtype):
+    """The weight gradient as one full-size fp32 accumulator gives it: the memory-hungry
+    formula `WeightGradient` must reproduce bit for bit."""
+    total = torch.zeros(shape, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    for g, h in parts:
+        total += g.t() @ h
+    return total.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows_per_chunk,chunks", [(3, 4), (40, 3)])  # kept chunks; accumulator
+@pytest.mark.parametrize("block_rows", [64, 100, 16384])
+def test_weight_gradient_bitwise_equal_to_one_accumulator(
+    monkeypatch, dtype, rows_per_chunk, chunks, block_rows
+):
+    from rl_engine.kernels.common import linear_logp as common
+
+    monkeypatch.setattr(common, "GRAD_BLOCK_ROWS", block_rows)
+    vocab, hidden = 300, 16  # 3 x 4 rows of g fit a 300 x 16 fp32 accumulator, 40 x 3 do not
+    gen = torch.Generator().manual_seed(1)
+    parts = [
+        (
+            torch.randn(rows_per_chunk, vocab, generator=gen).to(dtype),
+            torch.randn(rows_per_chunk, hidden, generator=gen).to(dtype),
+        )
+        for _ in range(chunks)
+    ]
+    weight = torch.empty(vocab, hidden, dtype=dtype)
+    gradient = common.WeightGradient(weight, rows_per_chunk * chunks)
+    assert (gradient.blocks is None) == (rows_per_chunk == 3)
+    for g, h in parts:
+        gradient.add(g, h)
+    got = gradient.result()
+    assert got.dtype == dtype and got.shape == (vocab, hidden)
+    assert torch.equal(got, _one_accumulator(parts, (vocab, hidden), dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_weight_gradient_same_bits_kept_or_accumulated(monkeypatch, dtype):
+    from rl_engine.kernels.common import linear_logp as common
+
+    monkeypatch.setattr(_chunk_module("cpp"), "CHUNK_ELEMENTS", 3000)  # several chunks
+    monkeypatch.setattr(common, "GRAD_BLOCK_ROWS", 128)
+    linear_logp = get_op("linear_logp", "cpu", backend="cpp")
+    h, w, b, t = _problem(150, 48, 500, dtype, bias=True)
+
+    def weight_grad():
+        ww = w.detach().clone().requires_grad_(True)
+        linear_logp(h, ww, t, b, temperature=0.7).sum().backward()
+        return ww.grad
+
+    kept = weight_grad()  # 150 x 500 rows of g fit a 500 x 48 fp32 accumulator: kept
+    real_init = common.WeightGradient.__init__
+
+    def accumulate(self, weight, rows):
+        real_init(self, weight, rows)
+        self.parts, self.blocks = [], [self._zeros(b - a) for a, b in common._row_blocks(500)]
+
+    monkeypatch.setattr(common.WeightGradient, "__init__", accumulate)
+    assert torch.equal(kept, weight_grad())

@@ -10,7 +10,10 @@ the chunk size, never the bits.
 
 Backward recomputes each chunk's softmax with `chunk_logprobs` and finishes
 with plain torch GEMMs (deterministic, not batch-invariant):
-d logp[t] / d logits = (onehot(t) - softmax) / T.
+d logp[t] / d logits = (onehot(t) - softmax) / T. The weight's gradient is the
+sum over chunks of `g.t() @ h`, each product in the weight's dtype, summed in at
+least fp32 in chunk order and rounded once (`WeightGradient`); it is formed a
+block of vocabulary rows at a time, so no V x H temporary exists beside the sum.
 """
 
 from __future__ import annotations
@@ -65,9 +68,7 @@ def chunked_logp_backward(
     acc = at_least_fp32(weight.dtype)
     coeff = torch.where(live, grad_out.to(acc), torch.zeros_like(grad_out, dtype=acc))
     grad_hidden = torch.empty_like(hidden)
-    grad_weight = (
-        torch.zeros(weight.shape, dtype=acc, device=weight.device) if needs_weight else None
-    )
+    grad_weight = WeightGradient(weight, n) if needs_weight else None
     grad_bias = torch.zeros(vocab, dtype=acc, device=weight.device) if needs_bias else None
     step = chunk_rows_for(vocab)
     for start in range(0, n, step):
@@ -80,14 +81,80 @@ def chunked_logp_backward(
         g = grad_logits.to(weight.dtype)
         grad_hidden[start:stop] = (g @ weight).to(hidden.dtype)
         if grad_weight is not None:
-            grad_weight += g.t() @ h.to(weight.dtype)
+            grad_weight.add(g, h.to(weight.dtype))
         if grad_bias is not None:
             grad_bias += grad_logits.sum(0)
     if grad_weight is not None:
-        grad_weight = grad_weight.to(weight.dtype)
+        grad_weight = grad_weight.result()
     if grad_bias is not None:
         grad_bias = grad_bias.to(bias.dtype)
     return grad_hidden, grad_weight, grad_bias
+
+
+# Vocabulary rows per block of the weight's gradient, at most: an fp32 block of 16384 x 896
+# (the 0.5B shape) is 56 MiB, above glibc's largest mmap threshold (32 MiB), so a freed
+# block goes straight back to the OS. The blocks split the vocabulary evenly, so none is
+# small: torch's fp32 GEMM gave other bits for a 7-row block of a product than for the same
+# rows of the whole product (at 64 rows and more, and in bf16, the same bits in the tests).
+GRAD_BLOCK_ROWS = 16384
+
+
+def _row_blocks(rows: int) -> list[tuple[int, int]]:
+    count = max(1, -(-rows // GRAD_BLOCK_ROWS))
+    edges = [rows * i // count for i in range(count + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+class WeightGradient:
+    """sum over the chunks of `g.t() @ h` (g (n, V), h (n, H), both in the weight's dtype):
+    each product rounded to that dtype, added in at least fp32 in chunk order, the sum
+    rounded once to the weight's dtype: what one full-size fp32 accumulator gives, bit for
+    bit where torch's GEMM gives a block of rows of a product the bits of the product of
+    that block (measured at blocks of 64 rows and more; `GRAD_BLOCK_ROWS`).
+
+    Memory: a batch whose chunks' `g` take no more than that accumulator would (n x V x
+    itemsize <= V x H x fp32 size: n <= 2H in bf16) keeps them and sums block by block
+    at the end, so the only V x H buffer is the result. A larger batch sums into blocks
+    of the accumulator as the chunks come, and rounds and frees it block by block.
+    """
+
+    def __init__(self, weight: torch.Tensor, rows: int):
+        self.shape, self.dtype, self.device = weight.shape, weight.dtype, weight.device
+        self.acc = at_least_fp32(weight.dtype)
+        vocab, hidden = weight.shape
+        acc_bytes = vocab * hidden * torch.empty((), dtype=self.acc).element_size()
+        self.parts = []  # (g, h) of each chunk, while they fit the accumulator's size
+        self.blocks = None  # the accumulator, one tensor per row block
+        if rows * vocab * weight.element_size() > acc_bytes:
+            self.blocks = [self._zeros(stop - start) for start, stop in _row_blocks(vocab)]
+
+    def _zeros(self, rows: int) -> torch.Tensor:
+        return torch.zeros((rows, self.shape[1]), dtype=self.acc, device=self.device)
+
+    def add(self, g: torch.Tensor, h: torch.Tensor) -> None:
+        if self.blocks is None:
+            self.parts.append((g, h))
+            return
+        for block, (start, stop) in zip(self.blocks, _row_blocks(self.shape[0])):
+            block += g[:, start:stop].t() @ h
+
+    def result(self) -> torch.Tensor:
+        if self.blocks is not None and len(self.blocks) == 1 and self.acc == self.dtype:
+            return self.blocks[0]
+        out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        for index, (start, stop) in enumerate(_row_blocks(self.shape[0])):
+            out[start:stop] = self._block_sum(index, start, stop)
+        self.parts = []
+        return out
+
+    def _block_sum(self, index: int, start: int, stop: int) -> torch.Tensor:
+        if self.blocks is not None:
+            block, self.blocks[index] = self.blocks[index], None  # freed once rounded
+            return block
+        block = self._zeros(stop - start)
+        for g, h in self.parts:
+            block += g[:, start:stop].t() @ h
+        return block
 
 
 def linear_logp_function(linear_logp_forward, linear_logp_backward, module: str):
