@@ -54,7 +54,6 @@ from rl_engine.rollout.kv_cache import SlotKVCache
 from rl_engine.rollout.sampling import SamplingParams, request_generator
 from rl_engine.rollout.scheduler import GenerateStats, run_continuous_batching
 from rl_engine.rollout.stepper import _Stepper
-from rl_engine.rollout.turn_session import TurnSession
 from rl_engine.rollout.turns import OnTurnEnd, TurnChain, TurnStart, check_starts
 from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
 from rl_engine.rollout.weight_receiver import WeightReceiver
@@ -197,13 +196,6 @@ class RolloutEngine:
         self._run(requests, max_total_tokens, sampling, progress, chain.next_turn)
         self._log_summary(chain.requests, self.last_stats.seconds)
         return chain.last_turns()
-
-    def turn_session(self, num_slots: int, capacity: int) -> TurnSession:
-        """A KV cache of `num_slots` sequences of at most `capacity` tokens that stay in their
-        slots between turns: `session.generate([(key, transcript), ...], sampling)` is
-        `generate(transcripts, sampling)` token for token, but prefills only what follows each
-        key's cached rows (turn_session.py)."""
-        return TurnSession(self, num_slots, capacity)
 
     def load_weights(self, state_dict, version: int) -> None:
         """Copy `state_dict` into the model in place and set `weight_version`; validates everything first."""

@@ -120,13 +120,6 @@ class TensorParallelEngine(RolloutEngine):
             progress=progress if self.tp_rank == 0 else False,
         )
 
-    def turn_session(self, num_slots: int, capacity: int):
-        """Not on a tensor-parallel engine: its ranks would have to agree on every call's
-        keys and transcripts, which nothing checks yet."""
-        raise NotImplementedError(
-            "turn_session runs on a single-process RolloutEngine, not on a tensor-parallel one"
-        )
-
     def load_weights(self, state_dict, version: int) -> None:
         """A full state dict; each rank copies only its rows (no copy of the others)."""
         super().load_weights(shard_state_dict(self.model, state_dict), version)
