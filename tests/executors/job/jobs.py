@@ -13,7 +13,9 @@ import ray
 import yaml
 
 from rl_engine.config import RunConfig
-from rl_engine.executors.job.run_dir import read_metrics
+from rl_engine.executors.job import job_checkpoints as ckpt
+from rl_engine.executors.job.ray_job import run_job
+from rl_engine.executors.job.run_dir import read_metrics, resume_config
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -52,6 +54,14 @@ def job_config(run_dir: Path, *, steps: int = 3, **sections) -> RunConfig:
     for name, values in sections.items():
         data.setdefault(name, {}).update(values)
     return RunConfig.from_dict(data)
+
+
+def stopped_and_resumed(run_dir: Path, **sections) -> Path:
+    """`run_dir` of a 3-step job stopped after step 2 (its checkpoint) and resumed to step 3."""
+    run_job(job_config(run_dir, steps=2, **sections))
+    assert ckpt.latest(run_dir).step == 2
+    run_job(resume_config(run_dir, None, ["steps=3"]), resume=True)
+    return run_dir
 
 
 def without_timings(run_dir: Path) -> list[dict]:

@@ -12,8 +12,8 @@ import torch
 from rl_engine.cli import main
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
-from rl_engine.executors.job.run_dir import read_metrics, resume_config
-from tests.executors.job.jobs import job_config, private_ray, without_timings
+from rl_engine.executors.job.run_dir import read_metrics
+from tests.executors.job.jobs import job_config, private_ray, stopped_and_resumed, without_timings
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deadline]  # a 3 s collective timeout
 
@@ -45,10 +45,7 @@ def test_stopped_and_resumed_run_equals_uninterrupted(
     whole = tmp_path / "whole"
     history = run_job(job_config(whole, steps=3, trainer=trainer))
     _check_complete_run(whole, history, num_ranks)
-    part = tmp_path / "part"
-    run_job(job_config(part, steps=2, trainer=trainer))
-    assert ckpt.latest(part).step == 2
-    run_job(resume_config(part, None, ["steps=3"]), resume=True)
+    part = stopped_and_resumed(tmp_path / "part", trainer=trainer)
 
     expected = without_timings(whole)
     assert [m["step"] for m in expected] == [0, 1, 2]

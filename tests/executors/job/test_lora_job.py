@@ -15,9 +15,13 @@ from peft import PeftModel
 from rl_engine.cli import main
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
-from rl_engine.executors.job.run_dir import resume_config
 from rl_engine.models import load_model
-from tests.executors.job.jobs import job_config, private_ray, without_timings
+from tests.executors.job.jobs import (
+    job_config,
+    private_ray,
+    stopped_and_resumed,
+    without_timings,
+)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -38,10 +42,7 @@ def test_lora_job_exact_syncs_adapters_only_and_resumes_bitwise(tmp_path, local_
     trainer = {"num_ranks": 2, "zero_stage": 3}
     whole = tmp_path / "whole"
     run_job(job_config(whole, steps=3, trainer=trainer, lora=LORA))
-    part = tmp_path / "part"
-    run_job(job_config(part, steps=2, trainer=trainer, lora=LORA))
-    assert ckpt.latest(part).step == 2
-    run_job(resume_config(part, None, ["steps=3"]), resume=True)
+    part = stopped_and_resumed(tmp_path / "part", trainer=trainer, lora=LORA)
 
     expected = without_timings(whole)
     assert [m["step"] for m in expected] == [0, 1, 2]

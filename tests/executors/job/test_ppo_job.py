@@ -18,9 +18,8 @@ import pytest
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.export import export_checkpoint
 from rl_engine.executors.job.ray_job import run_job
-from rl_engine.executors.job.run_dir import resume_config
 from rl_engine.executors.worker.weights_file import read_weights_file
-from tests.executors.job.jobs import job_config, without_timings
+from tests.executors.job.jobs import job_config, stopped_and_resumed, without_timings
 
 CRITIC_KEYS = {
     "critic/value_loss",
@@ -89,10 +88,7 @@ def test_ppo_job_with_lora_policy_and_critic_is_exact_and_resumes_bitwise(tmp_pa
     }
     whole = tmp_path / "whole"
     run_job(job_config(whole, steps=3, **sections))
-    part = tmp_path / "part"
-    run_job(job_config(part, steps=2, **sections))
-    assert ckpt.latest(part).step == 2
-    run_job(resume_config(part, None, ["steps=3"]), resume=True)
+    part = stopped_and_resumed(tmp_path / "part", **sections)
 
     expected = without_timings(whole)
     assert without_timings(part) == expected
