@@ -101,13 +101,9 @@ class RolloutActor(JobActor):
     def generate(self, prompts, sampling, after_env_turn: bool = False):
         """(completions, seconds spent generating); after_env_turn: the prompts continue
         transcripts after an environment turn (their prefills never share)."""
-        started = time.perf_counter()
-        completions = self.engine.generate(
-            prompts, sampling, progress=False, after_env_turn=after_env_turn
+        return _timed(
+            self.engine.generate, prompts, sampling, progress=False, after_env_turn=after_env_turn
         )
-        seconds = time.perf_counter() - started
-        release_free_heap()
-        return completions, seconds
 
     def play_episodes(self, tasks, sampling):
         """(episodes, seconds spent): rollout.env's episodes of `tasks` played on this engine,
@@ -116,22 +112,18 @@ class RolloutActor(JobActor):
 
         if self.episodes is None:
             self.episodes = EpisodeRunner(self.config, self.tokenizer, self.vocab_size)
-        started = time.perf_counter()
-        episodes = self.episodes.play(self.engine, tasks, sampling)
-        seconds = time.perf_counter() - started
-        release_free_heap()
-        return episodes, seconds
+        return _timed(self.episodes.play, self.engine, tasks, sampling)
 
     def play_turns(self, starts, sampling, max_total_tokens: int):
         """(completions, seconds spent): one turn of each whole transcript (`TurnStart`s), the
         whole-transcript path of a tensor-parallel engine's episodes."""
-        started = time.perf_counter()
-        completions = self.engine.generate_episodes(
-            starts, sampling, max_total_tokens=max_total_tokens, progress=False
+        return _timed(
+            self.engine.generate_episodes,
+            starts,
+            sampling,
+            max_total_tokens=max_total_tokens,
+            progress=False,
         )
-        seconds = time.perf_counter() - started
-        release_free_heap()
-        return completions, seconds
 
     def weight_plan(self, manifest, receiver: int):
         """Check the trainer ranks' manifest against this engine's model (ValueError naming the
@@ -173,3 +165,12 @@ def adapter_receiver(model, manifest, plan, receiver: int, bucket_bytes: int):
     names = adapter_names(manifest)
     targets = {n: t for n, t in model.state_dict(keep_vars=True).items() if n in set(names)}
     return WeightReceiver(targets, manifest, plan.only(names), receiver, bucket_bytes)
+
+
+def _timed(run, *args, **kwargs):
+    """(run's result, its seconds); the heap it freed goes back to the OS after."""
+    started = time.perf_counter()
+    result = run(*args, **kwargs)
+    seconds = time.perf_counter() - started
+    release_free_heap()
+    return result, seconds
