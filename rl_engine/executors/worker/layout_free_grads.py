@@ -1,0 +1,79 @@
+"""A step's gradient handed to DeepSpeed without DeepSpeed's reduction, and its layout-free norm.
+
+In layout-invariant mode the worker forms each parameter's whole gradient itself (the same bits
+on every rank, whatever the rank count, ZeRO stage or micro-batching) and DeepSpeed only keeps
+its partition and steps it: `inject_gradients` writes each parameter's gradient into the
+partition DeepSpeed holds for it (its fragment accessors, valid for ZeRO 0-3 and the bf16
+optimizer, between a backward and `step`), rounded once to the parameter's dtype, as the plain
+path's gradients are.
+
+`global_norm` is the clip's norm computed from the whole gradients in one fixed order: squares
+summed in fp64 (a float32 square is exact there) over rows of `NORM_ROW` elements of each
+parameter, then every row sum added exactly (`math.fsum`, correctly rounded whatever the order).
+torch reduces a row that short on one thread, in an order set by its length alone, and every
+layout calls it on the same whole gradients, so no partition, rank count or thread count enters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import torch
+from deepspeed.utils import safe_set_full_grad
+
+NORM_ROW = 4096
+
+
+class GradientInjectionError(RuntimeError):
+    """DeepSpeed holds no gradient partition for a parameter (no backward since the last step)."""
+
+
+def inject_gradients(params: Sequence[torch.nn.Parameter], grads: Sequence[torch.Tensor]) -> None:
+    """Write `grads[i]` (the whole gradient of `params[i]`) into DeepSpeed's partition of it."""
+    for index, (param, grad) in enumerate(zip(params, grads, strict=True)):
+        shape = tuple(getattr(param, "ds_shape", param.shape))
+        if tuple(grad.shape) != shape:
+            raise ValueError(
+                f"gradient {index} has shape {tuple(grad.shape)}, its parameter {shape}"
+            )
+        try:
+            safe_set_full_grad(param, _padded_for_zero3(param, grad.to(param.dtype)))
+        except ValueError as err:  # DeepSpeed: "only available immediately after backward"
+            raise GradientInjectionError(
+                f"parameter {index} {shape}: DeepSpeed has no gradient partition to write ({err}); "
+                "run the step's backward first"
+            ) from None
+
+
+def _padded_for_zero3(param, grad: torch.Tensor) -> torch.Tensor:
+    """ZeRO-3 cuts a parameter into equal partitions, the last one padded, and slices the whole
+    gradient by those padded offsets: give it the padding (zeros) to slice."""
+    if not hasattr(param, "ds_tensor"):
+        return grad
+    padded = param.ds_tensor.numel() * torch.distributed.get_world_size()
+    flat = grad.reshape(-1)
+    return torch.nn.functional.pad(flat, (0, padded - flat.numel()))
+
+
+def global_norm(grads: Iterable[torch.Tensor]) -> float:
+    """The L2 norm of all `grads` together (pass them as they will be injected: rounded to the
+    parameters' dtype)."""
+    return math.sqrt(math.fsum(part for grad in grads for part in _row_square_sums(grad)))
+
+
+def _row_square_sums(grad: torch.Tensor) -> list[float]:
+    flat = grad.detach().reshape(-1).to(torch.float64)
+    rows, tail = divmod(flat.numel(), NORM_ROW)
+    squares = flat * flat
+    sums = squares[: rows * NORM_ROW].view(rows, NORM_ROW).sum(dim=1).tolist() if rows else []
+    if tail:
+        sums.append(float(squares[rows * NORM_ROW :].sum()))
+    return sums
+
+
+def clip_coefficient(norm: float, max_norm: float) -> float | None:
+    """The factor the gradients are scaled by, as torch's clip_grad_norm_ forms it (None: no clip)."""
+    if max_norm <= 0.0 or not norm == norm or norm <= max_norm:  # off, NaN or within the bound
+        return None
+    return max_norm / (norm + 1e-6)
