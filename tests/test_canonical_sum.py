@@ -178,6 +178,31 @@ def test_the_adversarial_values_are_in_the_sum(dtype):
     assert (root[kind == 1] != 0).any() and root[kind == 0].unique().numel() > 10
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_bits_do_not_depend_on_the_thread_count(dtype):
+    """Leaves of 70k elements: torch splits each add between threads (and a bf16 NaN's bits
+    follow its place in a thread's chunk); 1 and 2 threads, dense and row partials, agree."""
+    n, shape = 5, (350, 200)
+    values = _adversarial(n, dtype, seed=11, shape=shape)
+    rows = [torch.arange(s, shape[0], 1 + s) for s in range(n)]  # every row in leaf 0
+    leaves = [RowPartial(r, v[r]).densify(shape) for r, v in zip(rows, values)]
+    before = torch.get_num_threads()
+    got = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            split = [[(0, 2), (2, 5)]]
+            dense = _sum_split(n, _clone(leaves), split, random.Random(0))
+            parts = [RowPartial(r, v[r].clone()) for r, v in zip(rows, values)]
+            sparse = _sum_split(n, parts, split, random.Random(0)).densify(shape)
+            got += [dense, sparse]
+    finally:
+        torch.set_num_threads(before)
+    for other in got[1:]:
+        _assert_same_bits(other, got[0])
+    assert got[0].isnan().any()
+
+
 def test_the_negative_control_plain_accumulation_depends_on_the_split():
     """What gradient accumulation does today: each micro-batch summed left to right, the
     micro-batch sums added in order. On the cancellation values its bits follow the split."""
