@@ -75,14 +75,15 @@ def _expected(leaves: list[torch.Tensor]) -> torch.Tensor:
 
 def _adversarial(n: int, dtype: torch.dtype, seed: int, shape=LEAF_SHAPE) -> list[torch.Tensor]:
     """n leaves of `shape`; element e holds kind e % 8 in every leaf (each kind in the body and
-    the tail of an add): cancellation, subnormals, 2^60 range, all -0.0, mixed zeros, +-inf,
-    NaN in one leaf, inf in one leaf."""
+    the tail of an add): cancellation (terms of +-1e30 that cancel over the leaves, and 1e-3
+    ones), subnormals, a 2^60 range, all -0.0, mixed zeros, +inf and -inf in two leaves, NaN
+    (two payloads, either sign) in one leaf, inf in one leaf."""
     g = torch.Generator().manual_seed(seed)
     numel = math.prod(shape)
     sign = torch.where(torch.rand(n, numel, generator=g) < 0.5, -1.0, 1.0).double()
     u = 1 + torch.rand(n, numel, generator=g, dtype=torch.float64)
-    scale = torch.tensor([1e30, 1.0, 1e-3], dtype=torch.float64)
-    cancel = sign * u * scale[torch.randint(0, 3, (n, numel), generator=g)]
+    perm = torch.randperm(n, generator=g)  # +-1e30 terms that cancel over the leaves
+    cancel = 1e30 * (u - u[perm]) + sign * u * 1e-3
     subnormal = sign * torch.randint(1, 2**20, (n, numel), generator=g).double() * 2.0**-149
     wide = sign * u * torch.exp2(torch.randint(-30, 31, (n, numel), generator=g).double())
     kinds = [cancel, subnormal, wide, torch.full((n, numel), -0.0, dtype=torch.float64)]
@@ -102,7 +103,7 @@ def _adversarial(n: int, dtype: torch.dtype, seed: int, shape=LEAF_SHAPE) -> lis
     bits = out.view(INT_OF[dtype])
     payload = torch.tensor(nan_bits[dtype], dtype=INT_OF[dtype])
     is_nan_kind = kind == 6
-    bits[pick[:, 0][is_nan_kind], cols[is_nan_kind]] = payload[cols[is_nan_kind] % 2]
+    bits[pick[:, 0][is_nan_kind], cols[is_nan_kind]] = payload[(cols[is_nan_kind] // 8) % 2]
     return list(out.view(n, *shape).unbind(0))
 
 
@@ -168,14 +169,17 @@ def test_every_split_gives_the_canonical_trees_bits(n, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_the_adversarial_values_are_in_the_sum(dtype):
     """The kinds reach the root: all -0.0 sums to -0.0, inf + -inf to NaN, NaN stays, the
-    cancellation column is not all zero or all one value (so it can tell orders apart)."""
+    cancellation column ends far below its 1e30 terms and is not one value."""
     n = 24
-    root = _expected(_adversarial(n, dtype, seed=3)).flatten()
-    kind = torch.arange(root.numel()) % 8
+    leaves = _adversarial(n, dtype, seed=3)
+    root, kind = _expected(leaves).flatten(), torch.arange(leaves[0].numel()) % 8
     assert torch.equal(_bits(root[kind == 3]), _bits(torch.full_like(root[kind == 3], -0.0)))
     assert root[kind == 5].isnan().all() and root[kind == 6].isnan().all()
     assert root[kind == 7].isinf().all()
-    assert (root[kind == 1] != 0).any() and root[kind == 0].unique().numel() > 10
+    assert (root[kind == 1] != 0).any()
+    biggest = max(float(leaf.flatten()[kind == 0].abs().max()) for leaf in leaves)
+    assert biggest > 1e29 and float(root[kind == 0].abs().max()) < biggest / 10
+    assert root[kind == 0].unique().numel() > 3
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
