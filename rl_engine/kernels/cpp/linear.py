@@ -20,7 +20,10 @@ NonInvariantDtypeError for them unless the caller opts in
 (`get_op(..., allow_non_invariant=True)`, e.g. gradcheck in fp64).
 Backward, the autograd.Function and the ops' checks are the shared ones
 (rl_engine/kernels/common/linear.py): plain GEMMs, accurate and deterministic;
-gradients are summed over the batch, so they need not be batch-invariant.
+gradients are summed over the batch, so they need not be batch-invariant. The
+layout-invariant mode (`spans=`, `sink=`) runs its backward through `exact_gemm`:
+the fp32 kernel on fp32 copies (bf16 converts exactly), so a sequence's weight partial
+and a token's input gradient are serial chains fixed by the sequence / the row alone.
 """
 
 from __future__ import annotations
@@ -65,6 +68,16 @@ def linear_forward(x2d, weight, bias, out_dtype):
     return out
 
 
-PROJECTION = projection(linear_forward, __name__)
+def exact_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The layout-invariant backward's GEMM (common/sequence_grads.py, `ExactGemm`): a (M, K)
+    @ b (N, K)^T with fp32 operands -> fp32, each output the serial K chain of the fp32 path,
+    whose bits are the same on every instruction-set path and thread count. (fp64, opted in
+    only: the torch GEMM, not row-invariant.)"""
+    if a.dtype == torch.bfloat16:
+        raise TypeError("exact_gemm takes fp32 operands (convert bf16 first: exact)")
+    return fixed_order_gemm(a, b)
+
+
+PROJECTION = projection(linear_forward, __name__, exact_gemm)
 linear = linear_op(PROJECTION, GEMM, __name__)
 lm_head = lm_head_op(PROJECTION, GEMM, __name__)

@@ -1,0 +1,109 @@
+"""The layout-invariant backward's arithmetic, written once around a backend's exact GEMM.
+
+Every reduction here runs in an order fixed by one sequence's own rows (or by one
+token's row), never by the call's row count, its padding, packing or thread count:
+
+- `ExactGemm`, the backend's: a (M, K) @ b (N, K)^T -> (M, N) in fp32 (fp64 for fp64)
+  where every output is ONE serial chain over K, acc = +0 then acc = fma(a[m, k],
+  b[n, k], acc) for k = 0, 1, ..., K-1 (cpp: `serialk-v1`'s fp32 path, the same bits on
+  every instruction-set path and thread count). Its operands arrive in the
+  accumulation dtype (bf16 converted to fp32 first: exact).
+- input gradients: `input_grad` = grad_out @ W, one chain over the output features
+  per (row, input feature), rounded once to the input's dtype: row-invariant.
+- weight partials: `weight_partials` = dy_s^T x_s per sequence s, one chain over the
+  sequence's rows in increasing order.
+- sums of rows (a bias, a norm's weight, an embedding row): `row_sums`, acc = +0,
+  then acc = acc + v[row] for the sequence's rows in increasing order.
+
+A chain that starts at +0 never holds -0 (x + y is -0 only when both are -0), so
+adding an exact +0 anywhere along it is a no-op: that is why a sequence's rows with a
+zero upstream gradient may be skipped where an op says so, with the same bits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from rl_engine.kernels.common.checks import at_least_fp32
+from rl_engine.kernels.common.sequence_spans import SequenceSpans
+
+# a (M, K), b (N, K), both in the accumulation dtype -> (M, N): serial chains over K
+ExactGemm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def transposed(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t (M, C) -> a contiguous (C, M) copy in `dtype`: columns of it are row ranges of t."""
+    return t.to(dtype).t().contiguous()
+
+
+def input_grad(
+    gemm: ExactGemm, grad_out: torch.Tensor, weight_t: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """grad_out (M, N) @ weight (N, K) -> (M, K) in `dtype`; weight_t is `transposed(weight)`
+    (K, N) in the accumulation dtype."""
+    return gemm(grad_out.to(weight_t.dtype), weight_t).to(dtype)
+
+
+def weight_partials(
+    gemm: ExactGemm, grad_out: torch.Tensor, x: torch.Tensor, spans: SequenceSpans
+) -> Iterator[tuple[int, torch.Tensor]]:
+    """(index, dy_s^T x_s (N, K)) per sequence, in span order; grad_out (M, N), x (M, K)."""
+    acc = at_least_fp32(x.dtype)
+    dy_t, x_t = transposed(grad_out, acc), transposed(x, acc)  # (N, M), (K, M)
+    for i, index in enumerate(spans.indices):
+        start, stop = spans.starts[i], spans.starts[i] + spans.lengths[i]
+        yield index, gemm(dy_t[:, start:stop], x_t[:, start:stop])
+
+
+def row_sums(
+    values: torch.Tensor, rows: list[torch.Tensor], init: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(S, C): out[s] = init[s] (else +0), then + values[r] for r in rows[s], in order.
+
+    values (M, C) in the accumulation dtype; rows[s] an int64 tensor of row ids. All
+    sequences advance together, one row each per step, so a sequence's chain is its own.
+    """
+    out = (
+        torch.zeros((len(rows), values.shape[1]), dtype=values.dtype, device=values.device)
+        if init is None
+        else init.clone()
+    )
+    if not rows or max(r.numel() for r in rows) == 0:
+        return out
+    table = pad_sequence(rows, batch_first=True, padding_value=-1).to(values.device)  # (S, L)
+    for step in range(table.shape[1]):
+        column = table[:, step]
+        which = (column >= 0).nonzero().squeeze(1)
+        out[which] = out[which] + values[column[which]]
+    return out
+
+
+def span_rows(spans: SequenceSpans) -> list[torch.Tensor]:
+    """Each sequence's row ids, in order (the `rows` of `row_sums`)."""
+    return [torch.arange(start, start + n) for start, n in zip(spans.starts, spans.lengths)]
+
+
+def embedding_partials(
+    ids: torch.Tensor, grad: torch.Tensor, spans: SequenceSpans, padding_idx: int | None
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(index, rows, values) per sequence: rows the sorted unique token ids of its tokens (those
+    equal to padding_idx left out: their gradient is zero, as torch's embedding gives), values
+    (len(rows), H) in the accumulation dtype: for each id, +0 then + the upstream gradient row
+    of each of its tokens, in token order. ids (M,), grad (M, H)."""
+    acc = at_least_fp32(grad.dtype)
+    grad = grad.to(acc)
+    ids = ids.to("cpu").long()
+    for i, index in enumerate(spans.indices):
+        start, stop = spans.starts[i], spans.starts[i] + spans.lengths[i]
+        tokens = torch.arange(start, stop)
+        seq_ids = ids[start:stop]
+        if padding_idx is not None:
+            tokens, seq_ids = tokens[seq_ids != padding_idx], seq_ids[seq_ids != padding_idx]
+        rows, slot = torch.unique(seq_ids, sorted=True, return_inverse=True)
+        # the tokens of each id, in token order: a stable sort by id keeps it
+        order = torch.sort(slot, stable=True).indices
+        per_id = torch.split(tokens[order], torch.bincount(slot, minlength=rows.numel()).tolist())
+        yield index, rows, row_sums(grad, list(per_id))
