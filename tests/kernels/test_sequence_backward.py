@@ -1,0 +1,448 @@
+"""The layout-invariant backward (spans + sink): a sequence's partials and a token's input gradient
+do not depend on how the micro-batch was laid out.
+
+Chain checked, per op and dtype (fp32, bf16), cpp backend: the same five sequences run
+(a) each alone in its own unpadded call, (b) all in one padded batch in a shuffled order,
+left and right padded, (c) split into two padded micro-batches with extra padding, (d)
+packed into rows; garbage (1e4-scale values) in every padding row. Then every sequence's
+partial of every parameter (the sink's records) is torch.equal in (a) == (b) == (c) == (d),
+and so is every token's input gradient. Negative control: today's plain backward, its
+parameter gradients accumulated over a layout's micro-batches (zero upstream gradient on
+padding), gives other bits in at least one pair of layouts.
+Without a sink nothing changes: the existing tests of each op (test_linear.py,
+test_linear_logp.py, test_rowwise_ops.py, test_cpp_backend.py) run the plain path unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rl_engine.kernels import get_op
+from rl_engine.kernels.common.linear_logp import linear_logp_op
+from rl_engine.kernels.common.sequence_spans import SequenceSpans
+from rl_engine.kernels.cpp._serving import GEMM
+from rl_engine.kernels.cpp.linear import exact_gemm
+from rl_engine.kernels.cpp.linear_logp import _chunk_logprobs
+from tests.invariance import assert_equal_across_threads
+
+DTYPES = [torch.float32, torch.bfloat16]
+LENGTHS = (70, 5, 33, 1, 64)
+INDICES = (3, 7, 8, 12, 20)  # the sequences' canonical indices in the step
+IGNORE = -100
+
+
+class RecordingSink:
+    """What the sink protocol receives, keyed by (role, index); each key arrives once."""
+
+    def __init__(self):
+        self.records = {}
+
+    def _put(self, key, value):
+        assert key not in self.records, f"{key} reported twice"
+        self.records[key] = value
+
+    def add(self, param, role, index, partial):
+        assert partial.shape == param.shape
+        assert partial.dtype == torch.float32
+        self._put((role, index), partial)
+
+    def add_rows(self, param, role, index, rows, values):
+        assert rows.dtype == torch.int64
+        assert torch.equal(rows, torch.unique(rows))  # sorted, unique
+        assert values.shape == (rows.numel(), param.shape[1])
+        assert values.dtype == torch.float32
+        self._put((role, index), (rows, values))
+
+
+@dataclass
+class Call:
+    """One micro-batch: its (rows, cols) shape, each member's flat token rows, its spans."""
+
+    shape: tuple[int, int]
+    members: list[int]  # sequence numbers (positions in LENGTHS)
+    rows: list[torch.Tensor]  # flat rows of each member's tokens, in token order
+    spans: SequenceSpans
+    packed: bool = False
+
+    def positions(self) -> torch.Tensor:
+        """(rows, cols) int64: each token's position in its sequence, -1 on padding."""
+        out = torch.full(self.shape, -1, dtype=torch.long)
+        for rows in self.rows:
+            out.view(-1)[rows] = torch.arange(rows.numel())
+        return out
+
+    def segments(self) -> torch.Tensor:
+        """(rows, cols) int64: each token's member number, -1 on padding."""
+        out = torch.full(self.shape, -1, dtype=torch.long)
+        for member, rows in enumerate(self.rows):
+            out.view(-1)[rows] = member
+        return out
+
+
+def alone(i: int) -> Call:
+    n = LENGTHS[i]
+    spans = SequenceSpans.from_padding_mask(torch.ones(1, n), [INDICES[i]])
+    return Call((1, n), [i], [torch.arange(n)], spans)
+
+
+def padded(order: list[int], left: list[bool], extra: int) -> Call:
+    T = max(LENGTHS[i] for i in order) + extra
+    mask = torch.zeros(len(order), T, dtype=torch.long)
+    rows = []
+    for b, (i, is_left) in enumerate(zip(order, left)):
+        start = T - LENGTHS[i] if is_left else 0
+        mask[b, start : start + LENGTHS[i]] = 1
+        rows.append(b * T + start + torch.arange(LENGTHS[i]))
+    spans = SequenceSpans.from_padding_mask(mask, [INDICES[i] for i in order])
+    return Call((len(order), T), list(order), rows, spans)
+
+
+def packed(row_lists: list[list[int]], width: int) -> Call:
+    segments = torch.full((len(row_lists), width), -1, dtype=torch.long)
+    members, rows = [], []
+    for r, seqs in enumerate(row_lists):
+        col = 0
+        for i in seqs:
+            segments[r, col : col + LENGTHS[i]] = len(members)
+            rows.append(r * width + col + torch.arange(LENGTHS[i]))
+            members.append(i)
+            col += LENGTHS[i]
+    spans = SequenceSpans.from_segments(segments, [INDICES[i] for i in members])
+    return Call((len(row_lists), width), members, rows, spans, packed=True)
+
+
+LAYOUTS = {
+    "alone": [alone(i) for i in range(len(LENGTHS))],
+    "padded": [padded([4, 2, 0, 3, 1], [True, False, True, False, True], 3)],
+    "two_micro_batches": [padded([1, 3], [False, True], 0), padded([0, 4, 2], [True] * 3, 10)],
+    "packed": [packed([[2, 0], [4, 1, 3]], 110)],
+}
+
+
+def per_sequence(width: int, dtype, seed: int, scale: float = 1.0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(n, width, generator=g) * scale).to(dtype) for n in LENGTHS]
+
+
+def scatter(values: list[torch.Tensor], call: Call, fill: str) -> torch.Tensor:
+    """(rows, cols, C): each member's values at its rows; padding = garbage or zeros."""
+    count, width = call.shape[0] * call.shape[1], values[0].shape[1]
+    dtype = values[0].dtype
+    if fill == "garbage":
+        g = torch.Generator().manual_seed(99)
+        out = (torch.randn(count, width, generator=g) * 1e4).to(dtype)
+    else:
+        out = torch.zeros(count, width, dtype=dtype)
+    for i, rows in zip(call.members, call.rows):
+        out[rows] = values[i]
+    return out.view(*call.shape, width)
+
+
+def gather(grad: torch.Tensor, call: Call) -> dict[int, torch.Tensor]:
+    flat = grad.reshape(-1, grad.shape[-1])
+    return {i: flat[rows] for i, rows in zip(call.members, call.rows)}
+
+
+# ----------------------------------------------------------------------------- per-op runs
+# run(call, dtype, params, sink, fill) -> {sequence: input gradient of its tokens} (or {})
+
+
+def _params(shapes: dict, dtype, seed: int) -> dict[str, torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        name: torch.nn.Parameter((torch.randn(*shape, generator=g) * 0.3).to(dtype))
+        for name, shape in shapes.items()
+    }
+
+
+def run_projection(op_name):
+    K, N = 96, 80
+
+    def run(call, dtype, params, sink, fill):
+        x = scatter(per_sequence(K, dtype, 1), call, fill).requires_grad_(True)
+        out_dtype = dtype if op_name == "linear" else torch.float32
+        dy = scatter(per_sequence(N, out_dtype, 2), call, fill)
+        kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
+        get_op(op_name, "cpu")(x, params["weight"], params["bias"], **kwargs).backward(dy)
+        return gather(x.grad, call)
+
+    return run, {"weight": (N, K), "bias": (N,)}
+
+
+def run_logp(op):
+    H, V = 48, 300
+
+    def run(call, dtype, params, sink, fill):
+        h = scatter(per_sequence(H, dtype, 3), call, fill).requires_grad_(True)
+        g = torch.Generator().manual_seed(4)
+        per_seq = []
+        for n in LENGTHS:
+            t = torch.randint(0, V, (n,), generator=g)
+            t[:3] = IGNORE  # the prompt: no target
+            per_seq.append(t[:, None])
+        targets = scatter(per_seq, call, "zeros")[..., 0].long()
+        padding = torch.ones(targets.shape, dtype=torch.bool).view(-1)
+        for rows in call.rows:
+            padding[rows] = False
+        targets.view(-1)[padding] = IGNORE
+        coeff = scatter(per_sequence(1, torch.float32, 5), call, fill)[..., 0]
+        kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
+        op(h, params["weight"], targets, params["bias"], temperature=0.7, **kwargs).backward(coeff)
+        return gather(h.grad, call)
+
+    return run, {"weight": (V, H), "bias": (V,)}
+
+
+# the shared chunked op with 8-row chunks: sequences of several blocks, chunks of several blocks
+SMALL_CHUNK_LOGP = linear_logp_op(_chunk_logprobs, lambda vocab: 8, GEMM, __name__, exact_gemm)
+
+
+def run_embedding():
+    V, H = 16, 40
+
+    def run(call, dtype, params, sink, fill):
+        g = torch.Generator().manual_seed(6)
+        ids = [torch.randint(0, V, (n, 1), generator=g) for n in LENGTHS]  # many repeats
+        flat_ids = scatter(ids, call, "zeros")[..., 0]
+        if fill == "garbage":
+            flat_ids = torch.where(flat_ids == 0, V - 1, flat_ids)  # padding: some id
+            for i, rows in zip(call.members, call.rows):
+                flat_ids.view(-1)[rows] = ids[i][:, 0]
+        dy = scatter(per_sequence(H, dtype, 7), call, fill)
+        kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
+        get_op("embedding", "cpu")(flat_ids, params["weight"], 2, **kwargs).backward(dy)
+        return {}
+
+    return run, {"weight": (V, H)}
+
+
+def run_rms_norm():
+    H = 96
+
+    def run(call, dtype, params, sink, fill):
+        x = scatter(per_sequence(H, dtype, 8), call, fill).requires_grad_(True)
+        dy = scatter(per_sequence(H, dtype, 9), call, fill)
+        kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
+        get_op("rms_norm", "cpu")(x, params["weight"], 1e-6, **kwargs).backward(dy)
+        return gather(x.grad, call)
+
+    return run, {"weight": (H,)}
+
+
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
+
+
+def run_attention(call, dtype, params, sink, fill):
+    """cpp attention (no parameters): padded calls with k_positions, packed ones with segments."""
+    B, T = call.shape
+    leaves = [
+        scatter(per_sequence(h * HEAD_DIM, dtype, 11 + j), call, fill)
+        .view(B, T, h, HEAD_DIM)
+        .requires_grad_(True)
+        for j, h in enumerate((HEADS, KV_HEADS, KV_HEADS))
+    ]
+    q, k, v = (t.transpose(1, 2) for t in leaves)
+    dy = scatter(per_sequence(HEADS * HEAD_DIM, dtype, 14), call, fill)
+    positions = call.positions()
+    kwargs = {"q_positions": positions, "k_positions": positions}
+    if call.packed:
+        kwargs.update(q_segments=call.segments(), k_segments=call.segments())
+    out = get_op("attention", "cpu")(q, k, v, **kwargs)
+    out.backward(dy.view(B, T, HEADS, HEAD_DIM).transpose(1, 2))
+    grads = [gather(t.grad.reshape(B, T, -1), call) for t in leaves]
+    return {i: torch.cat([g[i] for g in grads], 1) for i in grads[0]}
+
+
+def run_silu(call, dtype, params, sink, fill):
+    x = scatter(per_sequence(77, dtype, 15, scale=4.0), call, fill).requires_grad_(True)
+    get_op("silu", "cpu")(x).backward(scatter(per_sequence(77, dtype, 16), call, fill))
+    return gather(x.grad, call)
+
+
+OPS = {
+    "linear": run_projection("linear"),
+    "lm_head": run_projection("lm_head"),
+    "linear_logp": run_logp(get_op("linear_logp", "cpu")),
+    "linear_logp_8_row_chunks": run_logp(SMALL_CHUNK_LOGP),
+    "embedding": run_embedding(),
+    "rms_norm": run_rms_norm(),
+    "attention": (run_attention, {}),
+    "silu": (run_silu, {}),
+}
+
+
+def run_layout(op: str, layout: str, dtype, *, sink: bool, fill: str):
+    """(sink records merged over the layout's calls, input grads by sequence, plain .grads)."""
+    run, shapes = OPS[op]
+    params = _params(shapes, dtype, 10)
+    records, grads = {}, {}
+    for call in LAYOUTS[layout]:
+        recorder = RecordingSink() if sink else None
+        grads.update(run(call, dtype, params, recorder, fill))
+        if sink:
+            assert not set(records) & set(recorder.records)
+            records.update(recorder.records)
+    plain = {name: p.grad for name, p in params.items()}
+    return records, grads, plain
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, tuple):
+        return all(torch.equal(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", list(OPS))
+def test_partials_and_input_grads_do_not_depend_on_the_layout(op, dtype):
+    reference, ref_grads, plain = run_layout(op, "alone", dtype, sink=True, fill="garbage")
+    assert all(g is None for g in plain.values())  # the parameters' gradients went to the sink
+    roles = {role for role, _ in reference}
+    assert len(roles) == len(OPS[op][1])  # one role per parameter
+    assert reference.keys() == {(role, index) for role in roles for index in INDICES}
+    if op != "embedding":  # every other op has an input gradient
+        assert ref_grads.keys() == set(range(len(LENGTHS)))
+    for layout in ("padded", "two_micro_batches", "packed"):
+        records, grads, _ = run_layout(op, layout, dtype, sink=True, fill="garbage")
+        assert records.keys() == reference.keys(), layout
+        for key, partial in reference.items():
+            assert _equal(records[key], partial), (layout, key)
+        assert grads.keys() == ref_grads.keys()
+        for i, grad in ref_grads.items():
+            assert torch.equal(grads[i], grad), (layout, i)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["linear", "lm_head", "linear_logp", "embedding", "rms_norm"])
+def test_negative_control_plain_backward_depends_on_the_layout(op, dtype):
+    """The plain backward's accumulated parameter gradients (zero gradient on padding, so every
+    layout sums the same contributions) differ in some pair of layouts."""
+    plains = [
+        run_layout(op, layout, dtype, sink=False, fill="zeros")[2]
+        for layout in ("alone", "padded", "two_micro_batches", "packed")
+    ]
+    differs = [
+        name
+        for name in plains[0]
+        if not all(torch.equal(p[name], plains[0][name]) for p in plains[1:])
+    ]
+    assert differs, f"plain {op} gave the same bits in every layout"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_partials_match_a_float64_reference(dtype):
+    """Accuracy: each sequence's linear partials are dy_s^T x_s and sum(dy_s) to fp32 rounding."""
+    records, _, _ = run_layout("linear", "packed", dtype, sink=True, fill="garbage")
+    xs, dys = per_sequence(96, dtype, 1), per_sequence(80, dtype, 2)
+    for i, index in enumerate(INDICES):
+        exact = dys[i].double().t() @ xs[i].double()
+        torch.testing.assert_close(records[("linear", index)].double(), exact, rtol=1e-5, atol=1e-4)
+        bias = dys[i].double().sum(0)
+        torch.testing.assert_close(records[("bias", index)].double(), bias, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.threads
+@pytest.mark.parametrize("op", ["linear", "linear_logp", "rms_norm", "attention"])
+def test_partials_and_input_grads_do_not_depend_on_the_thread_count(op):
+    """bf16, packed: the same records and input gradients with 1, 2 and 3 intra-op threads."""
+    code = f"""
+        import torch
+        from tests.kernels.test_sequence_backward import run_layout
+        records, grads, _ = run_layout({op!r}, "packed", torch.bfloat16, sink=True, fill="garbage")
+        result = {{f"grad {{i}}": g for i, g in grads.items()}}
+        result.update({{f"{{role}} {{index}}": p for (role, index), p in records.items()}})
+    """
+    assert_equal_across_threads(code)
+
+
+def _plain_attention_grads(call: Call) -> dict[int, torch.Tensor]:
+    """The batched SDPA backward (what the cpp backward ran before) over one call, fp32."""
+    B, T = call.shape
+    leaves = [
+        scatter(per_sequence(h * HEAD_DIM, torch.float32, 11 + j), call, "zeros")
+        .view(B, T, h, HEAD_DIM)
+        .requires_grad_(True)
+        for j, h in enumerate((HEADS, KV_HEADS, KV_HEADS))
+    ]
+    positions = call.positions()
+    live = positions >= 0
+    mask = (positions[:, None, :] <= positions[:, :, None]) & live[:, None, :] & live[:, :, None]
+    mask[:, :, 0] |= ~live  # a padding query attends somewhere (its gradient is 0)
+    q, k, v = (t.transpose(1, 2) for t in leaves)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
+    dy = scatter(per_sequence(HEADS * HEAD_DIM, torch.float32, 14), call, "zeros")
+    out.backward(dy.view(B, T, HEADS, HEAD_DIM).transpose(1, 2))
+    return gather(leaves[0].grad.reshape(B, T, -1), call)
+
+
+def test_negative_control_batched_attention_backward_depends_on_the_layout():
+    """SDPA's backward over a whole padded batch: some sequence's dq differs from its own call's."""
+    alone_grads = {}
+    for call in LAYOUTS["alone"]:
+        alone_grads.update(_plain_attention_grads(call))
+    batched = _plain_attention_grads(LAYOUTS["padded"][0])
+    assert any(not torch.equal(batched[i], alone_grads[i]) for i in alone_grads)
+
+
+def test_negative_control_torch_silu_backward_depends_on_the_position():
+    """torch's own silu backward (fp32): an element's gradient bits follow its position."""
+    g = torch.Generator().manual_seed(0)
+    x, dy = torch.randn(1000, generator=g) * 4, torch.randn(1000, generator=g)
+
+    def grad(offset):  # element j sits at j + offset
+        leaf = torch.cat([torch.zeros(offset), x]).requires_grad_(True)
+        F.silu(leaf).backward(torch.cat([torch.zeros(offset), dy]))
+        return leaf.grad[offset:]
+
+    assert any(not torch.equal(grad(offset), grad(0)) for offset in range(1, 40))
+
+
+# ----------------------------------------------------------------------------- the interface
+
+
+def test_spans_from_a_padding_mask_and_from_segments():
+    mask = torch.tensor([[0, 1, 1], [1, 1, 0], [0, 0, 0]])
+    spans = SequenceSpans.from_padding_mask(mask, [5, 2, 9])
+    assert spans == SequenceSpans(9, (3, 1, 6), (2, 2, 0), (2, 5, 9))  # by canonical index
+    segments = torch.tensor([[0, 0, 1, -1], [2, 2, 2, -1]])
+    assert SequenceSpans.from_segments(segments) == SequenceSpans(
+        8, (0, 2, 4), (2, 1, 3), (0, 1, 2)
+    )
+    assert spans.covered().tolist() == [False, True, True, True, True, False, False, False, False]
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: SequenceSpans.from_padding_mask(torch.tensor([[1, 0, 1]])), "mask row 0"),
+        (lambda: SequenceSpans.from_padding_mask(torch.ones(2, 3), [4, 4]), "must increase"),
+        (lambda: SequenceSpans.from_padding_mask(torch.ones(2, 3), [1]), "indices: got 1"),
+        (lambda: SequenceSpans.from_segments(torch.tensor([[0, 1, 0]])), "sequence 0"),
+        (lambda: SequenceSpans.from_segments(torch.tensor([[0, -2]])), "got -2"),
+        (lambda: SequenceSpans(4, (0, 2), (3, 2), (0, 1)), "overlap"),
+        (lambda: SequenceSpans(4, (3,), (2,), (0,)), "does not lie in rows"),
+    ],
+)
+def test_bad_spans_raise_naming_the_value(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_the_mode_fails_closed():
+    x, w = torch.randn(2, 3, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
+    spans = SequenceSpans.from_padding_mask(torch.ones(2, 3))
+    linear = get_op("linear", "cpu")
+    with pytest.raises(ValueError, match="spans is given but sink is None"):
+        linear(x, w, spans=spans)
+    with pytest.raises(ValueError, match="spans describe 6 rows but the input has 3"):
+        linear(x[0], w, spans=spans, sink=RecordingSink())
+    with pytest.raises(NotImplementedError, match="no layout-invariant backward"):
+        get_op("linear", "cpu", backend="native")(x, w, spans=spans, sink=RecordingSink())
+    targets = torch.tensor([[1, 2, 3], [0, 1, 2]])
+    half = SequenceSpans.from_padding_mask(torch.tensor([[1, 1, 1], [0, 0, 0]]))
+    with pytest.raises(ValueError, match="row 3 .* has a live target but lies in no sequence"):
+        get_op("linear_logp", "cpu")(x, w, targets, spans=half, sink=RecordingSink())
