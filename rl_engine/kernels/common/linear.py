@@ -78,7 +78,7 @@ def sequence_linear_backward(
     acc = at_least_fp32(weight.dtype)
     grad_x = None
     if needs[0]:
-        grad_x = input_grad(gemm, grad_out, transposed(weight, acc), x2d.dtype)
+        grad_x = input_grad(gemm, grad_out, transposed(weight, weight.dtype), x2d.dtype)
     if needs[1]:
         for index, partial in weight_partials(gemm, grad_out, x2d, spans):
             sink.add(weight, role, index, partial)

@@ -10,15 +10,16 @@ For each sequence, its live rows in order are cut into blocks of `chunk_rows_for
 rows from its first live row (a block is never longer than a chunk, so the logits of
 a block exist at once; the cut depends on the sequence and the vocabulary only):
 
-- weight partial = sum over its blocks, in order, of the block's g^T h (one serial
-  fp32 chain over the block's rows, the backend's ExactGemm), acc = block 0, then
-  acc + block 1, ...; a sequence without live rows sends zeros;
-- bias partial = +0, then + g[row] for its live rows in order (one chain);
+- weight partial = sum over its blocks, in order, of the block's g^T h (one chain over
+  the block's rows, the backend's ExactGemm, fp32), acc = block 0, then acc + block 1,
+  ...; a sequence without live rows sends zeros;
+- bias partial = +0, then + grad_logits[row] (fp32) for its live rows in order;
 - grad hidden[row] = g[row] @ W, one chain over the vocabulary, rounded once to hidden's
   dtype.
 
-g = (onehot(target) - softmax(logits / T)) * grad_out / T in fp32, the logits from the
-backend's `chunk_logprobs`, row-invariant; blocks are grouped into chunks of at most
+grad_logits = (onehot(target) - softmax(logits / T)) * grad_out / T in fp32, the logits
+from the backend's `chunk_logprobs`, row-invariant; g = grad_logits in the weight's dtype
+(the GEMMs' operand, as in the plain backward). Blocks are grouped into chunks of at most
 `chunk_rows_for(V)` rows only for speed and memory, never for the bits.
 """
 
@@ -87,7 +88,7 @@ def sequence_logp_backward(
     safe_targets = torch.where(live, targets, torch.zeros_like(targets))
     coeff = torch.where(live, grad_out.to(acc), torch.zeros_like(grad_out, dtype=acc))
     grad_hidden = torch.zeros_like(hidden) if needs[0] else None
-    weight_t = transposed(weight, acc) if needs[0] else None  # (H, V)
+    weight_t = transposed(weight, weight.dtype) if needs[0] else None  # (H, V)
     needs_bias = bias is not None and needs[2]
     bias_acc = torch.zeros((len(spans), vocab), dtype=acc) if needs_bias else None
     pending: dict[int, torch.Tensor] = {}
@@ -95,20 +96,21 @@ def sequence_logp_backward(
     for group in _chunks(_blocks(spans, live, step), step):
         rows = torch.cat([piece[1] for piece in group])
         h = hidden[rows]  # (n, H)
-        g = chunk_logprobs(h, weight, bias, temperature).exp_().neg_()  # (n, V)
-        g.scatter_add_(1, safe_targets[rows, None], torch.ones_like(g[:, :1]))
-        g.mul_(coeff[rows, None] / temperature)
+        grad_logits = chunk_logprobs(h, weight, bias, temperature).exp_().neg_()  # (n, V)
+        grad_logits.scatter_add_(1, safe_targets[rows, None], torch.ones_like(h[:, :1], dtype=acc))
+        grad_logits.mul_(coeff[rows, None] / temperature)
+        g = grad_logits.to(weight.dtype)  # the GEMMs' operand, as in the plain backward
         if needs[0]:
             grad_hidden[rows] = gemm(g, weight_t).to(hidden.dtype)
         if needs[1]:
-            _weight_blocks(gemm, g, h, group, pending, done, weight, sink, spans, acc)
+            _weight_blocks(gemm, g, h, group, pending, done, weight, sink, spans)
         if needs_bias:
             local, offset = [[] for _ in range(len(spans))], 0
             for i, block_rows, _ in group:
                 local[i].append(torch.arange(offset, offset + block_rows.numel()))
                 offset += block_rows.numel()
             mine = [torch.cat(r) if r else torch.zeros(0, dtype=torch.long) for r in local]
-            bias_acc = row_sums(g, mine, init=bias_acc)
+            bias_acc = row_sums(grad_logits, mine, init=bias_acc)
     if needs[1]:
         for i, index in enumerate(spans.indices):
             if i not in done:  # no live row: nothing but zeros
@@ -119,13 +121,13 @@ def sequence_logp_backward(
     return grad_hidden
 
 
-def _weight_blocks(gemm, g, h, group, pending, done, weight, sink, spans, acc) -> None:
+def _weight_blocks(gemm, g, h, group, pending, done, weight, sink, spans) -> None:
     """Each block's g^T h into its sequence's running sum; a sequence's last block sends it."""
-    g_t, h_t = transposed(g, acc), transposed(h, acc)  # (V, n), (H, n)
     offset = 0
+    dtype = weight.dtype
     for i, block_rows, last in group:
         stop = offset + block_rows.numel()
-        part = gemm(g_t[:, offset:stop], h_t[:, offset:stop])  # (V, H)
+        part = gemm(transposed(g[offset:stop], dtype), transposed(h[offset:stop], dtype))
         offset = stop
         pending[i] = part if i not in pending else pending[i].add_(part)
         if last:

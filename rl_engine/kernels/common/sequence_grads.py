@@ -4,10 +4,12 @@ Every reduction here runs in an order fixed by one sequence's own rows (or by on
 token's row), never by the call's row count, its padding, packing or thread count:
 
 - `ExactGemm`, the backend's: a (M, K) @ b (N, K)^T -> (M, N) in fp32 (fp64 for fp64)
-  where every output is ONE serial chain over K, acc = +0 then acc = fma(a[m, k],
-  b[n, k], acc) for k = 0, 1, ..., K-1 (cpp: `serialk-v1`'s fp32 path, the same bits on
-  every instruction-set path and thread count). Its operands arrive in the
-  accumulation dtype (bf16 converted to fp32 first: exact).
+  where every output is ONE chain over K in an order fixed by K alone, accumulated in
+  fp32 from +0 (cpp: its forward's kernels, `serialk-v1`: fp32 acc = fma(a[m, k],
+  b[n, k], acc) for k = 0, 1, ..., K-1; bf16 by pairs, odd element first, products
+  exact), whatever M, N, the operands' addresses or the thread count. Its operands
+  arrive in the parameter's dtype (the upstream gradient rounded to it where it is
+  wider, as the plain backward does).
 - input gradients: `input_grad` = grad_out @ W, one chain over the output features
   per (row, input feature), rounded once to the input's dtype: row-invariant.
 - weight partials: `weight_partials` = dy_s^T x_s per sequence s, one chain over the
@@ -35,27 +37,31 @@ ExactGemm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def transposed(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """t (M, C) -> a contiguous (C, M) copy in `dtype`: columns of it are row ranges of t."""
+    """t (M, C) -> a contiguous (C, M) copy in `dtype`."""
     return t.to(dtype).t().contiguous()
 
 
 def input_grad(
     gemm: ExactGemm, grad_out: torch.Tensor, weight_t: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """grad_out (M, N) @ weight (N, K) -> (M, K) in `dtype`; weight_t is `transposed(weight)`
-    (K, N) in the accumulation dtype."""
+    """grad_out (M, N) @ weight (N, K) -> (M, K) in `dtype`; weight_t is `transposed(weight,
+    weight.dtype)` (K, N)."""
     return gemm(grad_out.to(weight_t.dtype), weight_t).to(dtype)
 
 
 def weight_partials(
     gemm: ExactGemm, grad_out: torch.Tensor, x: torch.Tensor, spans: SequenceSpans
 ) -> Iterator[tuple[int, torch.Tensor]]:
-    """(index, dy_s^T x_s (N, K)) per sequence, in span order; grad_out (M, N), x (M, K)."""
-    acc = at_least_fp32(x.dtype)
-    dy_t, x_t = transposed(grad_out, acc), transposed(x, acc)  # (N, M), (K, M)
+    """(index, dy_s^T x_s (N, K)) per sequence, in span order; grad_out (M, N), x (M, K).
+
+    Each sequence's operands are transposed into fresh contiguous buffers: column slices
+    of one transposed batch give the kernel rows a batch-wide stride (4 KiB at 1024 rows),
+    which ran 2.7x slower here (cache-set conflicts); the bits are the same either way.
+    Operands in x's dtype (the parameter's)."""
     for i, index in enumerate(spans.indices):
         start, stop = spans.starts[i], spans.starts[i] + spans.lengths[i]
-        yield index, gemm(dy_t[:, start:stop], x_t[:, start:stop])
+        dy_t, x_t = transposed(grad_out[start:stop], x.dtype), transposed(x[start:stop], x.dtype)
+        yield index, gemm(dy_t, x_t)
 
 
 def row_sums(
@@ -64,20 +70,29 @@ def row_sums(
     """(S, C): out[s] = init[s] (else +0), then + values[r] for r in rows[s], in order.
 
     values (M, C) in the accumulation dtype; rows[s] an int64 tensor of row ids. All
-    sequences advance together, one row each per step, so a sequence's chain is its own.
+    sequences advance together, one row each per step (a sequence out of rows adds +0, a
+    no-op on a chain from +0), so each chain is its own sequence's; the rows of up to
+    M / S steps are gathered at once (memory: at most one more `values`).
     """
     out = (
         torch.zeros((len(rows), values.shape[1]), dtype=values.dtype, device=values.device)
         if init is None
         else init.clone()
     )
-    if not rows or max(r.numel() for r in rows) == 0:
+    live = [s for s, r in enumerate(rows) if r.numel()]
+    if not live:
         return out
-    table = pad_sequence(rows, batch_first=True, padding_value=-1).to(values.device)  # (S, L)
-    for step in range(table.shape[1]):
-        column = table[:, step]
-        which = (column >= 0).nonzero().squeeze(1)
-        out[which] = out[which] + values[column[which]]
+    table = pad_sequence([rows[s] for s in live], batch_first=True, padding_value=-1)  # (S', L)
+    table = table.to(values.device)
+    which = torch.tensor(live, device=values.device)
+    acc = out[which]  # (S', C)
+    width = max(1, values.shape[0] // len(live))
+    for first in range(0, table.shape[1], width):
+        ids = table[:, first : first + width]  # (S', w)
+        picked = torch.where((ids >= 0)[..., None], values[ids.clamp(min=0)], 0.0)  # (S', w, C)
+        for step in range(ids.shape[1]):
+            acc += picked[:, step]
+    out[which] = acc
     return out
 
 

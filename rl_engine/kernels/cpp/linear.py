@@ -21,9 +21,9 @@ NonInvariantDtypeError for them unless the caller opts in
 Backward, the autograd.Function and the ops' checks are the shared ones
 (rl_engine/kernels/common/linear.py): plain GEMMs, accurate and deterministic;
 gradients are summed over the batch, so they need not be batch-invariant. The
-layout-invariant mode (`spans=`, `sink=`) runs its backward through `exact_gemm`:
-the fp32 kernel on fp32 copies (bf16 converts exactly), so a sequence's weight partial
-and a token's input gradient are serial chains fixed by the sequence / the row alone.
+layout-invariant mode (`spans=`, `sink=`) runs its backward through `exact_gemm`, these
+kernels in the parameter's dtype, so a sequence's weight partial and a token's input
+gradient are chains fixed by the sequence / the row alone.
 """
 
 from __future__ import annotations
@@ -70,11 +70,10 @@ def linear_forward(x2d, weight, bias, out_dtype):
 
 def exact_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """The layout-invariant backward's GEMM (common/sequence_grads.py, `ExactGemm`): a (M, K)
-    @ b (N, K)^T with fp32 operands -> fp32, each output the serial K chain of the fp32 path,
-    whose bits are the same on every instruction-set path and thread count. (fp64, opted in
+    @ b (N, K)^T -> fp32 (M, N), each output one chain over K of this backend's kernel: fp32
+    operands the serial K chain, bf16 operands the pair chain of `cpp_bf16_dot` (the
+    forward's numerics, fp32 accumulation). Threads split outputs only. (fp64, opted in
     only: the torch GEMM, not row-invariant.)"""
-    if a.dtype == torch.bfloat16:
-        raise TypeError("exact_gemm takes fp32 operands (convert bf16 first: exact)")
     return fixed_order_gemm(a, b)
 
 
