@@ -15,6 +15,7 @@ test_linear_logp.py, test_rowwise_ops.py, test_cpp_backend.py) run the plain pat
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import pytest
@@ -22,12 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from rl_engine.kernels import get_op
+from rl_engine.kernels.common.linear import linear_op, projection
 from rl_engine.kernels.common.linear_logp import linear_logp_op
 from rl_engine.kernels.common.sequence_spans import SequenceSpans
 from rl_engine.kernels.cpp._serving import GEMM
-from rl_engine.kernels.cpp.linear import exact_gemm
+from rl_engine.kernels.cpp.linear import exact_gemm, linear_forward
 from rl_engine.kernels.cpp.linear_logp import _chunk_logprobs
-from tests.invariance import assert_equal_across_threads
+from tests.invariance import assert_equal_across_threads, skip_if_refused
 
 DTYPES = [torch.float32, torch.bfloat16]
 LENGTHS = (70, 5, 33, 1, 64)
@@ -162,21 +164,24 @@ def _params(shapes: dict, dtype, seed: int) -> dict[str, torch.nn.Parameter]:
 def run_projection(op_name):
     K, N = 96, 80
 
-    def run(call, dtype, params, sink, fill):
+    def run(call, dtype, params, sink, fill, backend):
         x = scatter(per_sequence(K, dtype, 1), call, fill).requires_grad_(True)
         out_dtype = dtype if op_name == "linear" else torch.float32
         dy = scatter(per_sequence(N, out_dtype, 2), call, fill)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
-        get_op(op_name, "cpu")(x, params["weight"], params["bias"], **kwargs).backward(dy)
+        get_op(op_name, "cpu", backend=backend)(
+            x, params["weight"], params["bias"], **kwargs
+        ).backward(dy)
         return gather(x.grad, call)
 
     return run, {"weight": (N, K), "bias": (N,)}
 
 
-def run_logp(op):
+def run_logp(small_chunks: bool):
     H, V = 48, 300
 
-    def run(call, dtype, params, sink, fill):
+    def run(call, dtype, params, sink, fill, backend):
+        op = SMALL_CHUNK_LOGP if small_chunks else get_op("linear_logp", "cpu", backend=backend)
         h = scatter(per_sequence(H, dtype, 3), call, fill).requires_grad_(True)
         g = torch.Generator().manual_seed(4)
         per_seq = []
@@ -204,7 +209,7 @@ SMALL_CHUNK_LOGP = linear_logp_op(_chunk_logprobs, lambda vocab: 8, GEMM, __name
 def run_embedding():
     V, H = 16, 40
 
-    def run(call, dtype, params, sink, fill):
+    def run(call, dtype, params, sink, fill, backend):
         g = torch.Generator().manual_seed(6)
         ids = [torch.randint(0, V, (n, 1), generator=g) for n in LENGTHS]  # many repeats
         flat_ids = scatter(ids, call, "zeros")[..., 0]
@@ -214,7 +219,9 @@ def run_embedding():
                 flat_ids.view(-1)[rows] = ids[i][:, 0]
         dy = scatter(per_sequence(H, dtype, 7), call, fill)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
-        get_op("embedding", "cpu")(flat_ids, params["weight"], 2, **kwargs).backward(dy)
+        get_op("embedding", "cpu", backend=backend)(
+            flat_ids, params["weight"], 2, **kwargs
+        ).backward(dy)
         return {}
 
     return run, {"weight": (V, H)}
@@ -223,11 +230,11 @@ def run_embedding():
 def run_rms_norm():
     H = 96
 
-    def run(call, dtype, params, sink, fill):
+    def run(call, dtype, params, sink, fill, backend):
         x = scatter(per_sequence(H, dtype, 8), call, fill).requires_grad_(True)
         dy = scatter(per_sequence(H, dtype, 9), call, fill)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
-        get_op("rms_norm", "cpu")(x, params["weight"], 1e-6, **kwargs).backward(dy)
+        get_op("rms_norm", "cpu", backend=backend)(x, params["weight"], 1e-6, **kwargs).backward(dy)
         return gather(x.grad, call)
 
     return run, {"weight": (H,)}
@@ -236,7 +243,7 @@ def run_rms_norm():
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 
 
-def run_attention(call, dtype, params, sink, fill):
+def run_attention(call, dtype, params, sink, fill, backend):
     """cpp attention (no parameters): padded calls with k_positions, packed ones with segments."""
     B, T = call.shape
     leaves = [
@@ -251,23 +258,25 @@ def run_attention(call, dtype, params, sink, fill):
     kwargs = {"q_positions": positions, "k_positions": positions}
     if call.packed:
         kwargs.update(q_segments=call.segments(), k_segments=call.segments())
-    out = get_op("attention", "cpu")(q, k, v, **kwargs)
+    out = get_op("attention", "cpu", backend=backend)(q, k, v, **kwargs)
     out.backward(dy.view(B, T, HEADS, HEAD_DIM).transpose(1, 2))
     grads = [gather(t.grad.reshape(B, T, -1), call) for t in leaves]
     return {i: torch.cat([g[i] for g in grads], 1) for i in grads[0]}
 
 
-def run_silu(call, dtype, params, sink, fill):
+def run_silu(call, dtype, params, sink, fill, backend):
     x = scatter(per_sequence(77, dtype, 15, scale=4.0), call, fill).requires_grad_(True)
-    get_op("silu", "cpu")(x).backward(scatter(per_sequence(77, dtype, 16), call, fill))
+    get_op("silu", "cpu", backend=backend)(x).backward(
+        scatter(per_sequence(77, dtype, 16), call, fill)
+    )
     return gather(x.grad, call)
 
 
 OPS = {
     "linear": run_projection("linear"),
     "lm_head": run_projection("lm_head"),
-    "linear_logp": run_logp(get_op("linear_logp", "cpu")),
-    "linear_logp_8_row_chunks": run_logp(SMALL_CHUNK_LOGP),
+    "linear_logp": run_logp(small_chunks=False),
+    "linear_logp_8_row_chunks": run_logp(small_chunks=True),  # cpp's chunk, 8 rows
     "embedding": run_embedding(),
     "rms_norm": run_rms_norm(),
     "attention": (run_attention, {}),
@@ -275,14 +284,14 @@ OPS = {
 }
 
 
-def run_layout(op: str, layout: str, dtype, *, sink: bool, fill: str):
+def run_layout(op: str, layout: str, dtype, *, sink: bool, fill: str, backend: str = "cpp"):
     """(sink records merged over the layout's calls, input grads by sequence, plain .grads)."""
     run, shapes = OPS[op]
     params = _params(shapes, dtype, 10)
     records, grads = {}, {}
     for call in LAYOUTS[layout]:
         recorder = RecordingSink() if sink else None
-        grads.update(run(call, dtype, params, recorder, fill))
+        grads.update(run(call, dtype, params, recorder, fill, backend))
         if sink:
             assert not set(records) & set(recorder.records)
             records.update(recorder.records)
@@ -296,10 +305,19 @@ def _equal(a, b) -> bool:
     return torch.equal(a, b)
 
 
+# native: its own GEMM ops and attention; embedding, rms_norm and silu are the ones cpp runs
+# (cpp's silu is its own kernel: native's too)
+NATIVE_OPS = ["linear", "lm_head", "linear_logp", "attention", "silu"]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("op", list(OPS))
-def test_partials_and_input_grads_do_not_depend_on_the_layout(op, dtype):
-    reference, ref_grads, plain = run_layout(op, "alone", dtype, sink=True, fill="garbage")
+@pytest.mark.parametrize(
+    ("op", "backend"), [(op, "cpp") for op in OPS] + [(op, "native") for op in NATIVE_OPS]
+)
+def test_partials_and_input_grads_do_not_depend_on_the_layout(op, backend, dtype):
+    skip_if_refused(backend, dtype)
+    run = functools.partial(run_layout, op, dtype=dtype, sink=True, backend=backend)
+    reference, ref_grads, plain = run("alone", fill="garbage")
     assert all(g is None for g in plain.values())  # the parameters' gradients went to the sink
     roles = {role for role, _ in reference}
     assert len(roles) == len(OPS[op][1])  # one role per parameter
@@ -307,7 +325,7 @@ def test_partials_and_input_grads_do_not_depend_on_the_layout(op, dtype):
     if op != "embedding":  # every other op has an input gradient
         assert ref_grads.keys() == set(range(len(LENGTHS)))
     for layout in ("padded", "two_micro_batches", "packed"):
-        records, grads, _ = run_layout(op, layout, dtype, sink=True, fill="garbage")
+        records, grads, _ = run(layout, fill="garbage")
         assert records.keys() == reference.keys(), layout
         for key, partial in reference.items():
             assert _equal(records[key], partial), (layout, key)
@@ -346,13 +364,20 @@ def test_partials_match_a_float64_reference(dtype):
 
 
 @pytest.mark.threads
-@pytest.mark.parametrize("op", ["linear", "linear_logp", "rms_norm", "attention"])
-def test_partials_and_input_grads_do_not_depend_on_the_thread_count(op):
+@pytest.mark.parametrize(
+    ("op", "backend"),
+    [("linear", "cpp"), ("linear_logp", "cpp"), ("rms_norm", "cpp"), ("attention", "cpp")]
+    + [("linear", "native"), ("attention", "native")],
+)
+def test_partials_and_input_grads_do_not_depend_on_the_thread_count(op, backend):
     """bf16, packed: the same records and input gradients with 1, 2 and 3 intra-op threads."""
+    skip_if_refused(backend, torch.bfloat16)
     code = f"""
         import torch
         from tests.kernels.test_sequence_backward import run_layout
-        records, grads, _ = run_layout({op!r}, "packed", torch.bfloat16, sink=True, fill="garbage")
+        records, grads, _ = run_layout(
+            {op!r}, "packed", torch.bfloat16, sink=True, fill="garbage", backend={backend!r}
+        )
         result = {{f"grad {{i}}": g for i, g in grads.items()}}
         result.update({{f"{{role}} {{index}}": p for (role, index), p in records.items()}})
     """
@@ -440,8 +465,9 @@ def test_the_mode_fails_closed():
         linear(x, w, spans=spans)
     with pytest.raises(ValueError, match="spans describe 6 rows but the input has 3"):
         linear(x[0], w, spans=spans, sink=RecordingSink())
+    without_mode = linear_op(projection(linear_forward, __name__), GEMM, __name__)
     with pytest.raises(NotImplementedError, match="no layout-invariant backward"):
-        get_op("linear", "cpu", backend="native")(x, w, spans=spans, sink=RecordingSink())
+        without_mode(x, w, spans=spans, sink=RecordingSink())
     targets = torch.tensor([[1, 2, 3], [0, 1, 2]])
     half = SequenceSpans.from_padding_mask(torch.tensor([[1, 1, 1], [0, 0, 0]]))
     with pytest.raises(ValueError, match="row 3 .* has a live target but lies in no sequence"):
