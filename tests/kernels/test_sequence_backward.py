@@ -131,7 +131,8 @@ def per_sequence(width: int, dtype, seed: int, scale: float = 1.0) -> list[torch
 
 
 def scatter(values: list[torch.Tensor], call: Call, fill: str) -> torch.Tensor:
-    """(rows, cols, C): each member's values at its rows; padding = garbage or zeros."""
+    """(rows, cols, C): each member's values at its rows (its first ones, if the call holds
+    fewer of its tokens); padding = garbage or zeros."""
     count, width = call.shape[0] * call.shape[1], values[0].shape[1]
     dtype = values[0].dtype
     if fill == "garbage":
@@ -140,7 +141,7 @@ def scatter(values: list[torch.Tensor], call: Call, fill: str) -> torch.Tensor:
     else:
         out = torch.zeros(count, width, dtype=dtype)
     for i, rows in zip(call.members, call.rows):
-        out[rows] = values[i]
+        out[rows] = values[i][: rows.numel()]
     return out.view(*call.shape, width)
 
 
@@ -216,7 +217,7 @@ def run_embedding():
         if fill == "garbage":
             flat_ids = torch.where(flat_ids == 0, V - 1, flat_ids)  # padding: some id
             for i, rows in zip(call.members, call.rows):
-                flat_ids.view(-1)[rows] = ids[i][:, 0]
+                flat_ids.view(-1)[rows] = ids[i][: rows.numel(), 0]
         dy = scatter(per_sequence(H, dtype, 7), call, fill)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
         get_op("embedding", "cpu", backend=backend)(
@@ -427,6 +428,27 @@ def test_negative_control_torch_silu_backward_depends_on_the_position():
 
 
 # ----------------------------------------------------------------------------- the interface
+
+
+@pytest.mark.parametrize("backend", ["cpp", "native"])
+@pytest.mark.parametrize("op", ["linear", "lm_head", "rms_norm", "embedding"])
+def test_a_sequence_without_rows_reports_zeros(op, backend):
+    """An all-padding batch row (a dummy sequence) is reported, with +0 partials / no rows."""
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])  # sequence 1's first two tokens; 3: none
+    spans = SequenceSpans.from_padding_mask(mask, [INDICES[1], INDICES[3]])
+    call = Call((2, 3), [1, 3], [torch.arange(2), torch.zeros(0, dtype=torch.long)], spans)
+    run, shapes = OPS[op]
+    sink = RecordingSink()
+    run(call, torch.float32, _params(shapes, torch.float32, 10), sink, "garbage", backend)
+    for (_, index), value in sink.records.items():
+        if index != INDICES[3]:
+            continue
+        if isinstance(value, tuple):
+            assert value[0].numel() == 0 and value[1].shape[0] == 0
+        else:
+            assert torch.equal(value, torch.zeros_like(value))
+            assert not torch.signbit(value).any()  # +0, not -0
+    assert {index for _, index in sink.records} == {INDICES[1], INDICES[3]}
 
 
 def test_spans_from_a_padding_mask_and_from_segments():

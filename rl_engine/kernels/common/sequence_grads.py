@@ -60,6 +60,10 @@ def weight_partials(
     Operands in x's dtype (the parameter's)."""
     for i, index in enumerate(spans.indices):
         start, stop = spans.starts[i], spans.starts[i] + spans.lengths[i]
+        if start == stop:  # no rows: the empty chain, +0 (never a K = 0 GEMM call)
+            shape = (grad_out.shape[1], x.shape[1])
+            yield index, torch.zeros(shape, dtype=at_least_fp32(x.dtype), device=x.device)
+            continue
         dy_t, x_t = transposed(grad_out[start:stop], x.dtype), transposed(x[start:stop], x.dtype)
         yield index, gemm(dy_t, x_t)
 
