@@ -247,44 +247,29 @@ def sequence_backward(grad_out, q, k, v, q_positions, k_positions, scale, seqs: 
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
     dv = torch.zeros_like(dk)
-    where = torch.full((seqs.count,), -1, dtype=torch.long, device=q.device)
+    q32, k32, v32, go32 = (t.detach().float() for t in (q, k, v, grad_out))
     for seq in range(seqs.count):
-        group = [seq]
-        members = torch.tensor(group, device=q.device)
-        where.fill_(-1)
-        where[members] = torch.arange(len(group), device=q.device)
-        L = int(lengths[group[0]])
-        qsel, ksel = (
-            (where[qseq] >= 0).nonzero().squeeze(1),
-            (where[kseq] >= 0).nonzero().squeeze(1),
-        )
-        qi, ki = (
-            (qb[qsel], qt[qsel], where[qseq[qsel]], qpos[qsel]),
-            (
-                kb[ksel],
-                kt[ksel],
-                where[kseq[ksel]],
-                kpos[ksel],
-            ),
-        )
-        n = len(group)
+        L = int(lengths[seq])
+        qsel, ksel = (qseq == seq).nonzero().squeeze(1), (kseq == seq).nonzero().squeeze(1)
+        qi = (qb[qsel], qt[qsel], torch.zeros_like(qsel), qpos[qsel])
+        ki = (kb[ksel], kt[ksel], torch.zeros_like(ksel), kpos[ksel])
         with torch.enable_grad():
             leaves = [
-                _by_position(t.detach().float(), *idx, L, n).requires_grad_(True)
-                for t, idx in ((q, qi), (k, ki), (v, ki))
+                _by_position(t, *idx, L, 1).requires_grad_(True)
+                for t, idx in ((q32, qi), (k32, ki), (v32, ki))
             ]
             out = F.scaled_dot_product_attention(
                 *leaves, is_causal=True, scale=scale, enable_gqa=True
             )
-            go = _by_position(grad_out.float(), *qi, L, n)
+            go = _by_position(go32, *qi, L, 1)
             gq, gk, gv = torch.autograd.grad(out, leaves, go)
-        rows, cols, seq, pos = qi
-        dq.permute(0, 2, 1, 3)[rows, cols] = gq.permute(0, 2, 1, 3)[seq, pos]
-        rows, cols, seq, pos = ki
+        rows, cols, zero, pos = qi
+        dq.permute(0, 2, 1, 3)[rows, cols] = gq.permute(0, 2, 1, 3)[zero, pos]
+        rows, cols, zero, pos = ki
         keep = pos < L
-        rows, cols, seq, pos = rows[keep], cols[keep], seq[keep], pos[keep]
-        dk.permute(0, 2, 1, 3)[rows, cols] = gk.permute(0, 2, 1, 3)[seq, pos]
-        dv.permute(0, 2, 1, 3)[rows, cols] = gv.permute(0, 2, 1, 3)[seq, pos]
+        rows, cols, zero, pos = rows[keep], cols[keep], zero[keep], pos[keep]
+        dk.permute(0, 2, 1, 3)[rows, cols] = gk.permute(0, 2, 1, 3)[zero, pos]
+        dv.permute(0, 2, 1, 3)[rows, cols] = gv.permute(0, 2, 1, 3)[zero, pos]
     return dq, dk, dv
 
 
