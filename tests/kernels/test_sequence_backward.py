@@ -241,6 +241,23 @@ def run_rms_norm():
     return run, {"weight": (H,)}
 
 
+def run_router():
+    H, E = 40, 8
+
+    def run(call, dtype, params, sink, fill, backend):
+        """moe_router, top 3 renormalised: gradients through the weights and the logits."""
+        x = scatter(per_sequence(H, dtype, 17), call, fill).requires_grad_(True)
+        kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
+        router = get_op("moe_router", "cpu", backend=backend)
+        logits, weights, _ = router(x, params["weight"], 3, renormalize=True, **kwargs)
+        dw = scatter(per_sequence(3, dtype, 18), call, fill).reshape(weights.shape)
+        dl = scatter(per_sequence(E, dtype, 19), call, fill).reshape(logits.shape)
+        ((weights * dw).sum() + (logits * dl).sum()).backward()
+        return gather(x.grad, call)
+
+    return run, {"weight": (E, H)}
+
+
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 
 
@@ -280,6 +297,7 @@ OPS = {
     "linear_logp_8_row_chunks": run_logp(small_chunks=True),  # cpp's chunk, 8 rows
     "embedding": run_embedding(),
     "rms_norm": run_rms_norm(),
+    "moe_router": run_router(),
     "attention": (run_attention, {}),
     "silu": (run_silu, {}),
 }
@@ -308,7 +326,7 @@ def _equal(a, b) -> bool:
 
 # native: its own GEMM ops and attention; embedding, rms_norm and silu are the ones cpp runs
 # (cpp's silu is its own kernel: native's too)
-NATIVE_OPS = ["linear", "lm_head", "linear_logp", "attention", "silu"]
+NATIVE_OPS = ["linear", "lm_head", "linear_logp", "moe_router", "attention", "silu"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -336,7 +354,9 @@ def test_partials_and_input_grads_do_not_depend_on_the_layout(op, backend, dtype
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("op", ["linear", "lm_head", "linear_logp", "embedding", "rms_norm"])
+@pytest.mark.parametrize(
+    "op", ["linear", "lm_head", "linear_logp", "embedding", "rms_norm", "moe_router"]
+)
 def test_negative_control_plain_backward_depends_on_the_layout(op, dtype):
     """The plain backward's accumulated parameter gradients (zero gradient on padding, so every
     layout sums the same contributions) differ in some pair of layouts."""
