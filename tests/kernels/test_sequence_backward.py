@@ -55,7 +55,7 @@ class RecordingSink:
     def add_rows(self, param, role, index, rows, values):
         assert rows.dtype == torch.int64
         assert torch.equal(rows, torch.unique(rows))  # sorted, unique
-        assert values.shape == (rows.numel(), param.shape[1])
+        assert values.shape == (rows.numel(), *param.shape[1:])
         assert values.dtype == torch.float32
         self._put((role, index), (rows, values))
 
@@ -258,6 +258,30 @@ def run_router():
     return run, {"weight": (E, H)}
 
 
+def run_experts():
+    H, E, WIDTH, TOP = 24, 6, 10, 2  # WIDTH: the experts' intermediate size
+
+    def run(call, dtype, params, sink, fill, backend):
+        """moe_experts, top 2: input gradients of hidden and of the routing weights."""
+        g = torch.Generator().manual_seed(20)
+        first = [torch.randint(0, E, (n, 1), generator=g) for n in LENGTHS]
+        picks = [
+            torch.cat([f, (f + 1 + torch.randint(0, E - 1, f.shape, generator=g)) % E], 1)
+            for f in first
+        ]
+        indices = scatter(picks, call, "zeros").reshape(-1, TOP)
+        x = scatter(per_sequence(H, dtype, 21), call, fill).reshape(-1, H).requires_grad_(True)
+        w = scatter(per_sequence(TOP, dtype, 22), call, fill).reshape(-1, TOP).requires_grad_(True)
+        kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
+        experts = get_op("moe_experts", "cpu", backend=backend)
+        out = experts(x, params["gate_up"], params["down"], indices, w, **kwargs)
+        out.backward(scatter(per_sequence(H, dtype, 23), call, fill).reshape(-1, H))
+        grads = torch.cat([x.grad, w.grad], 1)
+        return gather(grads, call)
+
+    return run, {"gate_up": (E, 2 * WIDTH, H), "down": (E, H, WIDTH)}
+
+
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 
 
@@ -298,6 +322,7 @@ OPS = {
     "embedding": run_embedding(),
     "rms_norm": run_rms_norm(),
     "moe_router": run_router(),
+    "moe_experts": run_experts(),
     "attention": (run_attention, {}),
     "silu": (run_silu, {}),
 }
@@ -326,7 +351,7 @@ def _equal(a, b) -> bool:
 
 # native: its own GEMM ops and attention; embedding, rms_norm and silu are the ones cpp runs
 # (cpp's silu is its own kernel: native's too)
-NATIVE_OPS = ["linear", "lm_head", "linear_logp", "moe_router", "attention", "silu"]
+NATIVE_OPS = ["linear", "lm_head", "linear_logp", "moe_router", "moe_experts", "attention", "silu"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -338,8 +363,7 @@ def test_partials_and_input_grads_do_not_depend_on_the_layout(op, backend, dtype
     run = functools.partial(run_layout, op, dtype=dtype, sink=True, backend=backend)
     reference, ref_grads, plain = run("alone", fill="garbage")
     assert all(g is None for g in plain.values())  # the parameters' gradients went to the sink
-    roles = {role for role, _ in reference}
-    assert len(roles) == len(OPS[op][1])  # one role per parameter
+    roles = set(ROLES.get(op, {}).values())
     assert reference.keys() == {(role, index) for role in roles for index in INDICES}
     if op != "embedding":  # every other op has an input gradient
         assert ref_grads.keys() == set(range(len(LENGTHS)))
@@ -355,7 +379,7 @@ def test_partials_and_input_grads_do_not_depend_on_the_layout(op, backend, dtype
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    "op", ["linear", "lm_head", "linear_logp", "embedding", "rms_norm", "moe_router"]
+    "op", ["linear", "lm_head", "linear_logp", "embedding", "rms_norm", "moe_router", "moe_experts"]
 )
 def test_negative_control_plain_backward_depends_on_the_layout(op, dtype):
     """The plain backward's accumulated parameter gradients (zero gradient on padding, so every
@@ -372,16 +396,38 @@ def test_negative_control_plain_backward_depends_on_the_layout(op, dtype):
     assert differs, f"plain {op} gave the same bits in every layout"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_partials_match_a_float64_reference(dtype):
-    """Accuracy: each sequence's linear partials are dy_s^T x_s and sum(dy_s) to fp32 rounding."""
-    records, _, _ = run_layout("linear", "packed", dtype, sink=True, fill="garbage")
-    xs, dys = per_sequence(96, dtype, 1), per_sequence(80, dtype, 2)
-    for i, index in enumerate(INDICES):
-        exact = dys[i].double().t() @ xs[i].double()
-        torch.testing.assert_close(records[("linear", index)].double(), exact, rtol=1e-5, atol=1e-4)
-        bias = dys[i].double().sum(0)
-        torch.testing.assert_close(records[("bias", index)].double(), bias, rtol=1e-5, atol=1e-4)
+# parameter -> the role its partials carry
+ROLES = {
+    "linear": {"weight": "linear", "bias": "bias"},
+    "lm_head": {"weight": "lm_head", "bias": "bias"},
+    "linear_logp": {"weight": "lm_head", "bias": "bias"},
+    "linear_logp_8_row_chunks": {"weight": "lm_head", "bias": "bias"},
+    "embedding": {"weight": "embedding"},
+    "rms_norm": {"weight": "rms_norm"},
+    "moe_router": {"weight": "moe_router"},
+    "moe_experts": {"gate_up": "moe_gate_up", "down": "moe_down"},
+}
+
+
+@pytest.mark.parametrize("op", list(ROLES))
+def test_partials_sum_to_the_plain_gradient(op):
+    """Accuracy, fp32, packed: the sink's partials summed over the sequences (rows scattered
+    into the dense shape) equal the plain backward's gradients to rounding, and so do the
+    input gradients (zero upstream gradient on padding in both runs)."""
+    records, grads, _ = run_layout(op, "packed", torch.float32, sink=True, fill="zeros")
+    _, plain_grads, plain = run_layout(op, "packed", torch.float32, sink=False, fill="zeros")
+    for name, role in ROLES[op].items():
+        total = torch.zeros(plain[name].shape, dtype=torch.float64)
+        for (r, _), value in records.items():
+            if r != role:
+                continue
+            if isinstance(value, tuple):
+                total.index_add_(0, value[0], value[1].double())
+            else:
+                total += value.double()
+        torch.testing.assert_close(total, plain[name].double(), rtol=1e-4, atol=1e-4)
+    for i, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[i], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.threads
