@@ -492,7 +492,7 @@ def test_negative_control_torch_silu_backward_depends_on_the_position():
     assert any(not torch.equal(grad(offset), grad(0)) for offset in range(1, 40))
 
 
-# ----------------------------------------------------------------------------- the interface
+# ----------------------------------------------------------------------------- edge cases
 
 
 @pytest.mark.parametrize("backend", ["cpp", "native"])
