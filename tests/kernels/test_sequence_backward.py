@@ -37,13 +37,18 @@ IGNORE = -100
 
 
 class RecordingSink:
-    """What the sink protocol receives, keyed by (role, index); each key arrives once."""
+    """What the sink protocol receives, keyed by (role, index); each key arrives once, and a
+    role's sequences in increasing index (what the canonical tree's holder requires)."""
 
     def __init__(self):
         self.records = {}
+        self.last = {}
 
     def _put(self, key, value):
         assert key not in self.records, f"{key} reported twice"
+        role, index = key
+        assert index > self.last.get(role, -1), f"{role}: index {index} after {self.last[role]}"
+        self.last[role] = index
         self.records[key] = value
 
     def add(self, param, role, index, partial):

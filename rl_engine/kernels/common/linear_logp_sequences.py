@@ -91,8 +91,7 @@ def sequence_logp_backward(
     weight_t = transposed(weight, weight.dtype) if needs[0] else None  # (H, V)
     needs_bias = bias is not None and needs[2]
     bias_acc = torch.zeros((len(spans), vocab), dtype=acc) if needs_bias else None
-    pending: dict[int, torch.Tensor] = {}
-    done = set()
+    weights = _WeightPartials(weight, sink, spans, acc)
     for group in _chunks(_blocks(spans, live, step), step):
         rows = torch.cat([piece[1] for piece in group])
         h = hidden[rows]  # (n, H)
@@ -103,7 +102,7 @@ def sequence_logp_backward(
         if needs[0]:
             grad_hidden[rows] = gemm(g, weight_t).to(hidden.dtype)
         if needs[1]:
-            _weight_blocks(gemm, g, h, group, pending, done, weight, sink, spans)
+            weights.add_blocks(gemm, g, h, group)
         if needs_bias:
             local, offset = [[] for _ in range(len(spans))], 0
             for i, block_rows, _ in group:
@@ -112,24 +111,39 @@ def sequence_logp_backward(
             mine = [torch.cat(r) if r else torch.zeros(0, dtype=torch.long) for r in local]
             bias_acc = row_sums(grad_logits, mine, init=bias_acc)
     if needs[1]:
-        for i, index in enumerate(spans.indices):
-            if i not in done:  # no live row: nothing but zeros
-                sink.add(weight, "lm_head", index, torch.zeros(weight.shape, dtype=acc))
+        weights.send_until(len(spans))
     if needs_bias:
         for i, index in enumerate(spans.indices):
             sink.add(bias, "bias", index, bias_acc[i])
     return grad_hidden
 
 
-def _weight_blocks(gemm, g, h, group, pending, done, weight, sink, spans) -> None:
-    """Each block's g^T h into its sequence's running sum; a sequence's last block sends it."""
-    offset = 0
-    dtype = weight.dtype
-    for i, block_rows, last in group:
-        stop = offset + block_rows.numel()
-        part = gemm(transposed(g[offset:stop], dtype), transposed(h[offset:stop], dtype))
-        offset = stop
-        pending[i] = part if i not in pending else pending[i].add_(part)
-        if last:
-            sink.add(weight, "lm_head", spans.indices[i], pending.pop(i))
-            done.add(i)
+class _WeightPartials:
+    """The head weight's partials, sent in span order (the sink takes a parameter's sequences in
+    increasing index): a sequence's blocks add up in order; one without live rows sends zeros."""
+
+    def __init__(self, weight, sink, spans, acc):
+        self.weight, self.sink, self.spans, self.acc = weight, sink, spans, acc
+        self.pending: dict[int, torch.Tensor] = {}
+        self.sent = 0  # spans before this one were sent
+
+    def add_blocks(self, gemm, g, h, group) -> None:
+        """Each block's g^T h into its sequence's running sum; a sequence's last block sends it."""
+        offset, dtype = 0, self.weight.dtype
+        for i, block_rows, last in group:
+            stop = offset + block_rows.numel()
+            part = gemm(transposed(g[offset:stop], dtype), transposed(h[offset:stop], dtype))
+            offset = stop
+            self.pending[i] = part if i not in self.pending else self.pending[i].add_(part)
+            if last:
+                self.send_until(i)
+                self._send(i, self.pending.pop(i))
+
+    def send_until(self, stop: int) -> None:
+        """Zeros for the sequences before `stop` not sent yet (they had no live row)."""
+        for i in range(self.sent, stop):
+            self._send(i, torch.zeros(self.weight.shape, dtype=self.acc, device=self.weight.device))
+
+    def _send(self, i: int, partial: torch.Tensor) -> None:
+        self.sink.add(self.weight, "lm_head", self.spans.indices[i], partial)
+        self.sent = i + 1
