@@ -9,8 +9,10 @@ partial of every parameter (the sink's records) is torch.equal in (a) == (b) == 
 and so is every token's input gradient. Negative control: today's plain backward, its
 parameter gradients accumulated over a layout's micro-batches (zero upstream gradient on
 padding), gives other bits in at least one pair of layouts.
-Without a sink nothing changes: the existing tests of each op (test_linear.py,
-test_linear_logp.py, test_rowwise_ops.py, test_cpp_backend.py) run the plain path unchanged.
+Without a sink the plain backward runs, bit for bit
+(`test_without_a_sink_the_backward_is_the_plain_one`), and the existing tests of each op
+(test_linear.py, test_linear_logp.py, test_rowwise_ops.py, test_moe.py, test_attention.py,
+test_packed_attention.py) pass unchanged.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import torch
 import torch.nn.functional as F
 
 from rl_engine.kernels import get_op
-from rl_engine.kernels.common.linear_logp import linear_logp_op
+from rl_engine.kernels.common.linear import linear_backward
+from rl_engine.kernels.common.linear_logp import chunked_logp_backward, linear_logp_op
 from rl_engine.kernels.common.sequence_spans import SequenceSpans
 from rl_engine.kernels.cpp._serving import GEMM
 from rl_engine.kernels.cpp.linear import exact_gemm
-from rl_engine.kernels.cpp.linear_logp import _chunk_logprobs
+from rl_engine.kernels.cpp.linear_logp import _chunk_logprobs, chunk_rows_for
 from tests.invariance import assert_equal_across_threads, skip_if_refused
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -519,3 +522,40 @@ def test_a_sequence_without_rows_reports_zeros(op, backend):
             assert torch.equal(value, torch.zeros_like(value))
             assert not torch.signbit(value).any()  # +0, not -0
     assert {index for _, index in sink.records} == {INDICES[1], INDICES[3]}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_without_a_sink_the_backward_is_the_plain_one(dtype):
+    """No spans / sink: the ops' gradients are, bit for bit, those of the plain backward
+    functions (linear_backward, chunked_logp_backward), as before the mode existed."""
+    g = torch.Generator().manual_seed(30)
+    x = torch.randn(3, 70, 96, generator=g).to(dtype).requires_grad_(True)
+    w = torch.nn.Parameter(torch.randn(80, 96, generator=g).to(dtype))
+    b = torch.nn.Parameter(torch.randn(80, generator=g).to(dtype))
+    dy = torch.randn(3, 70, 80, generator=g).to(dtype)
+    get_op("linear", "cpu")(x, w, b).backward(dy)
+    expected = linear_backward(dy.reshape(-1, 80), x.detach().reshape(-1, 96), w.detach(), True)
+    for got, want in zip((x.grad.reshape(-1, 96), w.grad, b.grad), expected):
+        assert torch.equal(got, want)
+
+    V = 300
+    h = torch.randn(3, 70, 96, generator=g).to(dtype).requires_grad_(True)
+    head = torch.nn.Parameter(torch.randn(V, 96, generator=g).to(dtype))
+    targets = torch.randint(0, V, (3, 70), generator=g)
+    targets[:, :5] = IGNORE
+    coeff = torch.randn(3, 70, generator=g)
+    get_op("linear_logp", "cpu")(h, head, targets, temperature=0.7).backward(coeff)
+    expected = chunked_logp_backward(
+        _chunk_logprobs,
+        chunk_rows_for,
+        coeff.reshape(-1),
+        h.detach().reshape(-1, 96),
+        head.detach(),
+        None,
+        targets.reshape(-1),
+        0.7,
+        IGNORE,
+        needs=(True, True, False),
+    )
+    assert torch.equal(h.grad.reshape(-1, 96), expected[0])
+    assert torch.equal(head.grad, expected[1])
