@@ -4,12 +4,13 @@ Every reduction here runs in an order fixed by one sequence's own rows (or by on
 token's row), never by the call's row count, its padding, packing or thread count:
 
 - `ExactGemm`, the backend's: a (M, K) @ b (N, K)^T -> (M, N) in fp32 (fp64 for fp64)
-  where every output is ONE chain over K in an order fixed by K alone, accumulated in
-  fp32 from +0 (cpp: its forward's kernels, `serialk-v1`: fp32 acc = fma(a[m, k],
-  b[n, k], acc) for k = 0, 1, ..., K-1; bf16 by pairs, odd element first, products
-  exact), whatever M, N, the operands' addresses or the thread count. Its operands
-  arrive in the parameter's dtype (the upstream gradient rounded to it where it is
-  wider, as the plain backward does).
+  where output row m is a function of a[m], b, K and N alone, summed in at least fp32,
+  whatever M, a's other rows, the operands' addresses or the thread count. cpp: its
+  forward's kernels (`serialk-v1`), each output one chain from +0, fp32 acc =
+  fma(a[m, k], b[n, k], acc) for k = 0, 1, ..., K-1, bf16 by pairs, odd element first,
+  products exact; native: its fixed-shape tile scheme in fp32, under its platform
+  probe. Its operands arrive in the parameter's dtype (the upstream gradient rounded to
+  it where it is wider, as the plain backward does).
 - input gradients: `input_grad` = grad_out @ W, one chain over the output features
   per (row, input feature), rounded once to the input's dtype: row-invariant.
 - weight partials: `weight_partials` = dy_s^T x_s per sequence s, one chain over the
@@ -18,8 +19,10 @@ token's row), never by the call's row count, its padding, packing or thread coun
   then acc = acc + v[row] for the sequence's rows in increasing order.
 
 A chain that starts at +0 never holds -0 (x + y is -0 only when both are -0), so
-adding an exact +0 anywhere along it is a no-op: that is why a sequence's rows with a
-zero upstream gradient may be skipped where an op says so, with the same bits.
+adding an exact +0 or -0 anywhere along it is a no-op: `row_sums` pads shorter
+sequences with +0, and a row whose upstream gradient is zero adds nothing to a GEMM
+chain while its other operand is finite (so `linear_logp` defines rows without a
+target as skipped: the bits of including them, for finite hidden states).
 """
 
 from __future__ import annotations
