@@ -440,8 +440,8 @@ def test_partials_sum_to_the_plain_gradient(op):
 @pytest.mark.threads
 @pytest.mark.parametrize(
     ("op", "backend"),
-    [("linear", "cpp"), ("linear_logp", "cpp"), ("rms_norm", "cpp"), ("attention", "cpp")]
-    + [("linear", "native"), ("attention", "native")],
+    [(op, "cpp") for op in ("linear", "linear_logp", "rms_norm", "embedding", "attention")]
+    + [("moe_experts", "cpp"), ("linear", "native"), ("attention", "native")],
 )
 def test_partials_and_input_grads_do_not_depend_on_the_thread_count(op, backend):
     """bf16, packed: the same records and input gradients with 1, 2 and 3 intra-op threads."""
@@ -453,7 +453,9 @@ def test_partials_and_input_grads_do_not_depend_on_the_thread_count(op, backend)
             {op!r}, "packed", torch.bfloat16, sink=True, fill="garbage", backend={backend!r}
         )
         result = {{f"grad {{i}}": g for i, g in grads.items()}}
-        result.update({{f"{{role}} {{index}}": p for (role, index), p in records.items()}})
+        for (role, index), p in records.items():
+            parts = p if isinstance(p, tuple) else (p,)  # add_rows: (rows, values)
+            result.update({{f"{{role}} {{index}} {{j}}": t for j, t in enumerate(parts)}})
     """
     assert_equal_across_threads(code)
 
