@@ -561,3 +561,20 @@ def test_without_a_sink_the_backward_is_the_plain_one(dtype):
     )
     assert torch.equal(h.grad.reshape(-1, 96), expected[0])
     assert torch.equal(head.grad, expected[1])
+
+
+@pytest.mark.parametrize("op", ["linear", "rms_norm", "embedding"])
+def test_a_call_without_rows_reports_every_sequence(op):
+    """Zero rows (every sequence empty here): each sequence still gets its +0 partial."""
+    spans = SequenceSpans(0, (0, 0), (0, 0), (4, 9))
+    sink = RecordingSink()
+    if op == "embedding":
+        weight = torch.nn.Parameter(torch.ones(10, 8))
+        out = get_op(op, "cpu")(torch.zeros(0, dtype=torch.long), weight, spans=spans, sink=sink)
+    else:
+        weight = torch.nn.Parameter(torch.ones(4, 8) if op == "linear" else torch.ones(8))
+        x = torch.zeros(0, 8, requires_grad=True)
+        out = get_op(op, "cpu")(x, weight, spans=spans, sink=sink)
+    out.sum().backward()
+    assert {index for _, index in sink.records} == {4, 9}
+    assert weight.grad is None

@@ -27,7 +27,11 @@ from rl_engine.kernels.common.sequence_spans import check_sequence_mode
 def sequence_rms_norm_backward(rms_norm_forward, grad_out, x, weight, eps, spans, sink, needs):
     """grad_x (or None); the weight's per-sequence partials go to the sink."""
     grad_x = None
-    if needs[0]:
+    if x.numel() == 0:  # no rows: no gradient to x; every sequence's partial is +0
+        grad_x = torch.zeros_like(x) if needs[0] else None
+        x = x.reshape(0, weight.shape[0])
+        grad_out = grad_out.reshape(0, weight.shape[0])
+    elif needs[0]:
         with torch.enable_grad():
             leaf = x.detach().requires_grad_(True)
             out = rms_norm_forward(leaf, weight.detach(), eps)
@@ -35,7 +39,7 @@ def sequence_rms_norm_backward(rms_norm_forward, grad_out, x, weight, eps, spans
     if needs[1]:
         acc = at_least_fp32(weight.dtype)
         with torch.no_grad():
-            normed = rms_norm_forward(x.detach(), torch.ones_like(weight), eps)
+            normed = rms_norm_forward(x.detach(), torch.ones_like(weight), eps) if x.numel() else x
         width = x.shape[-1]
         products = grad_out.reshape(-1, width).to(acc) * normed.reshape(-1, width).to(acc)
         sums = row_sums(products, span_rows(spans))  # (S, H)
@@ -53,7 +57,7 @@ def sequence_rms_norm_function(rms_norm_forward, module: str) -> type[torch.auto
             ctx.save_for_backward(x)
             ctx.weight, ctx.mode = weight, (eps, spans, sink)
             with torch.no_grad():
-                return rms_norm_forward(x, weight, eps)
+                return rms_norm_forward(x, weight, eps) if x.numel() else x * weight
 
         @staticmethod
         @torch.autograd.function.once_differentiable
@@ -84,11 +88,10 @@ def rms_norm_op(rms_norm_forward, serving: Serving, module: str):
             check_floating("weight", weight)
             check_last_dim("x", x, weight.shape[-1], "the norm weight's size")
             guard("x", x)
-            sequence_mode = check_sequence_mode("rms_norm", spans, sink, math.prod(x.shape[:-1]))
+            if check_sequence_mode("rms_norm", spans, sink, math.prod(x.shape[:-1])):
+                return sequence_function.apply(x, weight, eps, spans, sink)
             if x.shape[-1] == 0 or x.numel() == 0:
                 return x * weight
-            if sequence_mode:
-                return sequence_function.apply(x, weight, eps, spans, sink)
             return rms_norm_forward(x, weight, eps)
 
         return rms_norm

@@ -49,6 +49,8 @@ def input_grad(
 ) -> torch.Tensor:
     """grad_out (M, N) @ weight (N, K) -> (M, K) in `dtype`; weight_t is `transposed(weight,
     weight.dtype)` (K, N)."""
+    if grad_out.shape[0] == 0:  # no rows (a kernel call needs one)
+        return grad_out.new_zeros((0, weight_t.shape[0]), dtype=dtype)
     return gemm(grad_out.to(weight_t.dtype), weight_t).to(dtype)
 
 
