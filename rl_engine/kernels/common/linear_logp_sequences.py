@@ -90,7 +90,9 @@ def sequence_logp_backward(
     grad_hidden = torch.zeros_like(hidden) if needs[0] else None
     weight_t = transposed(weight, weight.dtype) if needs[0] else None  # (H, V)
     needs_bias = bias is not None and needs[2]
-    bias_acc = torch.zeros((len(spans), vocab), dtype=acc) if needs_bias else None
+    bias_acc = (
+        torch.zeros((len(spans), vocab), dtype=acc, device=weight.device) if needs_bias else None
+    )
     weights = _WeightPartials(weight, sink, spans, acc)
     for group in _chunks(_blocks(spans, live, step), step):
         rows = torch.cat([piece[1] for piece in group])

@@ -35,7 +35,7 @@ from torch.nn.utils.rnn import pad_sequence
 from rl_engine.kernels.common.checks import at_least_fp32
 from rl_engine.kernels.common.sequence_spans import SequenceSpans
 
-# a (M, K), b (N, K), both in the accumulation dtype -> (M, N): serial chains over K
+# a (M, K), b (N, K), both in the parameter's dtype -> (M, N) fp32 (fp64): see above
 ExactGemm = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -130,4 +130,4 @@ def embedding_partials(
         # the tokens of each id, in token order: a stable sort by id keeps it
         order = torch.sort(slot, stable=True).indices
         per_id = torch.split(tokens[order], torch.bincount(slot, minlength=rows.numel()).tolist())
-        yield index, rows, row_sums(grad, list(per_id))
+        yield index, rows.to(grad.device), row_sums(grad, list(per_id))
