@@ -6,6 +6,7 @@ Code outside this package never imports a backend: it asks `get_op` (and
 """
 
 from rl_engine.kernels.common.cpu_flags import cpu_flags
+from rl_engine.kernels.common.sequence_spans import GradientSink, SequenceSpans
 from rl_engine.kernels.errors import NonInvariantDtypeError, PlatformInvarianceError
 from rl_engine.kernels.facts import kernel_facts
 from rl_engine.kernels.registry import (
@@ -23,9 +24,11 @@ from rl_engine.kernels.registry import (
 __all__ = [
     "OP_NAMES",
     "BackendLayout",
+    "GradientSink",
     "NonInvariantDtypeError",
     "OpImpl",
     "PlatformInvarianceError",
+    "SequenceSpans",
     "backend_layout",
     "cpu_flags",
     "get_op",

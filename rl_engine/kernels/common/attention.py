@@ -3,9 +3,9 @@
 Argument checks (`validate`), the compute dtype, the backward, the
 autograd.Function scaffolding and the op (`attention_op`). The forward, which
 decides the bits, is each backend's own (contract: rl_engine/kernels/native/attention.py,
-docs/ops/attention.md). The backward need not be batch-invariant (gradients
-are summed over the batch), only deterministic, so it is plain torch and the
-same for every backend.
+docs/ops/attention.md). The backward is plain torch, shared by native and triton
+(cpp has its own); it works one sequence at a time, so a sequence's gradients
+depend on that sequence alone (layout-invariant training needs it).
 """
 
 from __future__ import annotations
@@ -138,15 +138,18 @@ def _aligned_sequence(x, kp, L: int, cdt):
 def _backward_sequences(q_positions, k_positions, q_segments, k_segments):
     """(row b, query columns, that sequence's k_positions or None) of every sequence.
 
-    Without segments a sequence is a row (all its columns); with them, one (row,
-    segment) pair: its own query columns, and the row's k_positions with every
-    slot of another segment emptied (-1).
+    Without segments a sequence is a row (its columns holding a query: padding
+    queries have exact zero gradients and are left out, so that the chunks, and so
+    the sums, are the sequence's own); with them, one (row, segment) pair: its own
+    query columns, and the row's k_positions with every slot of another segment
+    emptied (-1).
     """
-    B, Tq = q_positions.shape
+    B = q_positions.shape[0]
     if q_segments is None:
-        cols = torch.arange(Tq, device=q_positions.device)
         for b in range(B):
-            yield b, cols, None if k_positions is None else k_positions[b].long()
+            cols = (q_positions[b] >= 0).nonzero().squeeze(1)
+            if cols.numel():
+                yield b, cols, None if k_positions is None else k_positions[b].long()
         return
     seqs = sequences_of(q_positions, q_segments, k_positions, k_segments)
     for s, b in enumerate(seqs.row.tolist()):
@@ -159,10 +162,14 @@ def attention_backward(
 ):
     """Plain masked softmax attention gradients, one sequence and query chunk at a time.
 
-    Not invariant (it need not be), but deterministic: fixed shapes and a fixed
-    accumulation order for a given input. Keys are first put by position, so a
-    chunk only touches the keys up to its last query (causality). Padding
-    queries and key slots no query sees get exact zeros. A sequence is a row,
+    Deterministic, and a sequence's gradients are its own: every torch call works on
+    fresh tensors whose shapes and values come from that sequence alone (its queries,
+    its keys put by position, chunks of its own queries), so on a platform whose
+    batched GEMM computes a call of a given shape the same way every time they do not
+    depend on the other sequences, the padding or the packing (measured on this CPU by
+    tests/kernels/test_sequence_backward.py; on a GPU, not checked). Keys are first put
+    by position, so a chunk only touches the keys up to its last query (causality).
+    Padding queries and key slots no query sees get exact zeros. A sequence is a row,
     or with segments one (row, segment) pair of a packed row.
     Returns (dq, dk, dv) in the compute dtype.
     """

@@ -4,6 +4,13 @@ Invariant by construction (a gather: each token's row is its weight row, bit for
 bit); the op exists so that every id is range-checked with an error that names
 the bad values (torch's own message is an index error deep inside the gather).
 The backend supplies `embedding_forward(ids, weight, padding_idx)` (differentiable).
+
+Layout-invariant mode (`spans=`, `sink=` over ids' flattened tokens): the backward sends
+each sequence's rows to `sink.add_rows(weight, "embedding", index, rows, values)`:
+rows = the sorted unique ids of its tokens (padding_idx left out, whose gradient is zero),
+values[j] = +0, then + the upstream gradient row (in fp32; fp64 for fp64) of each token
+with id rows[j], in token order (common/sequence_grads.py: `embedding_partials`). The
+weight's gradient is None then.
 """
 
 from __future__ import annotations
@@ -12,18 +19,55 @@ import torch
 
 from rl_engine.kernels.common.checks import check_embedding
 from rl_engine.kernels.common.op import Serving, define_op
+from rl_engine.kernels.common.sequence_grads import embedding_partials
+from rl_engine.kernels.common.sequence_spans import check_sequence_mode
+
+
+def sequence_embedding_function(embedding_forward, module: str) -> type[torch.autograd.Function]:
+    """`_SequenceEmbedding` of the backend `module`: its gather, the per-sequence row partials."""
+
+    class _SequenceEmbedding(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, weight, ids, padding_idx, spans, sink):
+            ctx.save_for_backward(ids)
+            ctx.weight, ctx.mode = weight, (padding_idx, spans, sink)
+            with torch.no_grad():
+                return embedding_forward(ids, weight, padding_idx)
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad_out):
+            (ids,) = ctx.saved_tensors
+            padding_idx, spans, sink = ctx.mode
+            grad = grad_out.reshape(-1, grad_out.shape[-1])  # (M, H)
+            parts = embedding_partials(ids.reshape(-1), grad, spans, padding_idx)
+            for index, rows, values in parts:
+                sink.add_rows(ctx.weight, "embedding", index, rows, values)
+            return None, None, None, None, None
+
+    _SequenceEmbedding.__module__, _SequenceEmbedding.__qualname__ = module, "_SequenceEmbedding"
+    return _SequenceEmbedding
 
 
 def embedding_op(embedding_forward, serving: Serving, module: str):
     """The public `embedding` of the backend `module`."""
+    sequence_function = sequence_embedding_function(embedding_forward, module)
 
     def build(guard):
         def embedding(
-            ids: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None
+            ids: torch.Tensor,
+            weight: torch.Tensor,
+            padding_idx: int | None = None,
+            *,
+            spans=None,
+            sink=None,
         ) -> torch.Tensor:
-            """ids (...) int, weight (V, H) -> (..., H) in weight.dtype."""
+            """ids (...) int, weight (V, H) -> (..., H) in weight.dtype. With spans (over ids'
+            flattened tokens) and a sink: the layout-invariant backward (module docstring)."""
             check_embedding(ids, weight)
             guard("weight", weight)
+            if check_sequence_mode("embedding", spans, sink, ids.numel()):
+                return sequence_function.apply(weight, ids, padding_idx, spans, sink)
             return embedding_forward(ids, weight, padding_idx)
 
         return embedding

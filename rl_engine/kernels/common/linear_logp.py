@@ -14,6 +14,8 @@ d logp[t] / d logits = (onehot(t) - softmax) / T. The weight's gradient is the
 sum over chunks of `g.t() @ h`, each product in the weight's dtype, summed in at
 least fp32 in chunk order and rounded once (`WeightGradient`); it is formed a
 block of vocabulary rows at a time, so no V x H temporary exists beside the sum.
+With `spans=` and `sink=` the backward is the layout-invariant one instead
+(common/linear_logp_sequences.py): per-sequence head partials to the sink.
 """
 
 from __future__ import annotations
@@ -28,7 +30,12 @@ from rl_engine.kernels.common.checks import (
     check_projection,
     check_temperature,
 )
+from rl_engine.kernels.common.linear_logp_sequences import (
+    check_targets_covered,
+    sequence_logp_backward,
+)
 from rl_engine.kernels.common.op import Serving, define_op
+from rl_engine.kernels.common.sequence_spans import check_sequence_mode
 
 
 def chunked_logp_forward(
@@ -194,6 +201,31 @@ def linear_logp_function(linear_logp_forward, linear_logp_backward, module: str)
     return _LinearLogp
 
 
+def sequence_logp_function(forward, backward, module: str):
+    """`_SequenceLogp` of the backend `module`: its forward, the layout-invariant `backward`
+    (`sequence_logp_backward` around its chunk and exact GEMM)."""
+
+    class _SequenceLogp(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, hidden, weight, bias, targets, temperature, ignore_index, spans, sink):
+            ctx.save_for_backward(hidden, targets)
+            ctx.params, ctx.mode = (weight, bias), (temperature, ignore_index, spans, sink)
+            return forward(hidden, weight, bias, targets, temperature, ignore_index)
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad_out):
+            hidden, targets = ctx.saved_tensors
+            weight, bias = ctx.params
+            grad_hidden = backward(
+                grad_out, hidden, weight, bias, targets, *ctx.mode, ctx.needs_input_grad[:3]
+            )
+            return grad_hidden, *([None] * 7)
+
+    _SequenceLogp.__module__, _SequenceLogp.__qualname__ = module, "_SequenceLogp"
+    return _SequenceLogp
+
+
 def validate(hidden, weight, targets, bias, ignore_index):
     check_projection("hidden", hidden, weight, bias)
     if not isinstance(targets, torch.Tensor):
@@ -208,13 +240,18 @@ def validate(hidden, weight, targets, bias, ignore_index):
     )
 
 
-def linear_logp_op(chunk_logprobs, chunk_rows_for, serving: Serving, module: str):
+def linear_logp_op(chunk_logprobs, chunk_rows_for, serving: Serving, module: str, gemm=None):
     """The public `linear_logp` of the backend `module`, from its chunk: `chunk_logprobs(h,
     weight, bias, temperature)` (its own `lm_head` and `log_softmax` kernels on a chunk of
-    rows, fp32 logprobs (n, V)) and `chunk_rows_for(V)` (rows per chunk)."""
+    rows, fp32 logprobs (n, V)) and `chunk_rows_for(V)` (rows per chunk); `gemm` (its
+    ExactGemm) serves the layout-invariant mode (None: the mode raises)."""
     forward = partial(chunked_logp_forward, chunk_logprobs, chunk_rows_for)
     backward = partial(chunked_logp_backward, chunk_logprobs, chunk_rows_for)
     function = linear_logp_function(forward, backward, module)
+    sequence_function = None
+    if gemm is not None:
+        sequence_backward = partial(sequence_logp_backward, chunk_logprobs, chunk_rows_for, gemm)
+        sequence_function = sequence_logp_function(forward, sequence_backward, module)
 
     def build(guard):
         def linear_logp(
@@ -225,17 +262,31 @@ def linear_logp_op(chunk_logprobs, chunk_rows_for, serving: Serving, module: str
             *,
             temperature: float = 1.0,
             ignore_index: int = -100,
+            spans=None,
+            sink=None,
         ) -> torch.Tensor:
             """hidden (..., H), weight (V, H), targets (...) -> fp32 logprobs (...), 0 where ignored.
 
             fp64 inputs give fp64 logprobs (for gradcheck); every other dtype gives fp32.
+            spans (a SequenceSpans over hidden's flattened rows) and sink: the layout-invariant
+            backward (common/linear_logp_sequences.py).
             """
             validate(hidden, weight, targets, bias, ignore_index)
             guard("hidden", hidden)
             temperature = check_temperature(temperature)
             h2d = hidden.reshape(-1, hidden.shape[-1])
             flat_targets = targets.reshape(-1).long()
-            out = function.apply(h2d, weight, bias, flat_targets, temperature, ignore_index)
+            args = (h2d, weight, bias, flat_targets, temperature, ignore_index)
+            if check_sequence_mode("linear_logp", spans, sink, h2d.shape[0]):
+                if sequence_function is None:
+                    raise NotImplementedError(
+                        f"linear_logp: backend {module} has no layout-invariant backward "
+                        "(spans / sink); use the cpp backend"
+                    )
+                check_targets_covered(spans, flat_targets, ignore_index)
+                out = sequence_function.apply(*args, spans, sink)
+            else:
+                out = function.apply(*args)
             return out.reshape(targets.shape)
 
         return linear_logp

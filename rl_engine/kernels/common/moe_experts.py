@@ -25,7 +25,8 @@ GEMMs in the parameters' dtype (as the linear op's backward), computed in fp32
 and rounded once where this CPU has no bf16 GEMM instructions (`backward_mm`:
 the same accuracy, 15-50x faster there); the gradient of
 the hidden states is summed over a token's slots in the same fixed order as
-the forward (never `index_add_`, which uses atomics on a GPU).
+the forward (never `index_add_`, which uses atomics on a GPU). With `spans=` and
+`sink=`, the layout-invariant backward instead (common/moe_experts_sequences.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ import torch
 
 from rl_engine.kernels.common.checks import check_floating, check_index_range, check_same_dtype
 from rl_engine.kernels.common.cpu_flags import backward_mm
+from rl_engine.kernels.common.moe_experts_sequences import sequence_experts_backward
 from rl_engine.kernels.common.op import Serving, define_op
+from rl_engine.kernels.common.sequence_spans import check_sequence_mode
 
 
 @dataclass(frozen=True)
@@ -235,10 +238,58 @@ def invariant_experts_function(experts_forward, silu, module: str) -> type[torch
     return _InvariantExperts
 
 
-def moe_experts_op(experts_forward, silu, serving: Serving, module: str):
+def sequence_experts_function(experts_forward, silu, gemm, module: str):
+    """`_SequenceExperts` of the backend `module`: its forward, the layout-invariant backward
+    (common/moe_experts_sequences.py) around its exact `gemm`."""
+
+    class _SequenceExperts(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, hidden, gate_up, down, indices, weights, spans, sink):
+            out, saved = experts_forward(hidden, gate_up, down, indices, weights, True)
+            ctx.save_for_backward(hidden, weights, saved[1], saved[2])
+            ctx.params, ctx.grouping, ctx.mode = (gate_up, down), saved[0], (spans, sink)
+            return out
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx, grad_out):
+            hidden, weights, saved_gate_up, saved_down = ctx.saved_tensors
+            needs = (*ctx.needs_input_grad[:3], ctx.needs_input_grad[4])
+            saved = (ctx.grouping, saved_gate_up, saved_down)
+            g_hidden, g_weights = sequence_experts_backward(
+                gemm,
+                combine,
+                grad_out,
+                hidden,
+                *ctx.params,
+                weights,
+                saved,
+                silu,
+                needs,
+                *ctx.mode,
+            )
+            return (
+                g_hidden if needs[0] else None,
+                None,
+                None,
+                None,
+                g_weights if needs[3] else None,
+                None,
+                None,
+            )
+
+    _SequenceExperts.__module__, _SequenceExperts.__qualname__ = module, "_SequenceExperts"
+    return _SequenceExperts
+
+
+def moe_experts_op(experts_forward, silu, serving: Serving, module: str, gemm=None):
     """The public `moe_experts` of the backend `module`: its `experts_forward` (see
-    `composed_forward`) and its unchecked `silu` (the backward recomputes the activation)."""
+    `composed_forward`) and its unchecked `silu` (the backward recomputes the activation);
+    `gemm` (its ExactGemm) serves the layout-invariant mode (None: the mode raises)."""
     function = invariant_experts_function(experts_forward, silu, module)
+    sequence_function = (
+        None if gemm is None else sequence_experts_function(experts_forward, silu, gemm, module)
+    )
 
     def build(guard):
         def moe_experts(
@@ -247,16 +298,29 @@ def moe_experts_op(experts_forward, silu, serving: Serving, module: str):
             down: torch.Tensor,
             indices: torch.Tensor,
             weights: torch.Tensor,
+            *,
+            spans=None,
+            sink=None,
         ) -> torch.Tensor:
             """(N, H): each token's experts in ascending index, scaled by its weights and summed.
 
             hidden (N, H), gate_up (E, 2I, H), down (E, H, I), indices / weights (N, k).
             Without autograd the same forward runs directly (no autograd.Function).
+            spans (over hidden's rows) and sink: the layout-invariant backward.
             """
             check_experts(hidden, gate_up, down, indices, weights)
             guard("hidden", hidden)
+            sequence_mode = check_sequence_mode("moe_experts", spans, sink, hidden.shape[0])
+            if sequence_mode and sequence_function is None:
+                raise NotImplementedError(
+                    f"moe_experts: backend {module} has no layout-invariant backward "
+                    "(spans / sink); use the cpp backend"
+                )
             tracked = hidden.requires_grad or gate_up.requires_grad or down.requires_grad
             if torch.is_grad_enabled() and (tracked or weights.requires_grad):
+                if sequence_mode:
+                    args = (hidden, gate_up, down, indices, weights, spans, sink)
+                    return sequence_function.apply(*args)
                 return function.apply(hidden, gate_up, down, indices, weights)
             return experts_forward(hidden, gate_up, down, indices, weights, False)[0]
 

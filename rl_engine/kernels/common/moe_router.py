@@ -16,9 +16,10 @@ row at a time, in an order set by the row length only (the same fact the
 `log_softmax` op rests on; tests/kernels/test_moe.py checks it for 1 to 4096
 rows and 1 to 3 threads).
 
-Backward (plain torch, deterministic, not batch-invariant): through the
-renormalisation, the gather and the softmax, to the logits; the logits'
-backward is the linear op's own.
+Backward (plain torch, deterministic): through the renormalisation, the gather and
+the softmax, to the logits (row by row, so row-invariant); the logits' backward is the
+linear op's own, with `spans=` / `sink=` its layout-invariant one (the router weight's
+role: "moe_router").
 """
 
 from __future__ import annotations
@@ -105,12 +106,13 @@ class _TopKRouting(torch.autograd.Function):
 
 
 def route_tokens(
-    project, hidden, weight, top_k, renormalize, weights_dtype, route
+    project, hidden, weight, top_k, renormalize, weights_dtype, route, spans=None, sink=None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The op after its checks: logits through the backend's `project` (a common.linear
-    Projection), then `route` (`routing_forward`, or the backend's own routing kernel)."""
+    Projection; with spans and a sink, its layout-invariant backward), then `route`
+    (`routing_forward`, or the backend's own routing kernel)."""
     hidden2d = hidden.reshape(-1, hidden.shape[-1])  # (N, H)
-    logits = project(hidden2d, weight)  # (N, E)
+    logits = project(hidden2d, weight, spans=spans, sink=sink, role="moe_router")  # (N, E)
     out_dtype = logits.dtype if weights_dtype is None else weights_dtype
     if hidden2d.shape[0] == 0:
         empty = logits.new_zeros((0, top_k), dtype=out_dtype) + logits.sum() * 0
@@ -134,12 +136,18 @@ def moe_router_op(project, serving: Serving, module: str, route=routing_forward)
             *,
             renormalize: bool = False,
             weights_dtype: torch.dtype | None = None,
+            spans=None,
+            sink=None,
         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             """hidden (..., H), router weight (E, H) -> (logits (N, E) in hidden's dtype,
-            weights (N, k) in weights_dtype or the logits' dtype, indices (N, k) int64)."""
+            weights (N, k) in weights_dtype or the logits' dtype, indices (N, k) int64).
+            spans (over hidden's flattened rows) and sink: the layout-invariant backward."""
             check_router(hidden, weight, top_k)
             guard("hidden", hidden)
-            return route_tokens(project, hidden, weight, top_k, renormalize, weights_dtype, route)
+            project.check_sequence_mode("moe_router", hidden, spans, sink)
+            return route_tokens(
+                project, hidden, weight, top_k, renormalize, weights_dtype, route, spans, sink
+            )
 
         return moe_router
 

@@ -26,10 +26,10 @@ they are first scattered to one aligned row per sequence. Either way a row's
 keys are packed from its sequence's position 0, so its bits are those of the
 same query in a padded row or a decode step.
 
-Backward: torch's SDPA backward on a recomputed forward (see
-attention_backward; packed rows: `sequence_backward`, sequences of similar
-length side by side): deterministic and accurate, not invariant (it need not
-be). fp64 (gradcheck) and fp16 run the native forward and the shared backward
+Backward: torch's SDPA backward on a recomputed forward, one sequence at a
+time in a call of its own (`sequence_backward`): accurate, and a sequence's
+gradients do not depend on the other sequences, the padding or the packing
+(tests/kernels/test_sequence_backward.py), which layout-invariant training needs. fp64 (gradcheck) and fp16 run the native forward and the shared backward
 (row-invariant as native is). The op's signature and checks are the shared ones
 (rl_engine/kernels/common/attention.py).
 """
@@ -67,55 +67,21 @@ def _aligned_keys(x: torch.Tensor, k_positions: torch.Tensor, length: int) -> to
 def attention_backward(
     grad_out, q, k, v, q_positions, k_positions, scale, q_segments=None, k_segments=None
 ):
-    """(dq, dk, dv) in fp32: torch's SDPA backward on the keys laid out by position.
+    """(dq, dk, dv) in fp32: SDPA's backward, every sequence alone (`sequence_backward`).
 
-    Gradients need not be batch-invariant, only accurate and deterministic, so
-    the forward is recomputed with `F.scaled_dot_product_attention` (causal
-    mask from the positions) and differentiated by autograd. Padding queries
-    attend to key 0 (any finite row) with a zero output gradient, so they add
-    exactly nothing; slots no query sees get zero gradients. Packed rows:
-    `sequence_backward`.
+    A padded row is one sequence (its keys by slot = position when k_positions is None);
+    packed rows hold several (segments). Padding queries and slots no query sees get 0.
     """
     if q_segments is not None:
         layout = _packed_layout(q_positions, q_segments, k_positions, k_segments)
         return sequence_backward(grad_out, q, k, v, q_positions, k_positions, scale, layout.seqs)
-    q_positions = q_positions.long()
-    length = max(int(q_positions.max()) + 1, 1)  # positions any query sees
-    B, Hkv, Tk, D = k.shape
-    if k_positions is None:
-        kk = torch.zeros((B, Hkv, length, D), dtype=torch.float32, device=k.device)
-        vv = torch.zeros_like(kk)
-        n = min(length, Tk)
-        kk[:, :, :n], vv[:, :, :n] = k[:, :, :n], v[:, :, :n]
-    else:
-        kk, vv = _aligned_keys(k, k_positions, length), _aligned_keys(v, k_positions, length)
-    live = q_positions >= 0  # (B, Tq)
-    mask = torch.arange(length, device=q.device) <= q_positions[:, :, None]  # (B, Tq, L)
-    mask[:, :, 0] |= ~live
-    go = torch.where(live[:, None, :, None], grad_out.float(), 0.0)
-    with torch.enable_grad():
-        leaves = [t.detach().float().requires_grad_(True) for t in (q, kk, vv)]
-        out = F.scaled_dot_product_attention(
-            *leaves, attn_mask=mask[:, None], scale=scale, enable_gqa=True
-        )
-        dq, dkk, dvv = torch.autograd.grad(out, leaves, go)
-    dq = torch.where(live[:, None, :, None], dq, 0.0)
-    if k_positions is None:
-        dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-        dv = torch.zeros_like(dk)
-        dk[:, :, :n], dv[:, :, :n] = dkk[:, :, :n], dvv[:, :, :n]
-        return dq, dk, dv
-    return dq, _back_to_slots(dkk, k_positions, Tk), _back_to_slots(dvv, k_positions, Tk)
-
-
-def _back_to_slots(grad: torch.Tensor, k_positions: torch.Tensor, slots: int) -> torch.Tensor:
-    """(B, Hkv, L, D) by position -> (B, Hkv, slots, D) by slot; empty or unseen slots get 0."""
-    B, Hkv, length, D = grad.shape
-    out = torch.zeros((B, Hkv, slots, D), dtype=grad.dtype, device=grad.device)
-    kp = k_positions.long()
-    sb, slot = ((kp >= 0) & (kp < length)).nonzero(as_tuple=True)
-    out[sb, :, slot] = grad[sb, :, kp[sb, slot]]
-    return out
+    B, Tk = k.shape[0], k.shape[2]
+    if k_positions is None:  # aligned: slot j holds position j
+        k_positions = torch.arange(Tk, device=k.device).expand(B, Tk)
+    q_rows = torch.zeros_like(q_positions)
+    k_rows = torch.zeros_like(k_positions)
+    seqs = sequences_of(q_positions, q_rows, k_positions, k_rows)
+    return sequence_backward(grad_out, q, k, v, q_positions, k_positions, scale, seqs)
 
 
 def _check_distinct_positions(q_positions: torch.Tensor) -> None:
@@ -261,31 +227,16 @@ def _by_position(x, rows, cols, seq, pos, L: int, count: int) -> torch.Tensor:
     return out
 
 
-def _length_groups(lengths: list[int]) -> list[list[int]]:
-    """Sequences (indices, longest first) in groups whose lengths lie within a factor 2.
-
-    A group is computed side by side, right-padded to its longest sequence: at
-    most half of a group is padding, and there are at most log2(longest) groups.
-    """
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and 2 * lengths[i] >= lengths[groups[-1][0]]:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
-
-
 def sequence_backward(grad_out, q, k, v, q_positions, k_positions, scale, seqs: Sequences):
-    """(dq, dk, dv) in fp32 of packed rows: SDPA's backward, one group of sequences at a time.
+    """(dq, dk, dv) in fp32: SDPA's backward, one sequence at a time.
 
-    The sequences of a `_length_groups` group are laid out side by side by
-    position (row = sequence, column = position: aligned and right-padded), so
-    plain causal attention (`is_causal`) is exactly each sequence's own
-    attention; padded query rows get a zero output gradient and add nothing,
-    and no real query sees a padded key. Deterministic for a given input; the
-    groups (and so the rounding) depend on the lengths that share a call.
+    Each sequence's queries, keys and values are laid out by position in fresh
+    (1, H, L, D) fp32 tensors, L = its largest query position + 1, so plain causal
+    attention (`is_causal`) is exactly its own attention, and the call (shapes, values,
+    memory layout) is the same whatever else shared the batch, the padding or the
+    packing: a sequence's gradients are a function of the sequence alone (layout-
+    invariant training needs that). A position no query holds is a zero row with a zero
+    output gradient: it adds nothing.
     """
     q_positions, k_positions = q_positions.long(), k_positions.long()
     lengths = sequence_lengths(q_positions, seqs)
@@ -296,43 +247,29 @@ def sequence_backward(grad_out, q, k, v, q_positions, k_positions, scale, seqs: 
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
     dv = torch.zeros_like(dk)
-    where = torch.full((seqs.count,), -1, dtype=torch.long, device=q.device)
-    for group in _length_groups(lengths.tolist()):
-        members = torch.tensor(group, device=q.device)
-        where.fill_(-1)
-        where[members] = torch.arange(len(group), device=q.device)
-        L = int(lengths[group[0]])
-        qsel, ksel = (
-            (where[qseq] >= 0).nonzero().squeeze(1),
-            (where[kseq] >= 0).nonzero().squeeze(1),
-        )
-        qi, ki = (
-            (qb[qsel], qt[qsel], where[qseq[qsel]], qpos[qsel]),
-            (
-                kb[ksel],
-                kt[ksel],
-                where[kseq[ksel]],
-                kpos[ksel],
-            ),
-        )
-        n = len(group)
+    q32, k32, v32, go32 = (t.detach().float() for t in (q, k, v, grad_out))
+    for seq in range(seqs.count):
+        L = int(lengths[seq])
+        qsel, ksel = (qseq == seq).nonzero().squeeze(1), (kseq == seq).nonzero().squeeze(1)
+        qi = (qb[qsel], qt[qsel], torch.zeros_like(qsel), qpos[qsel])
+        ki = (kb[ksel], kt[ksel], torch.zeros_like(ksel), kpos[ksel])
         with torch.enable_grad():
             leaves = [
-                _by_position(t.detach().float(), *idx, L, n).requires_grad_(True)
-                for t, idx in ((q, qi), (k, ki), (v, ki))
+                _by_position(t, *idx, L, 1).requires_grad_(True)
+                for t, idx in ((q32, qi), (k32, ki), (v32, ki))
             ]
             out = F.scaled_dot_product_attention(
                 *leaves, is_causal=True, scale=scale, enable_gqa=True
             )
-            go = _by_position(grad_out.float(), *qi, L, n)
+            go = _by_position(go32, *qi, L, 1)
             gq, gk, gv = torch.autograd.grad(out, leaves, go)
-        rows, cols, seq, pos = qi
-        dq.permute(0, 2, 1, 3)[rows, cols] = gq.permute(0, 2, 1, 3)[seq, pos]
-        rows, cols, seq, pos = ki
+        rows, cols, zero, pos = qi
+        dq.permute(0, 2, 1, 3)[rows, cols] = gq.permute(0, 2, 1, 3)[zero, pos]
+        rows, cols, zero, pos = ki
         keep = pos < L
-        rows, cols, seq, pos = rows[keep], cols[keep], seq[keep], pos[keep]
-        dk.permute(0, 2, 1, 3)[rows, cols] = gk.permute(0, 2, 1, 3)[seq, pos]
-        dv.permute(0, 2, 1, 3)[rows, cols] = gv.permute(0, 2, 1, 3)[seq, pos]
+        rows, cols, zero, pos = rows[keep], cols[keep], zero[keep], pos[keep]
+        dk.permute(0, 2, 1, 3)[rows, cols] = gk.permute(0, 2, 1, 3)[zero, pos]
+        dv.permute(0, 2, 1, 3)[rows, cols] = gv.permute(0, 2, 1, 3)[zero, pos]
     return dq, dk, dv
 
 

@@ -20,7 +20,10 @@ NonInvariantDtypeError for them unless the caller opts in
 (`get_op(..., allow_non_invariant=True)`, e.g. gradcheck in fp64).
 Backward, the autograd.Function and the ops' checks are the shared ones
 (rl_engine/kernels/common/linear.py): plain GEMMs, accurate and deterministic;
-gradients are summed over the batch, so they need not be batch-invariant.
+gradients are summed over the batch, so they need not be batch-invariant. The
+layout-invariant mode (`spans=`, `sink=`) runs its backward through `exact_gemm`, these
+kernels in the parameter's dtype, so a sequence's weight partial and a token's input
+gradient are chains fixed by the sequence / the row alone.
 """
 
 from __future__ import annotations
@@ -65,6 +68,15 @@ def linear_forward(x2d, weight, bias, out_dtype):
     return out
 
 
-PROJECTION = projection(linear_forward, __name__)
+def exact_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The layout-invariant backward's GEMM (common/sequence_grads.py, `ExactGemm`): a (M, K)
+    @ b (N, K)^T -> fp32 (M, N), each output one chain over K of this backend's kernel: fp32
+    operands the serial K chain, bf16 operands the pair chain of `cpp_bf16_dot` (the
+    forward's numerics, fp32 accumulation). Threads split outputs only. (fp64, opted in
+    only: the torch GEMM, not row-invariant.)"""
+    return fixed_order_gemm(a, b)
+
+
+PROJECTION = projection(linear_forward, __name__, exact_gemm)
 linear = linear_op(PROJECTION, GEMM, __name__)
 lm_head = lm_head_op(PROJECTION, GEMM, __name__)

@@ -20,7 +20,7 @@ import torch
 from rl_engine.kernels.common.moe_experts import composed_forward, group_by_expert, moe_experts_op
 from rl_engine.kernels.cpp._extension import current_isa, extension
 from rl_engine.kernels.cpp._serving import GEMM, KERNEL_DTYPES
-from rl_engine.kernels.cpp.linear import PROJECTION
+from rl_engine.kernels.cpp.linear import PROJECTION, exact_gemm
 from rl_engine.kernels.cpp.silu import silu_forward
 
 _composed = composed_forward(PROJECTION, silu_forward)
@@ -47,4 +47,4 @@ def experts_forward(hidden, gate_up, down, indices, weights, keep: bool):
     return outs[0], ((grouping, outs[1], outs[2]) if keep else None)
 
 
-moe_experts = moe_experts_op(experts_forward, silu_forward, GEMM, __name__)
+moe_experts = moe_experts_op(experts_forward, silu_forward, GEMM, __name__, exact_gemm)

@@ -10,9 +10,11 @@ in fp32 and rounded once (no fp32 intermediate tensors: the native backend's
 12x cost in bf16). fp64 and fp16 run the native formulation (invariant too, with
 native's bits).
 
-Backward: d silu / dx = s * (1 + x * (1 - s)), s = sigmoid(x), in fp32 with
-plain torch ops: deterministic and accurate, not batch-invariant (it need not
-be).
+Backward: d silu / dx = s * (1 + x * (1 - s)), s = 1 / (1 + exp(-x)), in fp32
+with plain torch ops: `exp`, `+`, `-`, `*` and `/`, whose vector and scalar loop
+paths give the same bits, so a token's gradient depends on its own values alone
+(row-invariant, as layout-invariant training needs). `torch.sigmoid` is not: its
+loop tail differs in the last bit from its body (tests/kernels/test_sequence_backward.py).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def silu_kernel(x: torch.Tensor) -> torch.Tensor:
 
 def silu_backward(grad_out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     x32 = x.float()
-    s = torch.sigmoid(x32)
+    s = 1.0 / (1.0 + torch.exp(-x32))
     return (grad_out.float() * s * (1.0 + x32 * (1.0 - s))).to(x.dtype)
 
 

@@ -18,7 +18,7 @@ from rl_engine.kernels.common.checks import at_least_fp32
 from rl_engine.kernels.common.linear_logp import linear_logp_op
 from rl_engine.kernels.native._serving import GEMM
 from rl_engine.kernels.native._tiles import TILE_ROWS
-from rl_engine.kernels.native.linear import linear_forward
+from rl_engine.kernels.native.linear import exact_gemm, linear_forward
 from rl_engine.kernels.native.log_softmax import log_softmax_forward
 
 # Logits held at once, in elements: 4M = 16 MiB per fp32 buffer. Smaller chunks re-read
@@ -39,4 +39,4 @@ def _chunk_logprobs(h, weight, bias, temperature):
     return log_softmax_forward(logits, temperature)  # (n, V) fp32
 
 
-linear_logp = linear_logp_op(_chunk_logprobs, chunk_rows_for, GEMM, __name__)
+linear_logp = linear_logp_op(_chunk_logprobs, chunk_rows_for, GEMM, __name__, exact_gemm)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from rl_engine.kernels.common.moe_experts import composed_forward, moe_experts_op
 from rl_engine.kernels.native._serving import GEMM
-from rl_engine.kernels.native.linear import PROJECTION
+from rl_engine.kernels.native.linear import PROJECTION, exact_gemm
 from rl_engine.kernels.native.silu import silu_forward
 
 experts_forward = composed_forward(PROJECTION, silu_forward)
-moe_experts = moe_experts_op(experts_forward, silu_forward, GEMM, __name__)
+moe_experts = moe_experts_op(experts_forward, silu_forward, GEMM, __name__, exact_gemm)

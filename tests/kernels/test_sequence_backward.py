@@ -1,0 +1,580 @@
+"""The layout-invariant backward (spans + sink): a sequence's partials and a token's input gradient
+do not depend on how the micro-batch was laid out.
+
+Chain checked, per op and dtype (fp32, bf16), cpp backend: the same five sequences run
+(a) each alone in its own unpadded call, (b) all in one padded batch in a shuffled order,
+left and right padded, (c) split into two padded micro-batches with extra padding, (d)
+packed into rows; garbage (1e4-scale values) in every padding row. Then every sequence's
+partial of every parameter (the sink's records) is torch.equal in (a) == (b) == (c) == (d),
+and so is every token's input gradient. Negative control: today's plain backward, its
+parameter gradients accumulated over a layout's micro-batches (zero upstream gradient on
+padding), gives other bits in at least one pair of layouts.
+Without a sink the plain backward runs, bit for bit
+(`test_without_a_sink_the_backward_is_the_plain_one`), and the existing tests of each op
+(test_linear.py, test_linear_logp.py, test_rowwise_ops.py, test_moe.py, test_attention.py,
+test_packed_attention.py) pass unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rl_engine.kernels import get_op
+from rl_engine.kernels.common.linear import linear_backward
+from rl_engine.kernels.common.linear_logp import chunked_logp_backward, linear_logp_op
+from rl_engine.kernels.common.sequence_spans import SequenceSpans
+from rl_engine.kernels.cpp._serving import GEMM
+from rl_engine.kernels.cpp.linear import exact_gemm
+from rl_engine.kernels.cpp.linear_logp import _chunk_logprobs, chunk_rows_for
+from tests.invariance import assert_equal_across_threads, skip_if_refused
+
+DTYPES = [torch.float32, torch.bfloat16]
+LENGTHS = (70, 5, 33, 1, 64)
+INDICES = (3, 7, 8, 12, 20)  # the sequences' canonical indices in the step
+IGNORE = -100
+
+
+class RecordingSink:
+    """What the sink protocol receives, keyed by (role, index); each key arrives once, and a
+    role's sequences in increasing index (what the canonical tree's holder requires)."""
+
+    def __init__(self):
+        self.records = {}
+        self.last = {}
+
+    def _put(self, key, value):
+        assert key not in self.records, f"{key} reported twice"
+        role, index = key
+        assert index > self.last.get(role, -1), f"{role}: index {index} after {self.last[role]}"
+        self.last[role] = index
+        self.records[key] = value
+
+    def add(self, param, role, index, partial):
+        assert partial.shape == param.shape
+        assert partial.dtype == torch.float32
+        self._put((role, index), partial)
+
+    def add_rows(self, param, role, index, rows, values):
+        assert rows.dtype == torch.int64
+        assert torch.equal(rows, torch.unique(rows))  # sorted, unique
+        assert values.shape == (rows.numel(), *param.shape[1:])
+        assert values.dtype == torch.float32
+        self._put((role, index), (rows, values))
+
+
+@dataclass
+class Call:
+    """One micro-batch: its (rows, cols) shape, each member's flat token rows, its spans."""
+
+    shape: tuple[int, int]
+    members: list[int]  # sequence numbers (positions in LENGTHS)
+    rows: list[torch.Tensor]  # flat rows of each member's tokens, in token order
+    spans: SequenceSpans
+    packed: bool = False
+
+    def positions(self) -> torch.Tensor:
+        """(rows, cols) int64: each token's position in its sequence, -1 on padding."""
+        out = torch.full(self.shape, -1, dtype=torch.long)
+        for rows in self.rows:
+            out.view(-1)[rows] = torch.arange(rows.numel())
+        return out
+
+    def segments(self) -> torch.Tensor:
+        """(rows, cols) int64: each token's member number, -1 on padding."""
+        out = torch.full(self.shape, -1, dtype=torch.long)
+        for member, rows in enumerate(self.rows):
+            out.view(-1)[rows] = member
+        return out
+
+
+def alone(i: int) -> Call:
+    n = LENGTHS[i]
+    spans = SequenceSpans.from_padding_mask(torch.ones(1, n), [INDICES[i]])
+    return Call((1, n), [i], [torch.arange(n)], spans)
+
+
+def padded(order: list[int], left: list[bool], extra: int) -> Call:
+    T = max(LENGTHS[i] for i in order) + extra
+    mask = torch.zeros(len(order), T, dtype=torch.long)
+    rows = []
+    for b, (i, is_left) in enumerate(zip(order, left)):
+        start = T - LENGTHS[i] if is_left else 0
+        mask[b, start : start + LENGTHS[i]] = 1
+        rows.append(b * T + start + torch.arange(LENGTHS[i]))
+    spans = SequenceSpans.from_padding_mask(mask, [INDICES[i] for i in order])
+    return Call((len(order), T), list(order), rows, spans)
+
+
+def packed(row_lists: list[list[int]], width: int) -> Call:
+    segments = torch.full((len(row_lists), width), -1, dtype=torch.long)
+    members, rows = [], []
+    for r, seqs in enumerate(row_lists):
+        col = 0
+        for i in seqs:
+            segments[r, col : col + LENGTHS[i]] = len(members)
+            rows.append(r * width + col + torch.arange(LENGTHS[i]))
+            members.append(i)
+            col += LENGTHS[i]
+    spans = SequenceSpans.from_segments(segments, [INDICES[i] for i in members])
+    return Call((len(row_lists), width), members, rows, spans, packed=True)
+
+
+LAYOUTS = {
+    "alone": [alone(i) for i in range(len(LENGTHS))],
+    "padded": [padded([4, 2, 0, 3, 1], [True, False, True, False, True], 3)],
+    "two_micro_batches": [padded([1, 3], [False, True], 0), padded([0, 4, 2], [True] * 3, 10)],
+    "packed": [packed([[2, 0], [4, 1, 3]], 110)],
+}
+
+
+def per_sequence(width: int, dtype, seed: int, scale: float = 1.0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(n, width, generator=g) * scale).to(dtype) for n in LENGTHS]
+
+
+def scatter(values: list[torch.Tensor], call: Call, fill: str) -> torch.Tensor:
+    """(rows, cols, C): each member's values at its rows (its first ones, if the call holds
+    fewer of its tokens); padding = garbage or zeros."""
+    count, width = call.shape[0] * call.shape[1], values[0].shape[1]
+    dtype = values[0].dtype
+    if fill == "garbage":
+        g = torch.Generator().manual_seed(99)
+        out = (torch.randn(count, width, generator=g) * 1e4).to(dtype)
+    else:
+        out = torch.zeros(count, width, dtype=dtype)
+    for i, rows in zip(call.members, call.rows):
+        out[rows] = values[i][: rows.numel()]
+    return out.view(*call.shape, width)
+
+
+def gather(grad: torch.Tensor, call: Call) -> dict[int, torch.Tensor]:
+    flat = grad.reshape(-1, grad.shape[-1])
+    return {i: flat[rows] for i, rows in zip(call.members, call.rows)}
+
+
+# ----------------------------------------------------------------------------- per-op runs
+# run(call, dtype, params, sink, fill) -> {sequence: input gradient of its tokens} (or {})
+
+
+def _params(shapes: dict, dtype, seed: int) -> dict[str, torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        name: torch.nn.Parameter((torch.randn(*shape, generator=g) * 0.3).to(dtype))
+        for name, shape in shapes.items()
+    }
+
+
+def run_projection(op_name):
+    K, N = 96, 80
+
+    def run(call, dtype, params, sink, fill, backend):
+        x = scatter(per_sequence(K, dtype, 1), call, fill).requires_grad_(True)
+        out_dtype = dtype if op_name == "linear" else torch.float32
+        dy = scatter(per_sequence(N, out_dtype, 2), call, fill)
+        kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
+        get_op(op_name, "cpu", backend=backend)(
+            x, params["weight"], params["bias"], **kwargs
+        ).backward(dy)
+        return gather(x.grad, call)
+
+    return run, {"weight": (N, K), "bias": (N,)}
+
+
+def run_logp(small_chunks: bool):
+    H, V = 48, 300
+
+    def run(call, dtype, params, sink, fill, backend):
+        op = SMALL_CHUNK_LOGP if small_chunks else get_op("linear_logp", "cpu", backend=backend)
+        h = scatter(per_sequence(H, dtype, 3), call, fill).requires_grad_(True)
+        g = torch.Generator().manual_seed(4)
+        per_seq = []
+        for n in LENGTHS:
+            t = torch.randint(0, V, (n,), generator=g)
+            t[:3] = IGNORE  # the prompt: no target
+            per_seq.append(t[:, None])
+        targets = scatter(per_seq, call, "zeros")[..., 0].long()
+        padding = torch.ones(targets.shape, dtype=torch.bool).view(-1)
+        for rows in call.rows:
+            padding[rows] = False
+        targets.view(-1)[padding] = IGNORE
+        coeff = scatter(per_sequence(1, torch.float32, 5), call, fill)[..., 0]
+        kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
+        op(h, params["weight"], targets, params["bias"], temperature=0.7, **kwargs).backward(coeff)
+        return gather(h.grad, call)
+
+    return run, {"weight": (V, H), "bias": (V,)}
+
+
+# the shared chunked op with 8-row chunks: sequences of several blocks, chunks of several blocks
+SMALL_CHUNK_LOGP = linear_logp_op(_chunk_logprobs, lambda vocab: 8, GEMM, __name__, exact_gemm)
+
+
+def run_embedding():
+    V, H = 16, 40
+
+    def run(call, dtype, params, sink, fill, backend):
+        g = torch.Generator().manual_seed(6)
+        ids = [torch.randint(0, V, (n, 1), generator=g) for n in LENGTHS]  # many repeats
+        flat_ids = scatter(ids, call, "zeros")[..., 0]
+        if fill == "garbage":
+            flat_ids = torch.where(flat_ids == 0, V - 1, flat_ids)  # padding: some id
+            for i, rows in zip(call.members, call.rows):
+                flat_ids.view(-1)[rows] = ids[i][: rows.numel(), 0]
+        dy = scatter(per_sequence(H, dtype, 7), call, fill)
+        kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
+        get_op("embedding", "cpu", backend=backend)(
+            flat_ids, params["weight"], 2, **kwargs
+        ).backward(dy)
+        return {}
+
+    return run, {"weight": (V, H)}
+
+
+def run_rms_norm():
+    H = 96
+
+    def run(call, dtype, params, sink, fill, backend):
+        x = scatter(per_sequence(H, dtype, 8), call, fill).requires_grad_(True)
+        dy = scatter(per_sequence(H, dtype, 9), call, fill)
+        kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
+        get_op("rms_norm", "cpu", backend=backend)(x, params["weight"], 1e-6, **kwargs).backward(dy)
+        return gather(x.grad, call)
+
+    return run, {"weight": (H,)}
+
+
+def run_router():
+    H, E = 40, 8
+
+    def run(call, dtype, params, sink, fill, backend):
+        """moe_router, top 3 renormalised: gradients through the weights and the logits."""
+        x = scatter(per_sequence(H, dtype, 17), call, fill).requires_grad_(True)
+        kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
+        router = get_op("moe_router", "cpu", backend=backend)
+        logits, weights, _ = router(x, params["weight"], 3, renormalize=True, **kwargs)
+        dw = scatter(per_sequence(3, dtype, 18), call, fill).reshape(weights.shape)
+        dl = scatter(per_sequence(E, dtype, 19), call, fill).reshape(logits.shape)
+        ((weights * dw).sum() + (logits * dl).sum()).backward()
+        return gather(x.grad, call)
+
+    return run, {"weight": (E, H)}
+
+
+def run_experts():
+    H, E, WIDTH, TOP = 24, 6, 10, 2  # WIDTH: the experts' intermediate size
+
+    def run(call, dtype, params, sink, fill, backend):
+        """moe_experts, top 2: input gradients of hidden and of the routing weights."""
+        g = torch.Generator().manual_seed(20)
+        first = [torch.randint(0, E, (n, 1), generator=g) for n in LENGTHS]
+        picks = [
+            torch.cat([f, (f + 1 + torch.randint(0, E - 1, f.shape, generator=g)) % E], 1)
+            for f in first
+        ]
+        indices = scatter(picks, call, "zeros").reshape(-1, TOP)
+        x = scatter(per_sequence(H, dtype, 21), call, fill).reshape(-1, H).requires_grad_(True)
+        w = scatter(per_sequence(TOP, dtype, 22), call, fill).reshape(-1, TOP).requires_grad_(True)
+        kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
+        experts = get_op("moe_experts", "cpu", backend=backend)
+        out = experts(x, params["gate_up"], params["down"], indices, w, **kwargs)
+        out.backward(scatter(per_sequence(H, dtype, 23), call, fill).reshape(-1, H))
+        grads = torch.cat([x.grad, w.grad], 1)
+        return gather(grads, call)
+
+    return run, {"gate_up": (E, 2 * WIDTH, H), "down": (E, H, WIDTH)}
+
+
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
+
+
+def run_attention(call, dtype, params, sink, fill, backend):
+    """cpp attention (no parameters): padded calls with k_positions, packed ones with segments."""
+    B, T = call.shape
+    leaves = [
+        scatter(per_sequence(h * HEAD_DIM, dtype, 11 + j), call, fill)
+        .view(B, T, h, HEAD_DIM)
+        .requires_grad_(True)
+        for j, h in enumerate((HEADS, KV_HEADS, KV_HEADS))
+    ]
+    q, k, v = (t.transpose(1, 2) for t in leaves)
+    dy = scatter(per_sequence(HEADS * HEAD_DIM, dtype, 14), call, fill)
+    positions = call.positions()
+    kwargs = {"q_positions": positions, "k_positions": positions}
+    if call.packed:
+        kwargs.update(q_segments=call.segments(), k_segments=call.segments())
+    out = get_op("attention", "cpu", backend=backend)(q, k, v, **kwargs)
+    out.backward(dy.view(B, T, HEADS, HEAD_DIM).transpose(1, 2))
+    grads = [gather(t.grad.reshape(B, T, -1), call) for t in leaves]
+    return {i: torch.cat([g[i] for g in grads], 1) for i in grads[0]}
+
+
+def run_silu(call, dtype, params, sink, fill, backend):
+    x = scatter(per_sequence(77, dtype, 15, scale=4.0), call, fill).requires_grad_(True)
+    get_op("silu", "cpu", backend=backend)(x).backward(
+        scatter(per_sequence(77, dtype, 16), call, fill)
+    )
+    return gather(x.grad, call)
+
+
+OPS = {
+    "linear": run_projection("linear"),
+    "lm_head": run_projection("lm_head"),
+    "linear_logp": run_logp(small_chunks=False),
+    "linear_logp_8_row_chunks": run_logp(small_chunks=True),  # cpp's chunk, 8 rows
+    "embedding": run_embedding(),
+    "rms_norm": run_rms_norm(),
+    "moe_router": run_router(),
+    "moe_experts": run_experts(),
+    "attention": (run_attention, {}),
+    "silu": (run_silu, {}),
+}
+
+
+def run_layout(op: str, layout: str, dtype, *, sink: bool, fill: str, backend: str = "cpp"):
+    """(sink records merged over the layout's calls, input grads by sequence, plain .grads)."""
+    run, shapes = OPS[op]
+    params = _params(shapes, dtype, 10)
+    records, grads = {}, {}
+    for call in LAYOUTS[layout]:
+        recorder = RecordingSink() if sink else None
+        grads.update(run(call, dtype, params, recorder, fill, backend))
+        if sink:
+            assert not set(records) & set(recorder.records)
+            records.update(recorder.records)
+    plain = {name: p.grad for name, p in params.items()}
+    return records, grads, plain
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, tuple):
+        return all(torch.equal(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b)
+
+
+# native: its own GEMM ops and attention; embedding, rms_norm and silu are the ones cpp runs
+# (cpp's silu is its own kernel: native's too)
+NATIVE_OPS = ["linear", "lm_head", "linear_logp", "moe_router", "moe_experts", "attention", "silu"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("op", "backend"), [(op, "cpp") for op in OPS] + [(op, "native") for op in NATIVE_OPS]
+)
+def test_partials_and_input_grads_do_not_depend_on_the_layout(op, backend, dtype):
+    skip_if_refused(backend, dtype)
+    run = functools.partial(run_layout, op, dtype=dtype, sink=True, backend=backend)
+    reference, ref_grads, plain = run("alone", fill="garbage")
+    assert all(g is None for g in plain.values())  # the parameters' gradients went to the sink
+    roles = set(ROLES.get(op, {}).values())
+    assert reference.keys() == {(role, index) for role in roles for index in INDICES}
+    if op != "embedding":  # every other op has an input gradient
+        assert ref_grads.keys() == set(range(len(LENGTHS)))
+    for layout in ("padded", "two_micro_batches", "packed"):
+        records, grads, _ = run(layout, fill="garbage")
+        assert records.keys() == reference.keys(), layout
+        for key, partial in reference.items():
+            assert _equal(records[key], partial), (layout, key)
+        assert grads.keys() == ref_grads.keys()
+        for i, grad in ref_grads.items():
+            assert torch.equal(grads[i], grad), (layout, i)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "op", ["linear", "lm_head", "linear_logp", "embedding", "rms_norm", "moe_router", "moe_experts"]
+)
+def test_negative_control_plain_backward_depends_on_the_layout(op, dtype):
+    """The plain backward's accumulated parameter gradients (zero gradient on padding, so every
+    layout sums the same contributions) differ in some pair of layouts."""
+    plains = [
+        run_layout(op, layout, dtype, sink=False, fill="zeros")[2]
+        for layout in ("alone", "padded", "two_micro_batches", "packed")
+    ]
+    differs = [
+        name
+        for name in plains[0]
+        if not all(torch.equal(p[name], plains[0][name]) for p in plains[1:])
+    ]
+    assert differs, f"plain {op} gave the same bits in every layout"
+
+
+# parameter -> the role its partials carry
+ROLES = {
+    "linear": {"weight": "linear", "bias": "bias"},
+    "lm_head": {"weight": "lm_head", "bias": "bias"},
+    "linear_logp": {"weight": "lm_head", "bias": "bias"},
+    "linear_logp_8_row_chunks": {"weight": "lm_head", "bias": "bias"},
+    "embedding": {"weight": "embedding"},
+    "rms_norm": {"weight": "rms_norm"},
+    "moe_router": {"weight": "moe_router"},
+    "moe_experts": {"gate_up": "moe_gate_up", "down": "moe_down"},
+}
+
+
+@pytest.mark.parametrize("op", list(ROLES))
+def test_partials_sum_to_the_plain_gradient(op):
+    """Accuracy, fp32, packed: the sink's partials summed over the sequences (rows scattered
+    into the dense shape) equal the plain backward's gradients to rounding, and so do the
+    input gradients (zero upstream gradient on padding in both runs)."""
+    records, grads, _ = run_layout(op, "packed", torch.float32, sink=True, fill="zeros")
+    _, plain_grads, plain = run_layout(op, "packed", torch.float32, sink=False, fill="zeros")
+    for name, role in ROLES[op].items():
+        total = torch.zeros(plain[name].shape, dtype=torch.float64)
+        for (r, _), value in records.items():
+            if r != role:
+                continue
+            if isinstance(value, tuple):
+                total.index_add_(0, value[0], value[1].double())
+            else:
+                total += value.double()
+        torch.testing.assert_close(total, plain[name].double(), rtol=1e-4, atol=1e-4)
+    for i, grad in grads.items():
+        torch.testing.assert_close(grad, plain_grads[i], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.threads
+@pytest.mark.parametrize(
+    ("op", "backend"),
+    [(op, "cpp") for op in ("linear", "linear_logp", "rms_norm", "embedding", "attention")]
+    + [("moe_experts", "cpp"), ("linear", "native"), ("attention", "native")],
+)
+def test_partials_and_input_grads_do_not_depend_on_the_thread_count(op, backend):
+    """bf16, packed: the same records and input gradients with 1, 2 and 3 intra-op threads."""
+    skip_if_refused(backend, torch.bfloat16)
+    code = f"""
+        import torch
+        from tests.kernels.test_sequence_backward import run_layout
+        records, grads, _ = run_layout(
+            {op!r}, "packed", torch.bfloat16, sink=True, fill="garbage", backend={backend!r}
+        )
+        result = {{f"grad {{i}}": g for i, g in grads.items()}}
+        for (role, index), p in records.items():
+            parts = p if isinstance(p, tuple) else (p,)  # add_rows: (rows, values)
+            result.update({{f"{{role}} {{index}} {{j}}": t for j, t in enumerate(parts)}})
+    """
+    assert_equal_across_threads(code)
+
+
+def _plain_attention_grads(call: Call) -> dict[int, torch.Tensor]:
+    """The batched SDPA backward (what the cpp backward ran before) over one call, fp32."""
+    B, T = call.shape
+    leaves = [
+        scatter(per_sequence(h * HEAD_DIM, torch.float32, 11 + j), call, "zeros")
+        .view(B, T, h, HEAD_DIM)
+        .requires_grad_(True)
+        for j, h in enumerate((HEADS, KV_HEADS, KV_HEADS))
+    ]
+    positions = call.positions()
+    live = positions >= 0
+    mask = (positions[:, None, :] <= positions[:, :, None]) & live[:, None, :] & live[:, :, None]
+    mask[:, :, 0] |= ~live  # a padding query attends somewhere (its gradient is 0)
+    q, k, v = (t.transpose(1, 2) for t in leaves)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=True)
+    dy = scatter(per_sequence(HEADS * HEAD_DIM, torch.float32, 14), call, "zeros")
+    out.backward(dy.view(B, T, HEADS, HEAD_DIM).transpose(1, 2))
+    return gather(leaves[0].grad.reshape(B, T, -1), call)
+
+
+def test_negative_control_batched_attention_backward_depends_on_the_layout():
+    """SDPA's backward over a whole padded batch: some sequence's dq differs from its own call's."""
+    alone_grads = {}
+    for call in LAYOUTS["alone"]:
+        alone_grads.update(_plain_attention_grads(call))
+    batched = _plain_attention_grads(LAYOUTS["padded"][0])
+    assert any(not torch.equal(batched[i], alone_grads[i]) for i in alone_grads)
+
+
+def test_negative_control_torch_silu_backward_depends_on_the_position():
+    """torch's own silu backward (fp32): an element's gradient bits follow its position."""
+    g = torch.Generator().manual_seed(0)
+    x, dy = torch.randn(1000, generator=g) * 4, torch.randn(1000, generator=g)
+
+    def grad(offset):  # element j sits at j + offset
+        leaf = torch.cat([torch.zeros(offset), x]).requires_grad_(True)
+        F.silu(leaf).backward(torch.cat([torch.zeros(offset), dy]))
+        return leaf.grad[offset:]
+
+    assert any(not torch.equal(grad(offset), grad(0)) for offset in range(1, 40))
+
+
+# ----------------------------------------------------------------------------- edge cases
+
+
+@pytest.mark.parametrize("backend", ["cpp", "native"])
+@pytest.mark.parametrize("op", ["linear", "lm_head", "rms_norm", "embedding"])
+def test_a_sequence_without_rows_reports_zeros(op, backend):
+    """An all-padding batch row (a dummy sequence) is reported, with +0 partials / no rows."""
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])  # sequence 1's first two tokens; 3: none
+    spans = SequenceSpans.from_padding_mask(mask, [INDICES[1], INDICES[3]])
+    call = Call((2, 3), [1, 3], [torch.arange(2), torch.zeros(0, dtype=torch.long)], spans)
+    run, shapes = OPS[op]
+    sink = RecordingSink()
+    run(call, torch.float32, _params(shapes, torch.float32, 10), sink, "garbage", backend)
+    for (_, index), value in sink.records.items():
+        if index != INDICES[3]:
+            continue
+        if isinstance(value, tuple):
+            assert value[0].numel() == 0 and value[1].shape[0] == 0
+        else:
+            assert torch.equal(value, torch.zeros_like(value))
+            assert not torch.signbit(value).any()  # +0, not -0
+    assert {index for _, index in sink.records} == {INDICES[1], INDICES[3]}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_without_a_sink_the_backward_is_the_plain_one(dtype):
+    """No spans / sink: the ops' gradients are, bit for bit, those of the plain backward
+    functions (linear_backward, chunked_logp_backward), as before the mode existed."""
+    g = torch.Generator().manual_seed(30)
+    x = torch.randn(3, 70, 96, generator=g).to(dtype).requires_grad_(True)
+    w = torch.nn.Parameter(torch.randn(80, 96, generator=g).to(dtype))
+    b = torch.nn.Parameter(torch.randn(80, generator=g).to(dtype))
+    dy = torch.randn(3, 70, 80, generator=g).to(dtype)
+    get_op("linear", "cpu")(x, w, b).backward(dy)
+    expected = linear_backward(dy.reshape(-1, 80), x.detach().reshape(-1, 96), w.detach(), True)
+    for got, want in zip((x.grad.reshape(-1, 96), w.grad, b.grad), expected):
+        assert torch.equal(got, want)
+
+    V = 300
+    h = torch.randn(3, 70, 96, generator=g).to(dtype).requires_grad_(True)
+    head = torch.nn.Parameter(torch.randn(V, 96, generator=g).to(dtype))
+    targets = torch.randint(0, V, (3, 70), generator=g)
+    targets[:, :5] = IGNORE
+    coeff = torch.randn(3, 70, generator=g)
+    get_op("linear_logp", "cpu")(h, head, targets, temperature=0.7).backward(coeff)
+    expected = chunked_logp_backward(
+        _chunk_logprobs,
+        chunk_rows_for,
+        coeff.reshape(-1),
+        h.detach().reshape(-1, 96),
+        head.detach(),
+        None,
+        targets.reshape(-1),
+        0.7,
+        IGNORE,
+        needs=(True, True, False),
+    )
+    assert torch.equal(h.grad.reshape(-1, 96), expected[0])
+    assert torch.equal(head.grad, expected[1])
+
+
+@pytest.mark.parametrize("op", ["linear", "rms_norm", "embedding"])
+def test_a_call_without_rows_reports_every_sequence(op):
+    """Zero rows (every sequence empty here): each sequence still gets its +0 partial."""
+    spans = SequenceSpans(0, (0, 0), (0, 0), (4, 9))
+    sink = RecordingSink()
+    if op == "embedding":
+        weight = torch.nn.Parameter(torch.ones(10, 8))
+        out = get_op(op, "cpu")(torch.zeros(0, dtype=torch.long), weight, spans=spans, sink=sink)
+    else:
+        weight = torch.nn.Parameter(torch.ones(4, 8) if op == "linear" else torch.ones(8))
+        x = torch.zeros(0, 8, requires_grad=True)
+        out = get_op(op, "cpu")(x, weight, spans=spans, sink=sink)
+    out.sum().backward()
+    assert {index for _, index in sink.records} == {4, 9}
+    assert weight.grad is None
