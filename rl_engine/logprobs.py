@@ -19,6 +19,7 @@ import torch
 
 from rl_engine.packing import PackedBatch, right_padded
 from rl_engine.patching import PACKED_KWARG, PackedSegments, lm_head_parameters, model_op
+from rl_engine.patching.gradient_route import gradient_route
 
 IGNORE_INDEX = -100
 
@@ -66,7 +67,13 @@ def score_targets(
     weight, bias = lm_head_parameters(model)  # (V, H), (V,) | None
     linear_logp = model_op(model, "linear_logp")
     return linear_logp(
-        hidden[:, :-1], weight, targets, bias, temperature=temperature, ignore_index=IGNORE_INDEX
+        hidden[:, :-1],
+        weight,
+        targets,
+        bias,
+        temperature=temperature,
+        ignore_index=IGNORE_INDEX,
+        **_logp_route(model),
     )
 
 
@@ -147,6 +154,7 @@ def packed_score_targets(
         bias,
         temperature=temperature,
         ignore_index=IGNORE_INDEX,
+        **_logp_route(model),
     )
 
 
@@ -177,3 +185,9 @@ def packed_token_logprobs(
     )
     padded = packed.unpack_values(logp)  # (S, T-1)
     return [padded[i, : n - 1] for i, n in enumerate(lengths)]
+
+
+def _logp_route(model) -> dict:
+    """`spans=` / `sink=` of a layout-invariant training forward (patching/gradient_route.py)."""
+    route = gradient_route(model)
+    return {} if route is None else route.logp_kwargs()

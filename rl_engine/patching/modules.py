@@ -9,6 +9,7 @@ device, so a model moved after patching must be patched again.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -31,6 +32,14 @@ class _PatchedOp(nn.Module):
     def __init__(self, op: Callable, backend: str, device_type: str):
         super().__init__()
         self.op, self.backend, self.device_type = op, backend, device_type
+        self.gradient_route = None  # layout-invariant training (patching/gradient_route.py)
+
+    def route(self, x: torch.Tensor) -> dict:
+        """`spans=` / `sink=` for the op on input `x` (its leading dims are the rows) when a
+        layout-invariant step routes this forward."""
+        if self.gradient_route is None:
+            return {}
+        return self.gradient_route.decoder_kwargs(math.prod(x.shape[:-1]))
 
     def _tags(self) -> str:
         return f"backend={self.backend}, batch_invariant=True"
@@ -48,10 +57,15 @@ class InvariantEmbedding(_PatchedOp):
 
     def forward(self, ids):
         check_patched_device(self, self.weight)
-        out = self.op(ids, self.weight, self.padding_idx)
+        out = self.op(ids, self.weight, self.padding_idx, **self._ids_route(ids))
         if self._scale is not None:
             out = out * self._scale.to(out.dtype)
         return out
+
+    def _ids_route(self, ids: torch.Tensor) -> dict:
+        if self.gradient_route is None:
+            return {}
+        return self.gradient_route.decoder_kwargs(ids.numel())
 
     def extra_repr(self):
         return f"{self.num_embeddings}, {self.embedding_dim}, {self._tags()}"
@@ -68,7 +82,7 @@ class InvariantLinear(_PatchedOp):
 
     def forward(self, x):
         check_patched_device(self, self.weight)
-        return self.op(x, self.weight, self.bias)
+        return self.op(x, self.weight, self.bias, **self.route(x))
 
     def extra_repr(self):
         return (
@@ -94,7 +108,7 @@ class InvariantRMSNorm(_PatchedOp):
 
     def forward(self, x):
         check_patched_device(self, self.weight)
-        return self.op(x, self.weight, self.eps)
+        return self.op(x, self.weight, self.eps, **self.route(x))
 
     def extra_repr(self):
         return f"{tuple(self.weight.shape)}, eps={self.eps}, {self._tags()}"

@@ -69,7 +69,12 @@ class InvariantMoeRouter(_PatchedOp):
             else torch.promote_types(hidden.dtype, torch.float32)
         )
         return self.op(
-            hidden, self.weight, self.top_k, renormalize=self.renormalize, weights_dtype=kept
+            hidden,
+            self.weight,
+            self.top_k,
+            renormalize=self.renormalize,
+            weights_dtype=kept,
+            **self.route(hidden),
         )
 
     def extra_repr(self):
@@ -91,7 +96,14 @@ class InvariantMoeExperts(_PatchedOp):
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         check_patched_device(self, self.gate_up_proj)
-        return self.op(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights)
+        return self.op(
+            hidden_states,
+            self.gate_up_proj,
+            self.down_proj,
+            top_k_index,
+            top_k_weights,
+            **self.route(hidden_states),
+        )
 
     def extra_repr(self):
         return (

@@ -20,7 +20,7 @@ import torch
 from rl_engine.kernels.common.checks import check_embedding
 from rl_engine.kernels.common.op import Serving, define_op
 from rl_engine.kernels.common.sequence_grads import embedding_partials
-from rl_engine.kernels.common.sequence_spans import check_sequence_mode
+from rl_engine.kernels.common.sequence_spans import check_sequence_mode, placeholder_grad
 
 
 def sequence_embedding_function(embedding_forward, module: str) -> type[torch.autograd.Function]:
@@ -43,7 +43,13 @@ def sequence_embedding_function(embedding_forward, module: str) -> type[torch.au
             parts = embedding_partials(ids.reshape(-1), grad, spans, padding_idx)
             for index, rows, values in parts:
                 sink.add_rows(ctx.weight, "embedding", index, rows, values)
-            return None, None, None, None, None
+            return (
+                placeholder_grad(sink, ctx.weight, ctx.needs_input_grad[0]),
+                None,
+                None,
+                None,
+                None,
+            )
 
     _SequenceEmbedding.__module__, _SequenceEmbedding.__qualname__ = module, "_SequenceEmbedding"
     return _SequenceEmbedding

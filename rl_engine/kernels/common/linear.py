@@ -35,7 +35,7 @@ from rl_engine.kernels.common.sequence_grads import (
     transposed,
     weight_partials,
 )
-from rl_engine.kernels.common.sequence_spans import check_sequence_mode
+from rl_engine.kernels.common.sequence_spans import check_sequence_mode, placeholder_grad
 
 
 def linear_backward(grad_out, x2d, weight, needs_bias_grad):
@@ -110,7 +110,16 @@ def sequence_linear_function(
             grad_x = sequence_linear_backward(
                 gemm, grad_out, x2d, weight, bias, spans, sink, role, ctx.needs_input_grad[:3]
             )
-            return grad_x, None, None, None, None, None, None
+            needs = ctx.needs_input_grad
+            return (
+                grad_x,
+                placeholder_grad(sink, weight, needs[1]),
+                placeholder_grad(sink, bias, needs[2]),
+                None,
+                None,
+                None,
+                None,
+            )
 
     _SequenceLinear.__module__, _SequenceLinear.__qualname__ = module, "_SequenceLinear"
     return _SequenceLinear

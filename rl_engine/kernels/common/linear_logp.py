@@ -35,7 +35,7 @@ from rl_engine.kernels.common.linear_logp_sequences import (
     sequence_logp_backward,
 )
 from rl_engine.kernels.common.op import Serving, define_op
-from rl_engine.kernels.common.sequence_spans import check_sequence_mode
+from rl_engine.kernels.common.sequence_spans import check_sequence_mode, placeholder_grad
 
 
 def chunked_logp_forward(
@@ -220,7 +220,13 @@ def sequence_logp_function(forward, backward, module: str):
             grad_hidden = backward(
                 grad_out, hidden, weight, bias, targets, *ctx.mode, ctx.needs_input_grad[:3]
             )
-            return grad_hidden, *([None] * 7)
+            needs, sink = ctx.needs_input_grad, ctx.mode[3]
+            return (
+                grad_hidden,
+                placeholder_grad(sink, weight, needs[1]),
+                placeholder_grad(sink, bias, needs[2]),
+                *([None] * 5),
+            )
 
     _SequenceLogp.__module__, _SequenceLogp.__qualname__ = module, "_SequenceLogp"
     return _SequenceLogp

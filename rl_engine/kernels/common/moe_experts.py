@@ -39,7 +39,7 @@ from rl_engine.kernels.common.checks import check_floating, check_index_range, c
 from rl_engine.kernels.common.cpu_flags import backward_mm
 from rl_engine.kernels.common.moe_experts_sequences import sequence_experts_backward
 from rl_engine.kernels.common.op import Serving, define_op
-from rl_engine.kernels.common.sequence_spans import check_sequence_mode
+from rl_engine.kernels.common.sequence_spans import check_sequence_mode, placeholder_grad
 
 
 @dataclass(frozen=True)
@@ -268,10 +268,12 @@ def sequence_experts_function(experts_forward, silu, gemm, module: str):
                 needs,
                 *ctx.mode,
             )
+            gate_up, down = ctx.params
+            sink = ctx.mode[1]
             return (
                 g_hidden if needs[0] else None,
-                None,
-                None,
+                placeholder_grad(sink, gate_up, needs[1]),
+                placeholder_grad(sink, down, needs[2]),
                 None,
                 g_weights if needs[3] else None,
                 None,

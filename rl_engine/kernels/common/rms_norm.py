@@ -21,7 +21,7 @@ import torch
 from rl_engine.kernels.common.checks import at_least_fp32, check_floating, check_last_dim
 from rl_engine.kernels.common.op import Serving, define_op
 from rl_engine.kernels.common.sequence_grads import row_sums, span_rows
-from rl_engine.kernels.common.sequence_spans import check_sequence_mode
+from rl_engine.kernels.common.sequence_spans import check_sequence_mode, placeholder_grad
 
 
 def sequence_rms_norm_backward(rms_norm_forward, grad_out, x, weight, eps, spans, sink, needs):
@@ -68,7 +68,7 @@ def sequence_rms_norm_function(rms_norm_forward, module: str) -> type[torch.auto
             grad_x = sequence_rms_norm_backward(
                 rms_norm_forward, grad_out, x, ctx.weight, eps, spans, sink, needs
             )
-            return grad_x, None, None, None, None
+            return grad_x, placeholder_grad(sink, ctx.weight, needs[1]), None, None, None
 
     _SequenceRMSNorm.__module__, _SequenceRMSNorm.__qualname__ = module, "_SequenceRMSNorm"
     return _SequenceRMSNorm

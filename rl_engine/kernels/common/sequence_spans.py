@@ -217,3 +217,12 @@ def _runs(ids: list[int]) -> str:
 
 def _shape_of(t) -> str:
     return f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def placeholder_grad(sink, param: torch.Tensor | None, needed: bool) -> torch.Tensor | None:
+    """What the backward returns to autograd for a parameter whose partials went to the sink:
+    None, or zeros when the sink asks for them (`sink.placeholder_grads`: a caller whose
+    optimizer only steps parameters that received a gradient, as DeepSpeed's ZeRO-1/2 do)."""
+    if param is None or not needed or not getattr(sink, "placeholder_grads", False):
+        return None
+    return torch.zeros_like(param)
