@@ -140,7 +140,12 @@ def right_padded(sequences: Sequence[Sequence[int] | torch.Tensor]):
 
 
 def plan_micro_batches(
-    lengths: Sequence[int], *, max_sequences: int, max_tokens: int = 0, padded: bool = False
+    lengths: Sequence[int],
+    *,
+    max_sequences: int,
+    max_tokens: int = 0,
+    padded: bool = False,
+    consecutive: bool = False,
 ) -> list[list[int]]:
     """Which sequences (indices into `lengths`) go into each micro-batch.
 
@@ -151,6 +156,9 @@ def plan_micro_batches(
     with the fewest tokens that still has room, for the smallest micro-batch count at which
     that fits. A function of the lengths alone; micro-batches come in that order, each
     holding its sequences in index order. A sequence longer than N raises ValueError.
+    consecutive: each micro-batch the longest run of consecutive sequences from where the last
+    one ended that fits both limits (layout-invariant training sums per-sequence gradients in
+    sequence order, so a micro-batch must be a contiguous range).
     """
     n = len(lengths)
     if max_sequences < 1:
@@ -164,6 +172,8 @@ def plan_micro_batches(
             f"sequence {i} has {m} tokens, more than the token budget of {max_tokens} per "
             "micro-batch; raise the budget to at least the longest prompt + completion"
         )
+    if consecutive:
+        return _consecutive_runs(lengths, max_sequences, max_tokens, padded)
     order = sorted(range(n), key=lambda i: (-lengths[i], i))
     low = max(math.ceil(sum(lengths) / max_tokens), math.ceil(n / max_sequences), 1)
     for count in range(low, n + 1):
@@ -173,6 +183,23 @@ def plan_micro_batches(
     raise AssertionError(
         "unreachable: one sequence per micro-batch always fits"
     )  # pragma: no cover
+
+
+def _consecutive_runs(lengths, max_sequences, max_tokens, padded) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for i, length in enumerate(lengths):
+        run = runs[-1] if runs else None
+        if run is not None and len(run) < max_sequences:
+            cost = (
+                (len(run) + 1) * max(length, *(lengths[j] for j in run))
+                if padded
+                else sum(lengths[j] for j in run) + length
+            )
+            if cost <= max_tokens:
+                run.append(i)
+                continue
+        runs.append([i])
+    return runs
 
 
 def _fill_bins(order, lengths, count, max_sequences, max_tokens, padded):

@@ -23,6 +23,7 @@ def check_run(config: RunConfig) -> None:
     check_critic(config)
     check_env(config)
     check_lora(config)
+    check_layout_invariant(config)
 
 
 def check_prompt_source(config: RunConfig) -> None:
@@ -85,7 +86,7 @@ def check_mini_batches(config: RunConfig) -> None:
             f"trainer.mini_batch_size = {mini} must be a multiple of trainer.num_ranks = "
             f"{ranks} (each rank takes mini_batch_size / num_ranks sequences of each)"
         )
-    if not config.trainer.max_tokens_per_micro_batch and (mini // ranks) % micro:
+    if not config.trainer.ragged_micro_batches and (mini // ranks) % micro:
         raise ValueError(
             f"trainer.mini_batch_size / trainer.num_ranks = {mini // ranks} must be a "
             f"multiple of trainer.micro_batch_size = {micro} (or set "
@@ -123,7 +124,7 @@ def check_critic(config: RunConfig) -> None:
         raise ValueError(
             f"critic.num_ranks = {ranks} must divide the {mini} sequences of each mini-batch"
         )
-    if not config.trainer.max_tokens_per_micro_batch and (mini // ranks) % micro:
+    if not config.trainer.ragged_micro_batches and (mini // ranks) % micro:
         raise ValueError(
             f"{mini} sequences per mini-batch / critic.num_ranks = {ranks} must be a multiple "
             f"of trainer.micro_batch_size = {micro} (or set trainer.max_tokens_per_micro_batch)"
@@ -173,3 +174,31 @@ def check_lora(config: RunConfig) -> None:
             "lora.rank > 0 needs batch_invariant: true (the unmerged adapter is computed by the "
             "patched model on both sides)"
         )
+
+
+# what layout-invariant training does not serve yet: each names the key that turns it off
+_LAYOUT_INVARIANT_LIMITS = (
+    (
+        "batch_invariant",
+        lambda c: not c.batch_invariant,
+        "needs the invariant kernels: set it true",
+    ),
+    ("algorithm.ratio_level", lambda c: c.algorithm.ratio_level != "token", "'sequence' (GSPO)"),
+    ("algorithm.rollout_correction", lambda c: c.algorithm.rollout_correction != "none", "a mode"),
+    ("algorithm.router_aux_loss_coef", lambda c: c.algorithm.router_aux_loss_coef > 0, "> 0"),
+    ("lora.rank", lambda c: c.lora.rank > 0, "LoRA policies"),
+    ("algorithm.name", lambda c: c.algorithm.name == "ppo", "'ppo': its critic"),
+)
+
+
+def check_layout_invariant(config: RunConfig) -> None:
+    """trainer.layout_invariant: what its update does not serve yet is refused, naming the key."""
+    if not config.trainer.layout_invariant:
+        return
+    for key, refused, what in _LAYOUT_INVARIANT_LIMITS:
+        if refused(config):
+            raise ValueError(
+                f"trainer.layout_invariant: true does not serve {key} ({what}) yet; "
+                f"change {key} or set trainer.layout_invariant: false (docs/usage.md lists what "
+                "is served)"
+            )

@@ -155,9 +155,9 @@ class RunConfig:
         token budget, a multiple of micro_batch_size). Raises ValueError when that does not divide
         evenly (checked by the trainer, not here: diagnostics use micro_batch_size alone)."""
         per_step, ranks = self.sequences_per_step, self.trainer.num_ranks
-        micro = 1 if self.trainer.max_tokens_per_micro_batch else self.trainer.micro_batch_size
+        micro = 1 if self.trainer.ragged_micro_batches else self.trainer.micro_batch_size
         if per_step % (micro * ranks) != 0:
-            if self.trainer.max_tokens_per_micro_batch:
+            if self.trainer.ragged_micro_batches:
                 raise ValueError(
                     f"rollout.prompts_per_step x rollout.samples_per_prompt = {per_step} sequences "
                     f"per step must be a multiple of trainer.num_ranks = {ranks} for training"
@@ -184,12 +184,12 @@ class RunConfig:
     def gradient_accumulation_steps(self) -> int:
         """DeepSpeed's gradient_accumulation_steps: micro-batches per rank per optimizer step,
         mini_batch_per_rank / micro_batch_size (without mini-batches: the whole shard). With a
-        token budget the count varies per mini-batch and the worker marks each one's last
-        micro-batch itself: then 1 (DeepSpeed divides the loss by this number; the worker's loss
+        token budget (or layout_invariant) the count varies per mini-batch and the worker marks
+        each one's last micro-batch itself: then 1 (DeepSpeed divides the loss by this number; the worker's loss
         scale undoes it either way).
         """
         per_rank = self.mini_batch_per_rank
-        if self.trainer.max_tokens_per_micro_batch:
+        if self.trainer.ragged_micro_batches:
             return 1
         return per_rank // self.trainer.micro_batch_size
 

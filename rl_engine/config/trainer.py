@@ -67,6 +67,12 @@ class TrainerConfig:
     collective_timeout_s: float = 600.0
     """A collective that waits longer than this fails with an error instead of hanging (the
     weight group's sends and receives too)."""
+    layout_invariant: bool = False
+    """The update does not depend on the layout: runs that differ only in num_ranks, the ZeRO
+    stage, micro_batch_size, max_tokens_per_micro_batch, packing or placement take the same
+    optimizer steps, bit for bit, and a checkpoint resumes on another layout. Each parameter's
+    gradient is a fixed tree over the mini-batch's sequences (docs/usage.md#layout-invariant-training);
+    false: DeepSpeed's own reduction and optimizer step."""
     weight_sync_bucket_mb: float = 128.0
     """Most MiB a weight sync moves per bucket (the trainer ranks send their weights straight
     to the engines, a bucket at a time), and most MiB of parameters a ZeRO-3 rank gathers at
@@ -87,12 +93,20 @@ class TrainerConfig:
             fail("trainer.deepspeed", "a dict or a path to a JSON file", self.deepspeed)
         check_zero_stage("trainer.zero_stage", self.zero_stage)
         check_choice("trainer.placement", self.placement, PLACEMENTS)
+        check_bool("trainer.layout_invariant", self.layout_invariant)
         check_number(
             "trainer.collective_timeout_s", self.collective_timeout_s, low=0.0, low_open=True
         )
         check_number(
             "trainer.weight_sync_bucket_mb", self.weight_sync_bucket_mb, low=0.0, low_open=True
         )
+
+    @property
+    def ragged_micro_batches(self) -> bool:
+        """Whether the micro-batch count may vary per mini-batch (a token budget, or the
+        layout-invariant mode's micro-batches of at most micro_batch_size consecutive
+        sequences): the worker then marks each optimizer step's last micro-batch itself."""
+        return bool(self.max_tokens_per_micro_batch) or self.layout_invariant
 
     @property
     def weight_sync_bucket_bytes(self) -> int:

@@ -115,7 +115,9 @@ def resume_config(run_dir: str | Path, config_path: str | None, overrides: list[
     """The config a resumed run continues with: the run's own snapshot, `steps` may be raised.
 
     A `--config` (with its `--set`s) given anyway must equal the snapshot except for
-    `steps`; `--set` alone may change only `steps`. The result's output_dir is `run_dir`.
+    `steps`; `--set` alone may change only `steps`. Under trainer.layout_invariant the layout
+    keys (LAYOUT_KEYS, and the DeepSpeed config's zero_optimization) may change too: the run
+    continues bitwise on the new layout. The result's output_dir is `run_dir`.
     """
     from rl_engine.config import RunConfig, apply_overrides, read_yaml
 
@@ -138,6 +140,15 @@ def resume_config(run_dir: str | Path, config_path: str | None, overrides: list[
         for key in _flat(snapshot)
         if key not in ("steps", "output_dir") and _flat(snapshot)[key] != _flat(wanted).get(key)
     ]
+    elastic = snapshot["trainer"]["layout_invariant"] and wanted["trainer"]["layout_invariant"]
+    layout = [key for key in differences if _is_layout_key(key, snapshot, wanted)]
+    if layout and not elastic and len(layout) == len(differences):
+        raise RunDirError(
+            f"--resume {run_dir}: the layout changes ({_listed(layout, snapshot, wanted)}); "
+            "a run resumes on another layout only with trainer.layout_invariant: true"
+        )
+    if elastic:
+        differences = [key for key in differences if key not in layout]
     if differences:
         listed = ", ".join(
             f"{k} ({_flat(snapshot)[k]!r} in the run, {_flat(wanted).get(k)!r} given)"
@@ -152,7 +163,40 @@ def resume_config(run_dir: str | Path, config_path: str | None, overrides: list[
             f"--resume {run_dir}: steps may only be raised (the run has {snapshot['steps']}, "
             f"given {wanted['steps']})"
         )
+    if elastic:  # the new layout's keys, everything else the snapshot's
+        return RunConfig.from_dict({**wanted, "output_dir": str(run_dir)})
     return RunConfig.from_dict({**snapshot, "steps": wanted["steps"], "output_dir": str(run_dir)})
+
+
+LAYOUT_KEYS = (
+    "trainer.num_ranks",
+    "trainer.zero_stage",
+    "trainer.micro_batch_size",
+    "trainer.max_tokens_per_micro_batch",
+    "trainer.packing",
+    "trainer.placement",
+    "critic.num_ranks",
+    "critic.zero_stage",
+)
+
+
+def _is_layout_key(key: str, snapshot: dict, wanted: dict) -> bool:
+    """A layout key, or trainer.deepspeed differing in its zero_optimization only."""
+    if key in LAYOUT_KEYS:
+        return True
+    if key != "trainer.deepspeed":
+        return False
+    a, b = snapshot["trainer"]["deepspeed"], wanted["trainer"]["deepspeed"]
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return False
+    return {k: v for k, v in a.items() if k != "zero_optimization"} == {
+        k: v for k, v in b.items() if k != "zero_optimization"
+    }
+
+
+def _listed(keys, snapshot: dict, wanted: dict) -> str:
+    flat_a, flat_b = _flat(snapshot), _flat(wanted)
+    return ", ".join(f"{k} {flat_a[k]!r} -> {flat_b.get(k)!r}" for k in keys)
 
 
 def _flat(data: dict, prefix: str = "") -> dict:

@@ -81,6 +81,7 @@ def step_mini_batches(
     weight_version: int | None = None,
     packing: bool = False,
     max_tokens: int = 0,
+    consecutive: bool = False,
 ) -> list[list[MicroBatch]]:
     """A training step's shard as mini-batches of `mini_batch` consecutive rows, each planned
     into micro-batches on `device`; raises BatchError.
@@ -92,12 +93,11 @@ def step_mini_batches(
     if not isinstance(batch, TrainBatch):
         raise BatchError(f"batch must be a TrainBatch, got {type(batch).__name__}")
     batch.validate(vocab_size)
-    _check_step_shard(batch, sequences, weight_version, micro_batch_size, max_tokens)
+    _check_step_shard(batch, sequences, weight_version, micro_batch_size, max_tokens or consecutive)
     batch, minis = batch.to(device), []
     for start in range(0, sequences, mini_batch):
-        micro = _planned(
-            batch._rows(slice(start, start + mini_batch)), micro_batch_size, max_tokens, packing
-        )
+        rows = batch._rows(slice(start, start + mini_batch))
+        micro = _planned(rows, micro_batch_size, max_tokens, packing, consecutive)
         micro = [replace(mb, sequences=tuple(start + s for s in mb.sequences)) for mb in micro]
         for index, mb in enumerate(micro):
             if not bool(mb.batch.response_mask.any()):
@@ -125,6 +125,7 @@ def plan_step(
         weight_version=weight_version,
         packing=trainer.packing,
         max_tokens=trainer.max_tokens_per_micro_batch,
+        consecutive=trainer.layout_invariant,
     )
 
 
@@ -141,16 +142,22 @@ def plan_scoring(config: RunConfig, batch, *, vocab_size: int, device) -> list[M
     )
 
 
-def _planned(batch, micro_batch_size: int, max_tokens: int, packing: bool) -> list[MicroBatch]:
+def _planned(
+    batch, micro_batch_size: int, max_tokens: int, packing: bool, consecutive: bool = False
+) -> list[MicroBatch]:
     try:
         return plan(
-            batch, micro_batch_size=micro_batch_size, max_tokens=max_tokens, packing=packing
+            batch,
+            micro_batch_size=micro_batch_size,
+            max_tokens=max_tokens,
+            packing=packing,
+            consecutive=consecutive,
         )
     except ValueError as err:  # a sequence longer than the token budget
         raise BatchError(f"{err} (trainer.max_tokens_per_micro_batch = {max_tokens})") from None
 
 
-def _check_step_shard(batch, sequences, weight_version, micro_batch_size, max_tokens) -> None:
+def _check_step_shard(batch, sequences, weight_version, micro_batch_size, ragged) -> None:
     version = batch.weight_version
     if weight_version is not None and version is not None and version != weight_version:
         raise BatchError(
@@ -160,7 +167,7 @@ def _check_step_shard(batch, sequences, weight_version, micro_batch_size, max_to
     if batch.num_sequences != sequences:
         how = (
             "sequences_per_step / num_ranks"
-            if max_tokens
+            if ragged
             else f"gradient_accumulation_steps x micro_batch_size = "
             f"{sequences // micro_batch_size} x {micro_batch_size}"
         )

@@ -56,8 +56,8 @@ def build_deepspeed_config(config: RunConfig, world_size: int) -> dict:
     _reject_unsupported(ds)
     _set_bf16(ds, config.dtype)
     micro, accum = config.trainer.micro_batch_size, config.gradient_accumulation_steps
-    budget = config.trainer.max_tokens_per_micro_batch
-    # With a token budget the micro-batch count varies per step: the worker marks each
+    budget = config.trainer.ragged_micro_batches
+    # With a token budget (or layout_invariant) the micro-batch count varies per step: the worker marks each
     # optimizer step's last micro-batch (set_gradient_accumulation_boundary) and DeepSpeed's
     # count is 1. One optimizer step is one mini-batch (trainer.mini_batch_size).
     _fill(ds, "train_micro_batch_size_per_gpu", micro, "trainer.micro_batch_size")
@@ -65,7 +65,8 @@ def build_deepspeed_config(config: RunConfig, world_size: int) -> dict:
         ds,
         "gradient_accumulation_steps",
         accum,
-        "trainer.max_tokens_per_micro_batch: 1, the worker sets each step's boundary"
+        "trainer.max_tokens_per_micro_batch or trainer.layout_invariant: 1, the worker sets "
+        "each step's boundary"
         if budget
         else "sequences per optimizer step (trainer.mini_batch_size, default the whole step) / "
         "(micro_batch_size x num_ranks)",
@@ -78,7 +79,12 @@ def build_deepspeed_config(config: RunConfig, world_size: int) -> dict:
         if budget
         else "trainer.mini_batch_size, or rollout.prompts_per_step x samples_per_prompt",
     )
-    _fill(ds, "gradient_clipping", float(config.trainer.grad_clip), "trainer.grad_clip")
+    if config.trainer.layout_invariant:
+        # the worker clips by the layout-free norm and steps its own elementwise AdamW
+        _fill(ds, "gradient_clipping", 0.0, "0 under trainer.layout_invariant: the worker clips")
+        ds.setdefault("zero_allow_untested_optimizer", True)
+    else:
+        _fill(ds, "gradient_clipping", float(config.trainer.grad_clip), "trainer.grad_clip")
     zero = ds.setdefault("zero_optimization", {})
     if not isinstance(zero, dict):
         raise ValueError(f"deepspeed.zero_optimization must be an object, got {zero!r}")

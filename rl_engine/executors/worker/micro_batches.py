@@ -59,12 +59,22 @@ class MicroSlot(NamedTuple):
 
 
 def plan(
-    batch: TrainBatch, *, micro_batch_size: int, max_tokens: int, packing: bool
+    batch: TrainBatch,
+    *,
+    micro_batch_size: int,
+    max_tokens: int,
+    packing: bool,
+    consecutive: bool = False,
 ) -> list[MicroBatch]:
-    """The micro-batches of `batch` (already on its device); ValueError for a too-long sequence."""
+    """The micro-batches of `batch` (already on its device); ValueError for a too-long sequence.
+    `consecutive` (layout-invariant training): each a run of consecutive sequences."""
     lengths = batch.attention_mask.sum(dim=1).tolist()
     groups = plan_micro_batches(
-        lengths, max_sequences=micro_batch_size, max_tokens=max_tokens, padded=not packing
+        lengths,
+        max_sequences=micro_batch_size,
+        max_tokens=max_tokens,
+        padded=not packing,
+        consecutive=consecutive,
     )
     if not packing and not max_tokens:  # the baseline: row slices, full width
         return [MicroBatch(batch._rows(slice(g[0], g[-1] + 1)), tuple(g)) for g in groups]
