@@ -89,3 +89,53 @@ class Sums:
 def _max(a: float, b: float) -> float:
     """max that propagates NaN, as torch.maximum does (a NaN part must show in the total)."""
     return math.nan if math.isnan(a) or math.isnan(b) else max(a, b)
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceRecords:
+    """Per-sequence records of one `Sums` type, totalled exactly: the layout-invariant mode's
+    metrics (trainer.layout_invariant).
+
+    A sequence's record depends on that sequence alone; the step's total is each sum field's
+    `math.fsum` over every rank's records (the correctly rounded sum, whatever the order or the
+    grouping) and each max field's max. So the total is the same for every split of the
+    sequences into micro-batches and ranks, unlike the plain path's float adds in layout order.
+    """
+
+    kind: type
+    records: tuple = ()
+
+    def merge(self, other: SequenceRecords) -> SequenceRecords:
+        if not isinstance(other, SequenceRecords) or other.kind is not self.kind:
+            raise TypeError(
+                f"cannot merge {type(other).__name__} into {self.kind.__name__} records"
+            )
+        return SequenceRecords(self.kind, self.records + other.records)
+
+    def finite(self) -> bool:
+        return all(record.finite() for record in self.records)
+
+    def total(self, all_gather: Callable[[object], list] | None = None) -> Sums:
+        """The exact total over this rank's records, or over every rank's with `all_gather`
+        (a collective: `Collectives.all_gather`)."""
+        records = list(self.records)
+        if all_gather is not None:
+            records = [r for rank_records in all_gather(self.records) for r in rank_records]
+        values = []
+        for f in fields(self.kind):
+            column = [getattr(r, f.name) for r in records]
+            if f.metadata.get(_REDUCE) == "max":
+                total = f.default
+                for value in column:
+                    total = _max(total, value)
+                values.append(total)
+            else:
+                values.append(_exact_sum(column))
+        return self.kind(*values)
+
+
+def _exact_sum(values: list[float]) -> float:
+    """math.fsum, with inf and NaN propagated as float adds would (fsum raises on inf - inf)."""
+    if all(math.isfinite(v) for v in values):
+        return math.fsum(values)
+    return sum(v for v in values if not math.isfinite(v))

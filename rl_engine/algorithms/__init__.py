@@ -16,11 +16,13 @@ from rl_engine.algorithms.estimators import (
 from rl_engine.algorithms.losses import (
     AGGREGATIONS,
     RATIO_LEVELS,
+    PolicyTerms,
     aggregate,
     aggregation_units,
     kl_k3,
     masked_mean,
     policy_loss,
+    policy_loss_terms,
 )
 from rl_engine.algorithms.router import expert_counts, load_balancing_loss, load_statistics
 from rl_engine.algorithms.shaping import overlong_penalty
@@ -52,6 +54,8 @@ __all__ = [
     "masked_whiten",
     "overlong_penalty",
     "policy_loss",
+    "policy_loss_terms",
+    "PolicyTerms",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
     "rloo_advantages",

@@ -8,6 +8,8 @@ result or a gradient: padded logprobs may hold anything, even inf.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -68,6 +70,48 @@ def policy_loss(
     clip_fraction (valid tokens whose clipped term is the active minimum),
     approx_kl (mean of old - new), ratio_mean and ratio_max over valid tokens.
     """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; valid: {list(AGGREGATIONS)}")
+    terms = policy_loss_terms(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_eps=clip_eps,
+        clip_eps_high=clip_eps_high,
+        is_weights=is_weights,
+        ratio_level=ratio_level,
+    )
+    keep = mask != 0
+    loss = aggregate(terms.per_token, keep, aggregation)
+    stats = _policy_stats(terms.log_ratio, terms.ratio, terms.clipped, keep)
+    return loss, stats
+
+
+class PolicyTerms(NamedTuple):
+    """The clipped surrogate token by token, before any aggregation (all [B, T] fp32)."""
+
+    per_token: Tensor
+    """-min(r A, clip(r) A) (times the importance weights), 0 off the mask; carries the gradient."""
+    log_ratio: Tensor
+    ratio: Tensor
+    clipped: Tensor
+    """bool: the clipped term is the active minimum (on the mask only)."""
+
+
+def policy_loss_terms(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    is_weights: Tensor | None = None,
+    ratio_level: str = "token",
+) -> PolicyTerms:
+    """`policy_loss`'s per-token terms (see it for the arguments). With ratio_level "token"
+    each token's terms are elementwise functions of that token's values alone."""
     _check_2d("logprobs", logprobs)
     _check_same_shape("logprobs", logprobs, "old_logprobs", old_logprobs)
     _check_same_shape("logprobs", logprobs, "mask", mask)
@@ -75,8 +119,6 @@ def policy_loss(
     if is_weights is not None:
         _check_same_shape("logprobs", logprobs, "is_weights", is_weights)
     eps_low, eps_high = _clip_range(clip_eps, clip_eps_high)
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {aggregation!r}; valid: {list(AGGREGATIONS)}")
     if ratio_level not in RATIO_LEVELS:
         raise ValueError(f"unknown ratio_level {ratio_level!r}; valid: {list(RATIO_LEVELS)}")
 
@@ -93,9 +135,9 @@ def policy_loss(
     if is_weights is not None:
         per_token = per_token * torch.where(keep, is_weights.detach().float(), 0.0)
 
-    loss = aggregate(per_token, keep, aggregation)
-    stats = _policy_stats(log_ratio, ratio, surr_unclipped, surr_clipped, keep)
-    return loss, stats
+    per_token = torch.where(keep, per_token, 0.0)
+    clipped = (surr_clipped < surr_unclipped) & keep
+    return PolicyTerms(per_token, log_ratio, ratio, clipped)
 
 
 def kl_k3(logprobs: Tensor, ref_logprobs: Tensor, *, mask: Tensor | None = None) -> Tensor:
@@ -158,10 +200,9 @@ def _sequence_log_ratio(log_ratio: Tensor, logprobs: Tensor, keep: Tensor) -> Te
 
 @torch.no_grad()
 def _policy_stats(
-    log_ratio: Tensor, ratio: Tensor, surr_unclipped: Tensor, surr_clipped: Tensor, keep: Tensor
+    log_ratio: Tensor, ratio: Tensor, clipped: Tensor, keep: Tensor
 ) -> dict[str, Tensor]:
     count = keep.sum().clamp(min=1)  # all-zero mask (token-sum) gives zero stats, not NaN
-    clipped = (surr_clipped < surr_unclipped) & keep
     ratio_max = torch.where(keep, ratio, 0.0).max() if bool(keep.any()) else ratio.new_ones(())
     return {
         "clip_fraction": clipped.sum().float() / count,

@@ -13,7 +13,8 @@ The step's parts: `parity_check` (the parity check and its parity/* metrics), `s
 correction's bookkeeping), `router_terms` (MoE), `recovery` (an exception mid-step).
 Setup: `distributed`, `ds_config`, `policy.prepare_policy`; weights and checkpoints:
 `checkpoints`; weights straight into the rollout engines over a process group of their own:
-`weight_transport`.
+`engine_sync` (this class's mixin) over `weight_transport`. `trainer.layout_invariant`: the
+micro-batches' per-sequence gradients, loss and update of `layout_invariant`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,15 @@ from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.batch_checks import agree_on_batch, plan_scoring, plan_step
 from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_deepspeed
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
+from rl_engine.executors.worker.engine_sync import EngineWeightSync
 from rl_engine.executors.worker.errors import BatchError, ParityError
+from rl_engine.executors.worker.invariant_adamw import InvariantAdamW
+from rl_engine.executors.worker.layout_free_loss import invariant_micro_loss
+from rl_engine.executors.worker.layout_free_state import (
+    load_layout_free_checkpoint,
+    save_layout_free_checkpoint,
+)
+from rl_engine.executors.worker.layout_invariant import LayoutInvariantUpdate
 from rl_engine.executors.worker.micro_batches import MicroBatch, MicroSlot
 from rl_engine.executors.worker.parity_check import ParityCheck
 from rl_engine.executors.worker.policy import (
@@ -52,22 +61,15 @@ from rl_engine.executors.worker.step_loss import (
     step_metrics,
     summary,
 )
-from rl_engine.executors.worker.weight_transport import (
-    WeightGroup,
-    agree_on_group,
-    held_ranges,
-    policy_manifest,
-    weight_senders,
-)
 from rl_engine.parity import ParitySums
-from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
+from rl_engine.sums import SequenceRecords
 
 __all__ = ["BatchError", "DeepSpeedTrainingWorker", "ParityError", "build_deepspeed_config"]
 
 logger = logging.getLogger(__name__)
 
 
-class DeepSpeedTrainingWorker:
+class DeepSpeedTrainingWorker(EngineWeightSync):
     """One DeepSpeed rank: teacher-forced logprobs, parity check, GRPO/PPO updates, weight export, checkpoints.
 
     The policy is `model` when given (patched in place when `config.batch_invariant`), else
@@ -103,11 +105,22 @@ class DeepSpeedTrainingWorker:
                     self._deepspeed.zero.register_external_parameter(self.module, param)
         trainer = config.trainer
         trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: adapters
-        optimizer = torch.optim.AdamW(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
+        adamw = InvariantAdamW if trainer.layout_invariant else torch.optim.AdamW
+        optimizer = adamw(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
         self.guard = StepGuard(optimizer, self.comm)
         self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
             model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
         )
+        self.layout = None  # trainer.layout_invariant: the update no layout enters
+        if trainer.layout_invariant:
+            self.layout = LayoutInvariantUpdate(
+                policy,
+                self.engine,
+                optimizer,
+                rank=self.rank,
+                world=self.world_size,
+                zero_stage=self.zero_stage,
+            )
         self._mid_step = MidStepFailures(self.engine, zero3=self.zero_stage == 3)
         self.weight_version = 0
         self._weight_sync = None  # (manifest, senders, group) once connect_weight_sync ran
@@ -124,7 +137,9 @@ class DeepSpeedTrainingWorker:
         lambda self: int(self.engine.global_steps), doc="optimizer steps taken, skipped or not"
     )
     # read at each use: `config.parity` may change between steps
-    _parity = property(lambda self: ParityCheck(self.config.parity, self.comm))
+    _parity = property(
+        lambda self: ParityCheck(self.config.parity, self.comm, self.layout is not None)
+    )
 
     # -------------------------------------------------------------- the step
 
@@ -162,7 +177,7 @@ class DeepSpeedTrainingWorker:
             return self._forward_only_step(minis)
         # engine.backward divides by DeepSpeed's gradient_accumulation_steps: undone here
         scale = self.engine.gradient_accumulation_steps() * self.world_size
-        sums, parity, norm, outcomes = LossSums(), ParitySums(), None, []
+        sums, parity, norm, outcomes = self._empty_sums(), self._parity.empty(), None, []
         self._ref_logp = {}
         self.engine.train()
         with self._mid_step.recoverable():
@@ -173,6 +188,7 @@ class DeepSpeedTrainingWorker:
                 [[None if mb is None else mb.batch for mb in micro] for micro in minis],
                 scored,
                 self.comm.all_reduce,
+                self.comm.all_gather if self.layout is not None else None,
             )
             self.router.start(minis, self.comm.all_reduce)
             for epoch in range(self.config.trainer.epochs):
@@ -184,7 +200,7 @@ class DeepSpeedTrainingWorker:
 
     def _forward_only_step(self, minis) -> dict[str, float]:
         """A step without an update: every sequence scored once, no grad, parity checked."""
-        sums, parity = LossSums(), ParitySums()
+        sums, parity = LossSums(), self._parity.empty()
         self.engine.eval()
         self.router.start(minis, self.comm.all_reduce)  # MoE: zero counts (no aux loss here)
         with torch.no_grad(), self._mid_step.recoverable():
@@ -202,8 +218,10 @@ class DeepSpeedTrainingWorker:
     def _update(self, epoch: int, j: int, micro, corrections, scale: int, norm):
         """One optimizer step on mini-batch `j`: its micro-batches' forwards and backwards, the
         accumulation boundary on its last one. Returns ((LossSums, ParitySums), grad norm)."""
-        sums, parity = LossSums(), ParitySums()
+        sums, parity = self._empty_sums(), self._parity.empty()
         last = len(micro) - 1
+        if self.layout is not None:
+            self.layout.start(self.config.mini_batch_per_rank)
         for i, mb in enumerate(micro):
             # Micro-batch counts vary per mini-batch: DeepSpeed reduces gradients and may update
             # after its last one only, on every rank at once (the count is agreed).
@@ -214,7 +232,9 @@ class DeepSpeedTrainingWorker:
             sums, parity = sums.merge(record), parity.merge(mb_parity)
             self._mid_step.backward_taken = True
             self.engine.backward(loss)
-            if i == last:  # the accumulation boundary: step() may update
+            if i == last and self.layout is not None:  # the whole gradients into DeepSpeed
+                norm = self.layout.finish(self.config.trainer.grad_clip)
+            elif i == last:  # the accumulation boundary: step() may update
                 norm = self._stage0_grad_norm()  # before step() clips and clears the grads
                 self.guard.arm(force_skip=not sums.finite())
             self.engine.step()
@@ -229,26 +249,44 @@ class DeepSpeedTrainingWorker:
         backpropagates zero, taking part in every collective of a real one.
         """
         pre_update = slot.epoch == 0 and slot.mini == 0
+        self._route_forward(slot, mb)
         with self.router.recording() as routing:  # MoE policies: router logits, experts
             logp = self._forward(mb)  # (b, T-1) fp32
         if mb is None:
-            parity = self._parity.check(None, logp) if pre_update else ParitySums()
-            return logp.sum() * 0.0, LossSums(), parity
-        parity = self._parity.check(mb, logp.detach()) if pre_update else ParitySums()
+            parity = self._parity.check(None, logp) if pre_update else self._parity.empty()
+            return logp.sum() * 0.0, self._empty_sums(), parity
+        parity = self._parity.check(mb, logp.detach()) if pre_update else self._parity.empty()
         key = (slot.mini, slot.micro)
         corrected = corrections.take(key, mb.batch, logp if pre_update else None)
         ref_logp = self._reference_logp(key, mb)
+        units = corrections.units[slot.mini]
+        if self.layout is not None:
+            loss, records = invariant_micro_loss(
+                self.config.algorithm, mb.batch, logp, ref_logp, units
+            )
+            return loss, records, parity
         loss, record = micro_loss(
             self.config.algorithm,
             mb.batch,
             logp,
             ref_logp,
-            corrections.units[slot.mini],
+            units,
             scale,
             corrected,
         )
         aux = self.router.loss(routing, mb, scale, slot.mini)
         return (loss if aux is None else loss + aux), record, parity
+
+    def _route_forward(self, slot: MicroSlot, mb: MicroBatch | None) -> None:
+        """Layout-invariant steps: point the gradient route at `mb`'s sequences."""
+        if self.layout is not None:
+            first_row = slot.mini * self.config.mini_batch_per_rank
+            indices = [] if mb is None else self.layout.indices(mb, first_row)
+            self.layout.route_forward(mb, indices)
+
+    def _empty_sums(self) -> LossSums | SequenceRecords:
+        """The start of a step's loss sums: per-sequence records under layout_invariant."""
+        return LossSums() if self.layout is None else SequenceRecords(LossSums)
 
     def _mini_batches(self, batch) -> list[list[MicroBatch]]:
         strict = self.config.parity == "strict"
@@ -292,12 +330,16 @@ class DeepSpeedTrainingWorker:
         outcomes: list[str | None],
     ) -> dict[str, float]:
         """The step's metrics over every rank (collective); counts the updates applied."""
-        sums, mismatch = sums.all_reduce(self.comm.all_reduce), self._parity.metrics(parity)
+        if isinstance(sums, SequenceRecords):  # exact sums over every rank's sequences
+            sums, stage0_norm = sums.total(self.comm.all_gather), self.layout.norm
+        else:
+            sums = sums.all_reduce(self.comm.all_reduce)
+        mismatch = self._parity.metrics(parity)
         correction = corrections.metrics(self.comm.all_reduce)
         # an outcome of None: DeepSpeed skipped that update on every rank
         skipped = sum(outcome != "stepped" for outcome in outcomes)
         self.weight_version += len(outcomes) - skipped
-        norm = self.engine.get_global_grad_norm() if outcomes else None  # no update: no norm
+        norm = self.engine.get_global_grad_norm() if outcomes and not self.layout else None
         norm = stage0_norm if norm is None else norm
         metrics = step_metrics(
             sums,
@@ -362,70 +404,29 @@ class DeepSpeedTrainingWorker:
             bucket_bytes=self.config.trainer.weight_sync_bucket_bytes,
         )
 
-    # -------------------------------------------------------------- weights straight to the engines
-
-    def weight_manifest(self) -> WeightManifest:
-        """What the ranks send in a weight sync (the same on every rank): each tensor's HF name,
-        aliases, shape, dtype and the flat range each rank sends (its ZeRO-3 partition)."""
-        return policy_manifest(
-            self.module.policy, zero3=self.zero_stage == 3, world_size=self.world_size
-        )
-
-    def connect_weight_sync(
-        self, address: str, port: int, group_size: int, plans: list[WeightPlan]
-    ) -> None:
-        """Join the weight group (ranks 0 .. W-1 the trainer ranks, then one per receiver, whose
-        `plans` are listed in group-rank order) with its store at address:port (hosted by rank 0).
-
-        Blocks until every member has joined; the receivers join with `WeightGroup.connect`.
-        """
-        manifest, trainer = self.weight_manifest(), self.config.trainer
-        agree_on_group(manifest, plans, group_size, self.comm)
-        self.close_weight_sync()
-        bucket, lora = trainer.weight_sync_bucket_bytes, self.config.lora.enabled
-        senders = weight_senders(manifest, list(plans), self.rank, bucket, lora)
-        device, timeout = self.device.type, trainer.collective_timeout_s
-        group = WeightGroup.connect(address, port, self.rank, group_size, device, timeout)
-        self._weight_sync = (manifest, senders, group)
-
-    def send_weights(self, on_bucket=None, *, adapters_only: bool = False) -> dict[str, float]:
-        """This rank's share of the current weights to every receiver of the weight group, as
-        `weight_version`; every rank calls it while the receivers receive. Sends from the
-        parameters' own storage (under ZeRO-3 each rank its partition): nothing is gathered.
-        `adapters_only` (a LoRA policy, once the receivers hold the frozen base): the adapters.
-
-        Returns {"weight_version", "bytes" (sent by this rank), "seconds"}.
-        """
-        if self._weight_sync is None:
-            raise RuntimeError("send_weights before connect_weight_sync")
-        self._mid_step.require_usable()
-        manifest, senders, group = self._weight_sync
-        if adapters_only and "adapters" not in senders:
-            raise ValueError("send_weights(adapters_only=True) needs a LoRA policy (lora.rank > 0)")
-        zero3 = self.zero_stage == 3
-        held = held_ranges(self.module.policy, manifest, self.rank, zero3)
-        sender = senders["adapters" if adapters_only else "full"]
-        stats = sender.send(group, held, self.weight_version, on_bucket=on_bucket)
-        return {"weight_version": self.weight_version, **stats}
-
-    def close_weight_sync(self) -> None:
-        if getattr(self, "_weight_sync", None) is not None:
-            self._weight_sync[2].close()
-        self._weight_sync = None
-
     def save_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
         """DeepSpeed checkpoint (model, optimizer, step, weight_version) under `directory`; collective.
+        Under trainer.layout_invariant: the layout-free state (per parameter: fp32 master, AdamW
+        moments), which any layout resumes.
 
         Atomic: an interrupted save leaves the previous checkpoint and `latest` untouched.
         """
         tag = tag or f"step{self.global_step}"
         state = {"rl_engine_step": self.global_step, "weight_version": self.weight_version}
-        checkpoints.save_checkpoint(self.engine, self.comm, Path(directory), tag, state, self.base)
+        if self.layout is not None:
+            save_layout_free_checkpoint(self.engine, self.comm, Path(directory), tag, state)
+        else:
+            checkpoints.save_checkpoint(
+                self.engine, self.comm, Path(directory), tag, state, self.base
+            )
         self._log(f"saved checkpoint {tag} to {directory}")
 
     def load_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
         """Restore model, optimizer, step and weight_version (latest tag by default); collective."""
-        path, state = checkpoints.load_checkpoint(self.engine, Path(directory), tag, self.base)
+        if self.layout is not None:
+            path, state = load_layout_free_checkpoint(self.engine, Path(directory), tag)
+        else:
+            path, state = checkpoints.load_checkpoint(self.engine, Path(directory), tag, self.base)
         self.weight_version = int(state.get("weight_version", self.global_step))
         self._log(f"loaded {path} (step {self.global_step}, weight_version {self.weight_version})")
 

@@ -1,5 +1,11 @@
 """A step's gradient handed to DeepSpeed without DeepSpeed's reduction, and its layout-free norm.
 
+`whole_gradients` forms each parameter's whole gradient on every rank: every rank broadcasts
+its cover of the canonical tree (rl_engine/canonical_sum.py: the maximal tree nodes inside its
+contiguous range of the step's sequences; every rank knows every range, so it knows every
+cover's shape) and every rank evaluates the root from all of them, role by role, then adds
+the roles (`sum_roles`). The adds are the tree's, so the rank count does not enter.
+
 In layout-invariant mode the worker forms each parameter's whole gradient itself (the same bits
 on every rank, whatever the rank count, ZeRO stage or micro-batching) and DeepSpeed only keeps
 its partition and steps it: `inject_gradients` writes each parameter's gradient into the
@@ -20,13 +26,61 @@ import math
 from collections.abc import Iterable, Sequence
 
 import torch
+import torch.distributed as dist
 from deepspeed.utils import safe_set_full_grad
+
+from rl_engine.canonical_sum import Node, SequenceGradients, combine, cover, sum_roles
+from rl_engine.row_partial import RowPartial
 
 NORM_ROW = 4096
 
 
 class GradientInjectionError(RuntimeError):
     """DeepSpeed holds no gradient partition for a parameter (no backward since the last step)."""
+
+
+def whole_gradients(
+    sink: SequenceGradients, params: Sequence[torch.nn.Parameter], ranges: Sequence[tuple[int, int]]
+) -> list[torch.Tensor]:
+    """Each of `params`' whole fp32 gradient, the same bits on every rank (collective).
+
+    `sink` holds this rank's partials of [lo, hi) = ranges[rank] of the step's sink.n sequences;
+    `ranges` are every rank's (contiguous, in rank order, together [0, n))."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if tuple(ranges[rank]) != (sink.lo, sink.hi):
+        raise ValueError(f"rank {rank} holds [{sink.lo}, {sink.hi}), ranges say {ranges[rank]}")
+    return [_whole(sink, param, ranges, rank) for param in params]
+
+
+def _whole(sink, param, ranges, rank) -> torch.Tensor:
+    shape = tuple(getattr(param, "ds_shape", param.shape))
+    mine = sink.nodes(param)
+    roots = {}
+    for role in sorted(mine):
+        nodes = []
+        for source, (lo, hi) in enumerate(ranges):
+            held = {(node.lo, node.hi): node.value for node in mine[role]} if source == rank else {}
+            for a, b in cover(sink.n, lo, hi):
+                value = _dense(held[(a, b)], shape) if held else None
+                nodes.append(Node(a, b, _broadcast(value, shape, _partial_dtype(param), source)))
+        roots[role] = combine(sink.n, nodes)
+    return sum_roles(shape, roots)
+
+
+def _dense(value, shape) -> torch.Tensor:
+    return value.densify(shape) if isinstance(value, RowPartial) else value
+
+
+def _partial_dtype(param) -> torch.dtype:
+    return torch.float64 if param.dtype == torch.float64 else torch.float32
+
+
+def _broadcast(value: torch.Tensor | None, shape, dtype, source: int) -> torch.Tensor:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    buffer = value if value is not None else torch.empty(shape, dtype=dtype)
+    dist.broadcast(buffer, src=source)
+    return buffer
 
 
 def inject_gradients(params: Sequence[torch.nn.Parameter], grads: Sequence[torch.Tensor]) -> None:

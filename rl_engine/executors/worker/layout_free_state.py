@@ -14,6 +14,10 @@ in bf16 DeepSpeed's unfused optimizer keeps an fp32 master beside each parameter
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 import deepspeed
 import torch
 from deepspeed.utils import (
@@ -22,6 +26,8 @@ from deepspeed.utils import (
     safe_set_full_fp32_param,
     safe_set_full_optimizer_state,
 )
+
+from rl_engine.io import write_text_atomic
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -132,3 +138,44 @@ def _ensure_state(optimizer, param) -> dict:
         for key in MOMENTS:
             state[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
     return state
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+STATE_FILE = "layout_free_state.pt"
+
+
+def save_layout_free_checkpoint(engine, comm, directory: Path, tag: str, client: dict) -> None:
+    """`gather_state` (collective) written by rank 0 as directory/tag/STATE_FILE with the
+    worker's `client` state, atomically: a temporary folder renamed into place, then `latest`."""
+    state = gather_state(engine)
+    if comm.rank == 0:
+        staging, final = directory / f".{tag}.tmp", directory / tag
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir(parents=True)
+        torch.save({"training": state, "client": client}, staging / STATE_FILE)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+        write_text_atomic(directory / "latest", tag)
+    comm.barrier()
+
+
+def load_layout_free_checkpoint(engine, directory: Path, tag: str | None) -> tuple[str, dict]:
+    """(path loaded, client state) of `save_layout_free_checkpoint`'s checkpoint, restored into
+    this engine whatever its layout; ValueError naming what is missing."""
+    latest = directory / "latest"
+    if tag is None and not latest.is_file():
+        raise ValueError(f"no checkpoint in {str(directory)!r} (no 'latest')")
+    path = directory / (tag or latest.read_text().strip()) / STATE_FILE
+    if not path.is_file():
+        raise ValueError(
+            f"{str(path)!r} does not exist: a layout-invariant run resumes from its layout-free "
+            "state (was the checkpoint written with trainer.layout_invariant: false?)"
+        )
+    saved = torch.load(path, weights_only=True)
+    restore_state(engine, saved["training"])
+    client = saved["client"]
+    engine.global_steps = int(client.get("rl_engine_step", 0))
+    return str(path), client

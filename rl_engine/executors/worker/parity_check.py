@@ -19,6 +19,7 @@ from rl_engine.executors.worker.distributed import Collectives
 from rl_engine.executors.worker.errors import parity_error
 from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.parity import MismatchMetrics, ParitySums, parity_sums
+from rl_engine.sums import SequenceRecords
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,31 +28,54 @@ class ParityCheck:
 
     mode: str
     comm: Collectives
+    per_sequence: bool = False
+    """trainer.layout_invariant: one record per sequence, totalled exactly (SequenceRecords)."""
 
     @property
     def active(self) -> bool:
         return self.mode != "off"
 
+    def empty(self) -> ParitySums | SequenceRecords:
+        """What a step's parity sums start from."""
+        return SequenceRecords(ParitySums) if self.per_sequence else ParitySums()
+
     def check(self, mb: MicroBatch | None, logp: torch.Tensor) -> ParitySums:
         """Parity sums of one micro-batch (b, T-1) logprobs; under 'strict' every rank raises on
         any mismatch (an empty micro-batch, None, adds nothing but takes part in that check's
         all-reduce)."""
-        if not self.active:
-            return ParitySums()
-        if mb is None:
-            sums = ParitySums()
+        if not self.active or mb is None:
+            sums = self.empty()
         else:
-            sums = parity_sums(logp, mb.batch.rollout_logprobs, mb.batch.response_mask)
+            sums = self._sums(logp, mb.batch)
+        if not self.active:
+            return sums
         if self.mode == "strict":
-            count = torch.tensor([sums.mismatches], dtype=torch.float64)
+            count = torch.tensor([_mismatches(sums)], dtype=torch.float64)
             mismatches = int(self.comm.all_reduce(count)[0])
             if mismatches > 0:
                 view, rows = (None, ()) if mb is None else (mb.batch, mb.sequences)
                 raise parity_error(self.comm.rank, logp, view, rows, mismatches)
         return sums
 
-    def metrics(self, sums: ParitySums) -> MismatchMetrics | None:
+    def _sums(self, logp: torch.Tensor, batch) -> ParitySums | SequenceRecords:
+        rollout, mask = batch.rollout_logprobs, batch.response_mask
+        if not self.per_sequence:
+            return parity_sums(logp, rollout, mask)
+        rows = range(logp.shape[0])  # a sequence's own tokens, a fresh tensor: its sums' bits
+        return SequenceRecords(
+            ParitySums, tuple(parity_sums(logp[r], rollout[r], mask[r]) for r in rows)
+        )
+
+    def metrics(self, sums: ParitySums | SequenceRecords) -> MismatchMetrics | None:
         """The step's mismatch metrics over every rank (collective), None under 'off'."""
         if not self.active:
             return None
+        if isinstance(sums, SequenceRecords):
+            return MismatchMetrics.from_sums(sums.total(self.comm.all_gather))
         return MismatchMetrics.from_sums(sums.all_reduce(self.comm.all_reduce))
+
+
+def _mismatches(sums: ParitySums | SequenceRecords) -> float:
+    if isinstance(sums, SequenceRecords):
+        return sum(record.mismatches for record in sums.records)
+    return sums.mismatches

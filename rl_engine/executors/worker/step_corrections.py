@@ -15,6 +15,7 @@ micro-batch is counted in the metrics once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -26,7 +27,7 @@ from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.executors.worker.parity_check import ParityCheck
 from rl_engine.executors.worker.step_loss import Corrected
 from rl_engine.parity import CorrectionSums, ParitySums, correction_sums
-from rl_engine.sums import AllReduce
+from rl_engine.sums import AllReduce, SequenceRecords
 
 
 def needs_scoring_pass(algo: AlgorithmConfig, mini: int) -> bool:
@@ -48,7 +49,7 @@ def scoring_pass(
     (b, T-1) logprobs (every rank runs as many forwards: ZeRO-3). Returns (logprobs by
     (mini-batch, micro-batch), parity sums). Nothing to do with one mini-batch."""
     checks = parity.active and config.trainer.parity_scope == "all"
-    logps, sums = {}, ParitySums()
+    logps, sums = {}, parity.empty()
     for j, micro in enumerate(minis):
         if not ((checks and j > 0) or needs_scoring_pass(config.algorithm, j)):
             continue
@@ -76,9 +77,11 @@ class StepCorrections:
         minis: list[list[TrainBatch | None]],
         scored: dict[tuple[int, int], torch.Tensor],
         all_reduce: Callable[[torch.Tensor], torch.Tensor],
+        all_gather: Callable[[object], list] | None = None,
     ):
-        self.algo = algo
-        self._sums = CorrectionSums()
+        self.algo, self._all_gather = algo, all_gather
+        # trainer.layout_invariant (all_gather given): one record per sequence, totalled exactly
+        self._sums = CorrectionSums() if all_gather is None else SequenceRecords(CorrectionSums)
         self._taken: dict[tuple[int, int], Corrected] = {}
         for key in sorted(scored):
             mb = minis[key[0]][key[1]]
@@ -124,12 +127,25 @@ class StepCorrections:
 
     def _count(self, key, mb: TrainBatch, corrected: Corrected) -> None:
         self._taken[key] = corrected
-        self._sums = self._sums.merge(
-            correction_sums(
-                corrected.proximal, mb.rollout_logprobs, mb.response_mask, corrected.correction
-            )
-        )
+        args = (corrected.proximal, mb.rollout_logprobs, mb.response_mask, corrected.correction)
+        if self._all_gather is None:
+            self._sums = self._sums.merge(correction_sums(*args))
+            return
+        rows = range(mb.response_mask.shape[0])  # each sequence's own tokens: its sums' bits
+        records = tuple(correction_sums(*(_row(arg, r) for arg in args)) for r in rows)
+        self._sums = self._sums.merge(SequenceRecords(CorrectionSums, records))
 
     def metrics(self, all_reduce: AllReduce) -> dict[str, float]:
         """correction/* over every rank (collective)."""
+        if self._all_gather is not None:
+            return self._sums.total(self._all_gather).metrics()
         return self._sums.all_reduce(all_reduce).metrics()
+
+
+def _row(value, r: int):
+    """Row r (kept 2-D) of a (B, T) tensor or of every tensor of a RolloutCorrection."""
+    if isinstance(value, torch.Tensor):
+        return value[r : r + 1]
+    return dataclasses.replace(
+        value, **{f.name: getattr(value, f.name)[r : r + 1] for f in dataclasses.fields(value)}
+    )

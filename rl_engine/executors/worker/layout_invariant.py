@@ -1,0 +1,126 @@
+"""The worker's layout-invariant update (`trainer.layout_invariant: true`): one optimizer step
+whose bits do not depend on the ranks, ZeRO stage, micro-batching or packing.
+
+Per mini-batch of M sequences (canonical order: the batch's rows; rank r holds
+[r M / W, (r + 1) M / W), `TrainBatch.shard`), on every rank:
+
+1. every micro-batch is a run of consecutive sequences (`plan_micro_batches(consecutive=True)`);
+   before its forward the patched model's `GradientRoute` gets the micro-batch's spans with
+   the sequences' canonical indices, so each op's backward sends every sequence's partial of
+   each parameter to this mini-batch's `SequenceGradients` (kernels/common/sequence_spans.py);
+2. its loss is `invariant_micro_loss`: each token weighted by its sequence and the mini-batch's
+   exact counts alone;
+3. after the last micro-batch: `whole_gradients` (the canonical tree over all ranks' covers,
+   the same bits on every rank), the clip's norm from them (`global_norm`), `InvariantAdamW`
+   armed with the clip coefficient, the gradients written into DeepSpeed's partitions; then
+   DeepSpeed steps as usual (its own reduction carried zeros, or nothing).
+
+A parameter that no op sent partials for fails the step (`LayoutInvariantError`): its
+gradient would otherwise be DeepSpeed's, whose sums follow the layout.
+"""
+
+from __future__ import annotations
+
+from rl_engine.canonical_sum import SequenceGradients
+from rl_engine.executors.worker.layout_free_grads import (
+    clip_coefficient,
+    global_norm,
+    inject_gradients,
+    whole_gradients,
+)
+from rl_engine.executors.worker.micro_batches import MicroBatch
+from rl_engine.kernels import SequenceSpans
+from rl_engine.patching.gradient_route import GradientRoute, bind_gradient_route
+
+
+class LayoutInvariantError(RuntimeError):
+    """A layout-invariant step cannot keep its bits (names the parameter or the cause)."""
+
+
+class DeepSpeedSink(SequenceGradients):
+    """The mini-batch's SequenceGradients. `placeholder_grads`: the ops' backward also returns a
+    zero gradient for each parameter, because ZeRO 1-3 only hold gradient partitions to write
+    into after a backward that produced some, and ZeRO-3's reduction hooks expect one for every
+    parameter its backward gathered (ZeRO-0 needs none)."""
+
+    def __init__(self, n: int, lo: int, hi: int, *, placeholder_grads: bool):
+        super().__init__(n, lo, hi)
+        self.placeholder_grads = placeholder_grads
+
+
+class LayoutInvariantUpdate:
+    """Holds the route, the current mini-batch's sink and the step's per-sequence metric terms."""
+
+    def __init__(self, policy, engine, optimizer, *, rank: int, world: int, zero_stage: int):
+        self.engine, self.optimizer = engine, optimizer
+        self.rank, self.world, self.zero_stage = rank, world, zero_stage
+        self.route = GradientRoute()
+        bind_gradient_route(policy, self.route)
+        self.named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in self.named]
+        self.sink: DeepSpeedSink | None = None
+        self.norm: float | None = None
+
+    # ------------------------------------------------------------------ a mini-batch
+
+    def start(self, per_rank: int) -> None:
+        """A new mini-batch of `per_rank` sequences on every rank."""
+        lo = self.rank * per_rank
+        self.sink = DeepSpeedSink(
+            per_rank * self.world,
+            lo,
+            lo + per_rank,
+            placeholder_grads=self.zero_stage > 0,
+        )
+        self.per_rank = per_rank
+
+    def indices(self, mb: MicroBatch, first_row: int) -> list[int]:
+        """The canonical indices of `mb`'s sequences (`first_row`: the mini-batch's first
+        shard row)."""
+        return [self.sink.lo + row - first_row for row in mb.sequences]
+
+    def route_forward(self, mb: MicroBatch | None, indices: list[int]) -> None:
+        """Point the route at `mb`'s rows (None: the empty micro-batch's dummy row)."""
+        if mb is None:
+            spans = SequenceSpans(2, (), (), ())
+            self.route.set(self.sink, spans, SequenceSpans(1, (), (), ()))
+            return
+        self.route.set(self.sink, *micro_batch_spans(mb, indices))
+
+    def finish(self, max_norm: float) -> float:
+        """The mini-batch's update, up to DeepSpeed's step (collective): returns the norm."""
+        self.route.clear()
+        ranges = [(r * self.per_rank, (r + 1) * self.per_rank) for r in range(self.world)]
+        written = {id(p) for p in self.sink.params()}
+        missing = [name for name, p in self.named if id(p) not in written]
+        if missing:
+            raise LayoutInvariantError(
+                f"{len(missing)} parameter(s) received no per-sequence partials, e.g. "
+                f"{missing[:3]}: an op on their path does not serve trainer.layout_invariant"
+            )
+        whole = whole_gradients(self.sink, self.params, ranges)
+        grads = [grad.to(param.dtype) for grad, param in zip(whole, self.params)]
+        self.sink = None
+        self.norm = global_norm(grads)
+        self.optimizer.arm(clip_coefficient(self.norm, max_norm))
+        inject_gradients(self.params, grads)
+        return self.norm
+
+
+def micro_batch_spans(mb: MicroBatch, indices: list[int]) -> tuple[SequenceSpans, SequenceSpans]:
+    """(the decoder's spans, linear_logp's spans) of `mb`: a sequence's decoder rows are its
+    tokens; its logprob rows are the positions that score its next token (all but its last),
+    padded or packed alike, so both layouts give a sequence the same rows in the same order."""
+    if mb.packed is None:
+        mask = mb.batch.attention_mask
+        decoder = SequenceSpans.from_padding_mask(mask, indices)
+        scored = mask[:, 1:] & mask[:, :-1]
+        return decoder, SequenceSpans.from_padding_mask(scored, indices)
+    decoder = SequenceSpans.from_segments(mb.packed.segments, indices)
+    logp = SequenceSpans(
+        decoder.rows,
+        decoder.starts,
+        tuple(max(length - 1, 0) for length in decoder.lengths),
+        decoder.indices,
+    )
+    return decoder, logp

@@ -1,0 +1,99 @@
+"""trainer.layout_invariant on real DeepSpeed ranks (gloo): runs that differ only in layout keys
+(ranks, ZeRO stage, micro-batch size, packing, token budget) end every step with the same
+weights and AdamW moments, bit for bit, and write the same metrics; a state saved on one
+layout resumes on another and continues exactly. Negative control: the same layouts with the
+flag off differ.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.executors.worker.cell import cached_completions
+from tests.executors.worker.launch import run_ranks
+
+JOB = "tests.executors.worker.layout_job"
+# (ranks, ZeRO stage, trainer keys)
+PACKED_ONE = (1, 0, {"micro_batch_size": 8, "packing": True})
+PADDED_TWO = (2, 3, {"micro_batch_size": 2, "packing": False})
+SINGLES_FOUR = (4, 1, {"micro_batch_size": 1})
+BUDGET_TWO = (2, 2, {"micro_batch_size": 4, "max_tokens_per_micro_batch": 40})
+LAYOUT_KEYS = {"time/"}  # metric keys allowed to differ: timings only
+
+
+@pytest.fixture(scope="module")
+def completions(tmp_path_factory):
+    paths = {}
+    for dtype in ("float32", "bfloat16"):
+        path = tmp_path_factory.mktemp("completions") / f"{dtype}.pt"
+        torch.save(cached_completions(dtype), path)
+        paths[dtype] = str(path)
+    return paths
+
+
+def _run(tmp_path, completions, layout, dtype, *, invariant=True, steps=3, tag="", **extra):
+    world, stage, trainer = layout
+    out = tmp_path / f"w{world}_z{stage}_{dtype}_{invariant}_{tag}_{len(list(tmp_path.iterdir()))}"
+    spec = {
+        "job": JOB,
+        "stage": stage,
+        "dtype": dtype,
+        "steps": steps,
+        "completions": completions[dtype],
+        "trainer": {**trainer, "layout_invariant": invariant},
+        **extra,
+    }
+    results, error = run_ranks(spec, world, out, timeout=600)
+    assert error is None, error
+    return results[0]["layout_job"]
+
+
+def _same_state(a: dict, b: dict) -> list[str]:
+    assert a.keys() == b.keys()
+    return [key for key in a if not torch.equal(a[key], b[key])]
+
+
+def _same_metrics(a: list[dict], b: list[dict]) -> list[str]:
+    differ = []
+    for step, (row_a, row_b) in enumerate(zip(a, b, strict=True)):
+        for key in sorted(row_a.keys() | row_b.keys()):
+            if any(key.startswith(prefix) for prefix in LAYOUT_KEYS):
+                continue
+            if row_a.get(key) != row_b.get(key):
+                differ.append(f"step {step + 1} {key}: {row_a.get(key)} vs {row_b.get(key)}")
+    return differ
+
+
+def test_two_layouts_take_the_same_bf16_steps(tmp_path, completions):
+    one = _run(tmp_path, completions, PACKED_ONE, "bfloat16")
+    two = _run(tmp_path, completions, PADDED_TWO, "bfloat16")
+    assert _same_state(one["state"], two["state"]) == []
+    assert _same_metrics(one["metrics"], two["metrics"]) == []
+    assert int(one["state"]["step"]) == 3
+
+
+def test_negative_control_the_plain_update_differs_between_layouts(tmp_path, completions):
+    one = _run(tmp_path, completions, PACKED_ONE, "bfloat16", invariant=False)
+    two = _run(tmp_path, completions, PADDED_TWO, "bfloat16", invariant=False)
+    assert _same_state(one["state"], two["state"]) != []
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_four_layouts_take_the_same_steps(tmp_path, completions, dtype):
+    runs = [
+        _run(tmp_path, completions, layout, dtype)
+        for layout in (PACKED_ONE, PADDED_TWO, SINGLES_FOUR, BUDGET_TWO)
+    ]
+    for run in runs[1:]:
+        assert _same_state(runs[0]["state"], run["state"]) == []
+        assert _same_metrics(runs[0]["metrics"], run["metrics"]) == []
+
+
+def test_a_state_saved_on_two_zero3_ranks_resumes_on_one_rank(tmp_path, completions):
+    whole = _run(tmp_path, completions, PADDED_TWO, "bfloat16")
+    saved = tmp_path / "after_one.pt"
+    _run(tmp_path, completions, PADDED_TWO, "bfloat16", steps=1, save=str(saved), save_after=1)
+    resumed = _run(tmp_path, completions, PACKED_ONE, "bfloat16", steps=2, resume=str(saved))
+    assert _same_state(whole["state"], resumed["state"]) == []
