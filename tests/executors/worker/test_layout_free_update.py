@@ -36,9 +36,8 @@ def _bits_differ(a: dict, b: dict) -> bool:
     return any(not torch.equal(a[key], b[key]) for key in a)
 
 
-@pytest.mark.parametrize(
-    "dtype", [pytest.param("float32", marks=pytest.mark.exhaustive), "bfloat16"]
-)
+@pytest.mark.exhaustive  # make test: the worker's and the job's layout tests use this path
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_every_layout_updates_to_the_same_bits(tmp_path, dtype):
     runs = [_run(tmp_path, world, stage, dtype) for world, stage in LAYOUTS]
     for run in runs[1:]:
@@ -56,8 +55,9 @@ def test_negative_control_torch_adamw_and_deepspeeds_clip_differ_between_layouts
 
 @pytest.mark.parametrize(
     ("before", "after"),
-    [((2, 3), (1, 0)), pytest.param((1, 0), (4, 2), marks=pytest.mark.exhaustive)],
+    [((2, 3), (1, 0)), ((1, 0), (4, 2))],
 )
+@pytest.mark.exhaustive
 def test_a_state_resumes_on_another_layout_and_continues_exactly(tmp_path, before, after):
     dtype = "bfloat16"
     whole = _run(tmp_path, *before, dtype, steps=3)

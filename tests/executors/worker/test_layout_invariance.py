@@ -65,6 +65,7 @@ def _same_metrics(a: list[dict], b: list[dict]) -> list[str]:
     return differ
 
 
+@pytest.mark.exhaustive  # make test: the same pair as a Ray job (tests/executors/job/test_layout_job.py)
 def test_two_layouts_take_the_same_bf16_steps(tmp_path, completions):
     one = _run(tmp_path, completions, PACKED_ONE, "bfloat16")
     two = _run(tmp_path, completions, PADDED_TWO, "bfloat16")
@@ -91,9 +92,15 @@ def test_four_layouts_take_the_same_steps(tmp_path, completions, dtype):
         assert _same_metrics(runs[0]["metrics"], run["metrics"]) == []
 
 
-def test_a_state_saved_on_two_zero3_ranks_resumes_on_one_rank(tmp_path, completions):
-    whole = _run(tmp_path, completions, PADDED_TWO, "bfloat16")
+@pytest.mark.exhaustive  # make test: 2 ZeRO-3 ranks -> 1 rank as a Ray job
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [(PADDED_TWO, PACKED_ONE), (PACKED_ONE, SINGLES_FOUR)],
+    ids=["2to1", "1to4"],
+)
+def test_a_state_saved_on_one_layout_resumes_on_another(tmp_path, completions, before, after):
+    whole = _run(tmp_path, completions, before, "bfloat16")
     saved = tmp_path / "after_one.pt"
-    _run(tmp_path, completions, PADDED_TWO, "bfloat16", steps=1, save=str(saved), save_after=1)
-    resumed = _run(tmp_path, completions, PACKED_ONE, "bfloat16", steps=2, resume=str(saved))
+    _run(tmp_path, completions, before, "bfloat16", steps=1, save=str(saved), save_after=1)
+    resumed = _run(tmp_path, completions, after, "bfloat16", steps=2, resume=str(saved))
     assert _same_state(whole["state"], resumed["state"]) == []

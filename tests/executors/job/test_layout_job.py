@@ -1,0 +1,70 @@
+"""trainer.layout_invariant as a whole Ray job: two layouts write the same run (metrics and
+training state), and a run stopped on 2 ZeRO-3 ranks resumes on 1 ZeRO-0 rank exactly.
+
+One local Ray cluster (3 CPUs, started here) serves the module. The worker-level tests
+(tests/executors/worker/test_layout_invariance.py) cover more layouts and the negative control.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_engine.config import RunConfig
+from rl_engine.executors.job import job_checkpoints as ckpt
+from rl_engine.executors.job.ray_job import run_job
+from rl_engine.executors.job.run_dir import RunDirError, resume_config
+from rl_engine.executors.worker.layout_free_state import STATE_FILE
+from tests.executors.job.jobs import job_config, private_ray, without_timings
+
+pytestmark = [pytest.mark.multiprocess]
+
+ONE_PACKED = {"num_ranks": 1, "zero_stage": 0, "micro_batch_size": 8, "packing": True}
+TWO_PADDED = {"num_ranks": 2, "zero_stage": 3, "micro_batch_size": 2, "packing": False}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    yield from private_ray(3)
+
+
+def _config(run_dir, trainer: dict, steps: int = 3):
+    config = job_config(run_dir, steps=steps, trainer={**trainer, "layout_invariant": True})
+    return RunConfig.from_dict({**config.to_dict(), "dtype": "bfloat16"})
+
+
+def _state(run_dir) -> dict:
+    path = next(ckpt.latest(run_dir).deepspeed_dir.rglob(STATE_FILE))
+    return torch.load(path, weights_only=True)["training"]
+
+
+def _same(a: dict, b: dict) -> list[str]:
+    assert a.keys() == b.keys()
+    return [key for key in a if not torch.equal(a[key], b[key])]
+
+
+@pytest.mark.slow  # 4 jobs, 20-40 s each
+def test_two_layouts_write_the_same_run_and_a_run_resumes_on_another_layout(tmp_path, local_ray):
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_job(_config(one, ONE_PACKED))
+    run_job(_config(two, TWO_PADDED))
+    assert without_timings(one) == without_timings(two)
+    assert all(m["parity/exact_match_fraction"] == 1.0 for m in without_timings(one))
+    assert _same(_state(one), _state(two)) == []
+
+    elastic = tmp_path / "elastic"
+    run_job(_config(elastic, TWO_PADDED, steps=2))
+    assert ckpt.latest(elastic).step == 2
+    layout = ["trainer.num_ranks=1", "trainer.zero_stage=0", "trainer.micro_batch_size=8"]
+    run_job(resume_config(elastic, None, ["steps=3", *layout]), resume=True)
+    assert without_timings(elastic) == without_timings(two)
+    assert _same(_state(elastic), _state(two)) == []
+
+
+def test_a_plain_run_refuses_another_layout_on_resume_naming_both(tmp_path):
+    run_dir = tmp_path / "plain"
+    run_dir.mkdir()
+    config = job_config(run_dir, trainer={"num_ranks": 2, "zero_stage": 3})
+    config.to_yaml(run_dir / "config.yaml")
+    with pytest.raises(RunDirError, match=r"trainer.num_ranks 2 -> 1.*layout_invariant: true"):
+        resume_config(run_dir, None, ["trainer.num_ranks=1"])
