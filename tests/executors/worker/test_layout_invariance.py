@@ -104,3 +104,29 @@ def test_a_state_saved_on_one_layout_resumes_on_another(tmp_path, completions, b
     _run(tmp_path, completions, before, "bfloat16", steps=1, save=str(saved), save_after=1)
     resumed = _run(tmp_path, completions, after, "bfloat16", steps=2, resume=str(saved))
     assert _same_state(whole["state"], resumed["state"]) == []
+
+
+@pytest.mark.exhaustive
+def test_a_moe_policy_takes_the_same_steps(tmp_path):
+    path = tmp_path / "moe.pt"
+    torch.save(cached_completions("float32", "tiny-qwen3-moe"), path)
+    paths = {"float32": str(path)}
+    one, two = (
+        _run(tmp_path, paths, layout, "float32", model="tiny-qwen3-moe")
+        for layout in (PACKED_ONE, PADDED_TWO)
+    )
+    assert _same_state(one["state"], two["state"]) == []
+    assert _same_metrics(one["metrics"], two["metrics"]) == []
+    assert "router/max_load_share" in one["metrics"][0]
+
+
+@pytest.mark.exhaustive
+def test_mini_batches_and_epochs_take_the_same_steps(tmp_path, completions):
+    split = {"mini_batch_size": 4, "epochs": 2}
+    runs = [
+        _run(tmp_path, completions, (world, stage, {**trainer, **split}), "bfloat16", steps=2)
+        for world, stage, trainer in (PACKED_ONE, SINGLES_FOUR)
+    ]
+    assert _same_state(runs[0]["state"], runs[1]["state"]) == []
+    assert _same_metrics(runs[0]["metrics"], runs[1]["metrics"]) == []
+    assert runs[0]["metrics"][0]["updates"] == 4
