@@ -26,7 +26,7 @@ def _worker(spec: dict) -> DeepSpeedTrainingWorker:
         model=spec.get("model"),
         parity="report",
         trainer={"lr": 1e-3, "grad_clip": spec.get("grad_clip", 1.0), **spec["trainer"]},
-        algorithm={"kl_coef": spec.get("kl_coef", 0.0)},
+        algorithm={"kl_coef": spec.get("kl_coef", 0.0), **spec.get("algorithm", {})},
     )
     return DeepSpeedTrainingWorker(config, device="cpu")
 

@@ -130,3 +130,26 @@ def test_mini_batches_and_epochs_take_the_same_steps(tmp_path, completions):
     assert _same_state(runs[0]["state"], runs[1]["state"]) == []
     assert _same_metrics(runs[0]["metrics"], runs[1]["metrics"]) == []
     assert runs[0]["metrics"][0]["updates"] == 4
+
+
+@pytest.mark.exhaustive
+def test_the_kl_penalty_keeps_the_steps_alike(tmp_path, completions):
+    one, two = (
+        _run(tmp_path, completions, layout, "bfloat16", kl_coef=0.05)
+        for layout in (PACKED_ONE, PADDED_TWO)
+    )
+    assert _same_state(one["state"], two["state"]) == []
+    assert _same_metrics(one["metrics"], two["metrics"]) == []
+    assert one["metrics"][-1]["kl"] > 0
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "seq-mean-token-sum"])
+def test_every_loss_aggregation_keeps_the_steps_alike(tmp_path, completions, aggregation):
+    algorithm = {"loss_aggregation": aggregation, "clip_eps_high": 0.28}
+    one, two = (
+        _run(tmp_path, completions, layout, "bfloat16", algorithm=algorithm)
+        for layout in (PACKED_ONE, SINGLES_FOUR)
+    )
+    assert _same_state(one["state"], two["state"]) == []
+    assert _same_metrics(one["metrics"], two["metrics"]) == []
