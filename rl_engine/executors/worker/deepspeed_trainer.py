@@ -33,6 +33,7 @@ from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
 from rl_engine.executors.worker.errors import BatchError, ParityError
 from rl_engine.executors.worker.micro_batches import MicroBatch, MicroSlot
+from rl_engine.executors.worker.optimizer import adamw
 from rl_engine.executors.worker.parity_check import ParityCheck
 from rl_engine.executors.worker.policy import (
     LogprobModule,
@@ -103,7 +104,7 @@ class DeepSpeedTrainingWorker:
                     self._deepspeed.zero.register_external_parameter(self.module, param)
         trainer = config.trainer
         trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: adapters
-        optimizer = torch.optim.AdamW(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
+        optimizer = adamw(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
         self.guard = StepGuard(optimizer, self.comm)
         self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
             model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
