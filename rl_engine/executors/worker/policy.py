@@ -20,6 +20,7 @@ from torch import nn
 from rl_engine.config import RunConfig
 from rl_engine.executors.worker.distributed import Collectives
 from rl_engine.executors.worker.micro_batches import MicroBatch
+from rl_engine.executors.worker.optimizer import all_finite
 from rl_engine.logprobs import IGNORE_INDEX, packed_score_targets, score_targets
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, lm_head_parameters, patch_handle
@@ -98,7 +99,7 @@ class StepGuard:
             for p in group["params"]
             if p.grad is not None
         ]
-        bad = self.force_skip or any(not bool(torch.isfinite(g).all()) for g in grads)
+        bad = self.force_skip or any(not all_finite(g) for g in grads)
         if self.comm.any(bad):
             self.outcome = "skipped"
             return None

@@ -115,3 +115,18 @@ def test_on_cpu_the_step_is_blockwise():
     optimizer = blockwise.adamw([param], lr=1e-3, weight_decay=0.0)
     assert type(optimizer) is torch.optim.AdamW  # DeepSpeed accepts it without untested-optimizer
     assert optimizer.step.func is blockwise._step_in_blocks
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("where", [0, 63, 64, 64 * 5 + 2])
+def test_all_finite_checks_every_block(bad, where, monkeypatch):
+    monkeypatch.setattr(blockwise, "ADAM_BLOCK_ELEMENTS", 64)
+    values = torch.randn(64 * 5 + 3)
+    assert blockwise.all_finite(values)
+    values[where] = bad
+    assert not blockwise.all_finite(values)
+    assert not blockwise.all_finite(values.view(1, -1).t())  # any shape
+
+
+def test_all_finite_of_an_empty_tensor():
+    assert blockwise.all_finite(torch.zeros(0))
