@@ -54,19 +54,27 @@ def score_targets(
     targets: torch.Tensor,
     *,
     temperature: float,
+    deferred_weight_grad: list | None = None,
 ) -> torch.Tensor:
     """THE trainer logprob: fp32 (B, T-1) log_softmax(logits / temperature)[targets], 0 at IGNORE_INDEX.
 
     Hidden state of position t (final norm) -> the LM head through the fused `linear_logp`
     op the model computes with (`model_op`: its patch's backend, or its device's default)
     -> the entry of targets[:, t]. Used by `token_logprobs`,
-    the DeepSpeed worker's module and the diagnostics.
+    the DeepSpeed worker's module and the diagnostics. `deferred_weight_grad`: linear_logp's
+    (the worker's tied LM-head gradient, `executors/worker/tied_gradient.py`).
     """
     hidden = final_hidden_states(model, input_ids, attention_mask)  # (B, T, H)
     weight, bias = lm_head_parameters(model)  # (V, H), (V,) | None
     linear_logp = model_op(model, "linear_logp")
     return linear_logp(
-        hidden[:, :-1], weight, targets, bias, temperature=temperature, ignore_index=IGNORE_INDEX
+        hidden[:, :-1],
+        weight,
+        targets,
+        bias,
+        temperature=temperature,
+        ignore_index=IGNORE_INDEX,
+        deferred_weight_grad=deferred_weight_grad,
     )
 
 
@@ -121,6 +129,7 @@ def packed_score_targets(
     targets: torch.Tensor,
     *,
     temperature: float,
+    deferred_weight_grad: list | None = None,
 ) -> torch.Tensor:
     """THE trainer logprob on packed rows: fp32 (R, N), 0 at IGNORE_INDEX.
 
@@ -130,7 +139,7 @@ def packed_score_targets(
     The decoder runs without an attention mask, with position ids that restart per
     sequence (padding at 0) and with `rl_packed` (the segments the invariant attention
     reads). Used by `packed_token_logprobs`, the DeepSpeed worker's module (packing) and
-    the diagnostics.
+    the diagnostics. `deferred_weight_grad`: as in `score_targets`.
     """
     if not (input_ids.shape == positions.shape == segments.shape == targets.shape):
         raise ValueError(
@@ -147,6 +156,7 @@ def packed_score_targets(
         bias,
         temperature=temperature,
         ignore_index=IGNORE_INDEX,
+        deferred_weight_grad=deferred_weight_grad,
     )
 
 
