@@ -15,7 +15,8 @@ weight and the activations. Within `tied_head_gradient`:
   into a dense one.
 
 When the head's gradient is not deferred (a micro-batch with more tokens than the hidden
-size) the join passes the embedding's gradient through and autograd sums as before.
+size) the join passes the embedding's gradient through and autograd sums as before; off
+the CPU (whose dense embedding backward the fold is tested against) nothing changes.
 """
 
 from __future__ import annotations
@@ -51,13 +52,16 @@ class _JoinTiedGradient(torch.autograd.Function):
 
 
 def _ties_trained_weight(policy: nn.Module) -> bool:
-    """The input embedding looks up the LM head's own trained weight, unscaled."""
+    """The input embedding looks up the LM head's own trained weight, unscaled, on the CPU
+    (where `add_embedding_grad_` is tested against torch's dense embedding backward)."""
+    if not torch.is_grad_enabled() or not hasattr(policy, "get_input_embeddings"):
+        return False
     embedding = policy.get_input_embeddings()
     weight, _ = lm_head_parameters(policy)
     scaled = any(getattr(embedding, name, None) is not None for name in ("_scale", "embed_scale"))
     return (
-        torch.is_grad_enabled()
-        and weight.requires_grad
+        weight.requires_grad
+        and weight.device.type == "cpu"
         and getattr(embedding, "weight", None) is weight
         and not scaled
     )
