@@ -31,7 +31,9 @@ def _steps(ours, ours_opt, theirs, theirs_opt, steps: int = 4):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("shape", [(5,), (64 * 7 + 13,), (300, 17), (4096 * 3 + 1,)])
+# (100_003,): above torch's grain size, so 2 threads split the whole tensor and the blocks
+# at different places
+@pytest.mark.parametrize("shape", [(5,), (64 * 7 + 13,), (300, 17), (4096 * 3 + 1,), (100_003,)])
 def test_blockwise_step_is_torch_adamw_bit_for_bit(shape, threads, monkeypatch):
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
