@@ -78,7 +78,10 @@ TRIM_THRESHOLD_BYTES = 32 << 20
 # What the trainer ranks pass: the step's activations and the gradients of small layers are
 # tensors of 128 KiB to 1 MiB (0.5B shape, 4 x 48 tokens: a hidden state is 336 KiB, an MLP
 # activation 1.7 MiB), freed to the heap and left resident there between their uses; with
-# their own pages a rank's peak RSS fell from 5506 to 5149 MiB at the same step time.
+# their own pages a rank's peak RSS fell from 5506 to 5149 MiB. Each such allocation is now
+# an mmap and munmap: its cost to the step was not told apart from the shared machine's noise
+# (docs/platform-facts.md). Below 128 KiB glibc's 65536-mapping limit came into play (32 KiB:
+# no lower).
 TRAINER_MMAP_THRESHOLD_BYTES = 128 << 10
 
 
