@@ -80,8 +80,8 @@ TRIM_THRESHOLD_BYTES = 32 << 20
 # activation 1.7 MiB), freed to the heap and left resident there between their uses; with
 # their own pages a rank's peak RSS fell from 5506 to 5149 MiB. Each such allocation is now
 # an mmap and munmap: its cost to the step was not told apart from the shared machine's noise
-# (docs/platform-facts.md). Below 128 KiB glibc's 65536-mapping limit came into play (32 KiB:
-# no lower).
+# (docs/platform-facts.md). 32 KiB was no lower (presumably glibc's M_MMAP_MAX, 65536
+# mappings).
 TRAINER_MMAP_THRESHOLD_BYTES = 128 << 10
 
 
