@@ -55,13 +55,15 @@ def score_targets(
     targets: torch.Tensor,
     *,
     temperature: float,
+    deferred_weight_grad: list | None = None,
 ) -> torch.Tensor:
     """THE trainer logprob: fp32 (B, T-1) log_softmax(logits / temperature)[targets], 0 at IGNORE_INDEX.
 
     Hidden state of position t (final norm) -> the LM head through the fused `linear_logp`
     op the model computes with (`model_op`: its patch's backend, or its device's default)
     -> the entry of targets[:, t]. Used by `token_logprobs`,
-    the DeepSpeed worker's module and the diagnostics.
+    the DeepSpeed worker's module and the diagnostics. `deferred_weight_grad`: linear_logp's
+    (the worker's tied LM-head gradient, `executors/worker/tied_gradient.py`).
     """
     hidden = final_hidden_states(model, input_ids, attention_mask)  # (B, T, H)
     weight, bias = lm_head_parameters(model)  # (V, H), (V,) | None
@@ -73,7 +75,7 @@ def score_targets(
         bias,
         temperature=temperature,
         ignore_index=IGNORE_INDEX,
-        **_logp_route(model),
+        **_logp_kwargs(model, deferred_weight_grad),
     )
 
 
@@ -128,6 +130,7 @@ def packed_score_targets(
     targets: torch.Tensor,
     *,
     temperature: float,
+    deferred_weight_grad: list | None = None,
 ) -> torch.Tensor:
     """THE trainer logprob on packed rows: fp32 (R, N), 0 at IGNORE_INDEX.
 
@@ -137,7 +140,7 @@ def packed_score_targets(
     The decoder runs without an attention mask, with position ids that restart per
     sequence (padding at 0) and with `rl_packed` (the segments the invariant attention
     reads). Used by `packed_token_logprobs`, the DeepSpeed worker's module (packing) and
-    the diagnostics.
+    the diagnostics. `deferred_weight_grad`: as in `score_targets`.
     """
     if not (input_ids.shape == positions.shape == segments.shape == targets.shape):
         raise ValueError(
@@ -154,7 +157,7 @@ def packed_score_targets(
         bias,
         temperature=temperature,
         ignore_index=IGNORE_INDEX,
-        **_logp_route(model),
+        **_logp_kwargs(model, deferred_weight_grad),
     )
 
 
@@ -187,7 +190,10 @@ def packed_token_logprobs(
     return [padded[i, : n - 1] for i, n in enumerate(lengths)]
 
 
-def _logp_route(model) -> dict:
-    """`spans=` / `sink=` of a layout-invariant training forward (patching/gradient_route.py)."""
+def _logp_kwargs(model, deferred_weight_grad) -> dict:
+    """`spans=` / `sink=` of a layout-invariant training forward (patching/gradient_route.py),
+    whose sink takes the head's per-sequence partials: then no deferred tied gradient."""
     route = gradient_route(model)
-    return {} if route is None else route.logp_kwargs()
+    if route is not None and route.logp_spans is not None:
+        return route.logp_kwargs()
+    return {"deferred_weight_grad": deferred_weight_grad}

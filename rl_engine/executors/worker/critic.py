@@ -43,6 +43,7 @@ from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
 from rl_engine.executors.worker.errors import BatchError
 from rl_engine.executors.worker.micro_batches import MicroBatch
+from rl_engine.executors.worker.optimizer import adamw
 from rl_engine.executors.worker.policy import StepGuard, base_record, prepare_policy
 from rl_engine.executors.worker.value_model import ValueModule
 from rl_engine.sums import Sums
@@ -98,7 +99,7 @@ class CriticWorker:
         self.module = ValueModule(backbone)
         trainer = self.config.trainer
         trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: adapter, head
-        optimizer = torch.optim.AdamW(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
+        optimizer = adamw(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
         self.guard = StepGuard(optimizer, self.comm)
         self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
             model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False

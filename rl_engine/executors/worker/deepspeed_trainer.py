@@ -42,6 +42,7 @@ from rl_engine.executors.worker.layout_free_state import (
 )
 from rl_engine.executors.worker.layout_invariant import LayoutInvariantUpdate
 from rl_engine.executors.worker.micro_batches import MicroBatch, MicroSlot
+from rl_engine.executors.worker.optimizer import adamw
 from rl_engine.executors.worker.parity_check import ParityCheck
 from rl_engine.executors.worker.policy import (
     LogprobModule,
@@ -105,8 +106,8 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
                     self._deepspeed.zero.register_external_parameter(self.module, param)
         trainer = config.trainer
         trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: adapters
-        adamw = InvariantAdamW if trainer.layout_invariant else torch.optim.AdamW
-        optimizer = adamw(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
+        make = InvariantAdamW if trainer.layout_invariant else adamw
+        optimizer = make(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
         self.guard = StepGuard(optimizer, self.comm)
         self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
             model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False

@@ -14,15 +14,20 @@ from rl_engine.config import RunConfig
 # docs/benchmarks.md). None of them changes a forward's bits.
 ZERO3_MEMORY_DEFAULTS = {
     # gradient bucket (IPG) elements: DeepSpeed's 5e8 allocates a 1 GB bf16 buffer per rank,
-    # which one backward of a model up to 0.5B parameters fills entirely
-    "reduce_bucket_size": 50_000_000,
+    # which one backward of a model up to 0.5B parameters fills entirely; 1e7 is 19 MiB (bf16)
+    # and took no longer a step on the 0.5B shape than 5e7
+    "reduce_bucket_size": 10_000_000,
     # optimizer step per sub-group of at most this many elements: the step makes a flat fp32
-    # copy of each sub-group's gradients (DeepSpeed's 1e9: the rank's whole partition at once)
+    # copy of each sub-group's gradients (DeepSpeed's 1e9: the rank's whole partition at once);
+    # a sub-group holds whole parameters, so a larger parameter's partition is one sub-group
     "sub_group_size": 50_000_000,
     # gathered parameters kept between uses: with DeepSpeed's 1e9 every parameter is reused
     # "soon" (in the backward), so a forward ends with the whole model gathered on every rank
-    "stage3_max_live_parameters": 100_000_000,
-    "stage3_max_reuse_distance": 100_000_000,
+    "stage3_max_live_parameters": 30_000_000,
+    "stage3_max_reuse_distance": 30_000_000,
+    # parameters gathered ahead of their use: DeepSpeed's 5e7 kept about 11 layers of the
+    # 0.5B shape gathered ahead in the backward (rank RSS swinging 200 MB layer by layer)
+    "stage3_prefetch_bucket_size": 10_000_000,
 }
 
 

@@ -7,7 +7,8 @@ and scores them with `rl_engine.logprobs.score_targets` (padded micro-batches) o
 That weight is used outside the LM-head module's own forward, so under ZeRO-3 it
 is registered as an external parameter of the wrapper
 (`deepspeed.zero.register_external_parameter`): DeepSpeed gathers it for the
-wrapper's forward and backward.
+wrapper's forward and backward. A weight the head shares with the input embedding gets
+its gradient once, at the end of the backward (`tied_gradient`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from torch import nn
 from rl_engine.config import RunConfig
 from rl_engine.executors.worker.distributed import Collectives
 from rl_engine.executors.worker.micro_batches import MicroBatch
+from rl_engine.executors.worker.optimizer import all_finite
+from rl_engine.executors.worker.tied_gradient import tied_head_gradient
 from rl_engine.logprobs import IGNORE_INDEX, packed_score_targets, score_targets
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, lm_head_parameters, patch_handle
@@ -43,13 +46,25 @@ class LogprobModule(nn.Module):
         """Padded: input_ids/attention_mask (B, T), targets (B, T-1) -> fp32 logprobs (B, T-1).
         Packed (positions and segments given, attention_mask None): input_ids, positions,
         segments, targets (R, N) -> (R, N). 0 at IGNORE_INDEX."""
-        if positions is None:
-            return score_targets(
-                self.policy, input_ids, attention_mask, targets, temperature=temperature
+        with tied_head_gradient(self.policy) as deferred:  # a tied weight's one V x H gradient
+            if positions is None:
+                return score_targets(
+                    self.policy,
+                    input_ids,
+                    attention_mask,
+                    targets,
+                    temperature=temperature,
+                    deferred_weight_grad=deferred,
+                )
+            return packed_score_targets(
+                self.policy,
+                input_ids,
+                positions,
+                segments,
+                targets,
+                temperature=temperature,
+                deferred_weight_grad=deferred,
             )
-        return packed_score_targets(
-            self.policy, input_ids, positions, segments, targets, temperature=temperature
-        )
 
 
 def micro_batch_logprobs(module, mb: MicroBatch | None, device: torch.device) -> torch.Tensor:
@@ -98,7 +113,7 @@ class StepGuard:
             for p in group["params"]
             if p.grad is not None
         ]
-        bad = self.force_skip or any(not bool(torch.isfinite(g).all()) for g in grads)
+        bad = self.force_skip or any(not all_finite(g) for g in grads)
         if self.comm.any(bad):
             self.outcome = "skipped"
             return None

@@ -79,3 +79,31 @@ def embedding_op(embedding_forward, serving: Serving, module: str):
         return embedding
 
     return define_op("embedding", module, serving, build)
+
+
+def add_embedding_grad_(
+    grad_weight: torch.Tensor,
+    ids: torch.Tensor,
+    grad_out: torch.Tensor,
+    padding_idx: int | None = None,
+) -> torch.Tensor:
+    """`grad_weight` += the embedding's weight gradient for `ids` (...) and the gradient of its
+    output `grad_out` (..., H), in place; returns grad_weight.
+
+    Bit for bit what autograd's sum of the two gives (`grad_weight + embedding_dense_backward`,
+    as for a weight tied to an LM head), without the dense V x H gradient: the rows of the ids
+    that occur are summed by torch's own `embedding_dense_backward` on a table of those rows
+    (each row over its tokens in order, as on the full table), then added once; every other
+    row adds +0.
+    """
+    flat = ids.reshape(-1)
+    rows, inverse = torch.unique(flat, return_inverse=True)
+    pad = -1  # torch's "no padding row"
+    if padding_idx is not None:
+        hit = (rows == padding_idx).nonzero()
+        pad = int(hit[0, 0]) if hit.numel() else -1
+    grad2d = grad_out.reshape(flat.numel(), grad_out.shape[-1])
+    sums = torch.ops.aten.embedding_dense_backward(grad2d, inverse, rows.numel(), pad, False)
+    grad_weight.add_(0.0)  # the rows no id touches: x + 0 (-0.0 becomes +0.0, as in the sum)
+    grad_weight[rows] = grad_weight[rows] + sums
+    return grad_weight

@@ -65,9 +65,13 @@ def chunked_logp_backward(
     temperature,
     ignore_index,
     needs=(True, True, True),
+    deferred=None,
 ):
     """(grad hidden, grad weight, grad bias); `needs` (ctx.needs_input_grad of the three): a
-    frozen weight or bias gets None, and no V x H accumulator or product is made for it."""
+    frozen weight or bias gets None, and no V x H accumulator or product is made for it.
+    `deferred` (a list): when the weight's gradient is still in parts that take no more memory
+    than it (`WeightGradient.deferrable`), its grad is None and `deferred` gets the callable
+    that forms it (the linear_logp op's `deferred_weight_grad`)."""
     n, vocab = hidden.shape[0], weight.shape[0]
     needs_weight, needs_bias = needs[1], needs[2] and bias is not None
     live = targets != ignore_index
@@ -91,7 +95,10 @@ def chunked_logp_backward(
             grad_weight.add(g, h.to(weight.dtype))
         if grad_bias is not None:
             grad_bias += grad_logits.sum(0)
-    if grad_weight is not None:
+    if grad_weight is not None and deferred is not None and grad_weight.deferrable():
+        deferred.append(grad_weight.result)
+        grad_weight = None
+    elif grad_weight is not None:
         grad_weight = grad_weight.result()
     if grad_bias is not None:
         grad_bias = grad_bias.to(bias.dtype)
@@ -132,8 +139,14 @@ class WeightGradient:
         acc_bytes = vocab * hidden * torch.empty((), dtype=self.acc).element_size()
         self.parts = []  # (g, h) of each chunk, while they fit the accumulator's size
         self.blocks = None  # the accumulator, one tensor per row block
+        self.rows = rows
         if rows * vocab * weight.element_size() > acc_bytes:
             self.blocks = [self._zeros(stop - start) for start, stop in _row_blocks(vocab)]
+
+    def deferrable(self) -> bool:
+        """Whether the gradient is held as its chunks' (g, h) taking no more memory than the
+        gradient itself (rows <= H): forming it later holds less until then."""
+        return self.blocks is None and self.rows <= self.shape[1]
 
     def _zeros(self, rows: int) -> torch.Tensor:
         return torch.zeros((rows, self.shape[1]), dtype=self.acc, device=self.device)
@@ -169,9 +182,9 @@ def linear_logp_function(linear_logp_forward, linear_logp_backward, module: str)
 
     class _LinearLogp(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, hidden, weight, bias, targets, temperature, ignore_index):
+        def forward(ctx, hidden, weight, bias, targets, temperature, ignore_index, deferred):
             ctx.save_for_backward(hidden, weight, bias, targets)
-            ctx.temperature, ctx.ignore_index = temperature, ignore_index
+            ctx.temperature, ctx.ignore_index, ctx.deferred = temperature, ignore_index, deferred
             return linear_logp_forward(hidden, weight, bias, targets, temperature, ignore_index)
 
         @staticmethod
@@ -186,12 +199,14 @@ def linear_logp_function(linear_logp_forward, linear_logp_backward, module: str)
                 ctx.temperature,
                 ctx.ignore_index,
                 needs=ctx.needs_input_grad[:3],
+                deferred=ctx.deferred,
             )
             grad_hidden, grad_weight, grad_bias = grads
             return (
                 grad_hidden if ctx.needs_input_grad[0] else None,
                 grad_weight if ctx.needs_input_grad[1] else None,
                 grad_bias if ctx.needs_input_grad[2] else None,
+                None,
                 None,
                 None,
                 None,
@@ -270,12 +285,17 @@ def linear_logp_op(chunk_logprobs, chunk_rows_for, serving: Serving, module: str
             ignore_index: int = -100,
             spans=None,
             sink=None,
+            deferred_weight_grad: list | None = None,
         ) -> torch.Tensor:
             """hidden (..., H), weight (V, H), targets (...) -> fp32 logprobs (...), 0 where ignored.
 
             fp64 inputs give fp64 logprobs (for gradcheck); every other dtype gives fp32.
             spans (a SequenceSpans over hidden's flattened rows) and sink: the layout-invariant
             backward (common/linear_logp_sequences.py).
+            `deferred_weight_grad` (a list, for a caller that adds the weight's gradient in
+            later: a tied embedding's, `executors/worker/tied_gradient.py`): the backward may
+            then give the weight no gradient and append to the list a callable that returns
+            it, bit for bit. Not with spans / sink (the sink takes the weight's partials).
             """
             validate(hidden, weight, targets, bias, ignore_index)
             guard("hidden", hidden)
@@ -284,6 +304,11 @@ def linear_logp_op(chunk_logprobs, chunk_rows_for, serving: Serving, module: str
             flat_targets = targets.reshape(-1).long()
             args = (h2d, weight, bias, flat_targets, temperature, ignore_index)
             if check_sequence_mode("linear_logp", spans, sink, h2d.shape[0]):
+                if deferred_weight_grad is not None:
+                    raise ValueError(
+                        "linear_logp: deferred_weight_grad and spans / sink together: the "
+                        "sink takes the weight's per-sequence partials"
+                    )
                 if sequence_function is None:
                     raise NotImplementedError(
                         f"linear_logp: backend {module} has no layout-invariant backward "
@@ -292,7 +317,7 @@ def linear_logp_op(chunk_logprobs, chunk_rows_for, serving: Serving, module: str
                 check_targets_covered(spans, flat_targets, ignore_index)
                 out = sequence_function.apply(*args, spans, sink)
             else:
-                out = function.apply(*args)
+                out = function.apply(*args, deferred_weight_grad)
             return out.reshape(targets.shape)
 
         return linear_logp

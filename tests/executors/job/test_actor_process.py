@@ -41,3 +41,16 @@ def test_real_glibc_accepts_the_settings():
     # in a child process: the settings would otherwise stay with the test process
     code = "from rl_engine.executors.job.actors.process import map_large_allocations as m; m()"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_trainer_ranks_threshold_is_passed_through(monkeypatch):
+    calls = []
+
+    class FakeGlibc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(process, "_glibc", lambda: FakeGlibc())
+    process.map_large_allocations(process.TRAINER_MMAP_THRESHOLD_BYTES)
+    assert calls == [(-3, 128 << 10), (-1, 32 << 20)]

@@ -75,6 +75,14 @@ def _malloc_trim():
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD_BYTES = 1 << 20
 TRIM_THRESHOLD_BYTES = 32 << 20
+# What the trainer ranks pass: the step's activations and the gradients of small layers are
+# tensors of 128 KiB to 1 MiB (0.5B shape, 4 x 48 tokens: a hidden state is 336 KiB, an MLP
+# activation 1.7 MiB), freed to the heap and left resident there between their uses; with
+# their own pages a rank's peak RSS fell from 5506 to 5149 MiB. Each such allocation is now
+# an mmap and munmap: its cost to the step was not told apart from the shared machine's noise
+# (docs/platform-facts.md). 32 KiB was no lower (presumably glibc's M_MMAP_MAX, 65536
+# mappings).
+TRAINER_MMAP_THRESHOLD_BYTES = 128 << 10
 
 
 def release_free_heap() -> None:
@@ -91,19 +99,20 @@ def release_free_heap() -> None:
         trim(0)
 
 
-def map_large_allocations() -> None:
-    """Every allocation of 1 MiB or more gets pages of its own (mmap), handed back to the OS
-    when freed: glibc's dynamic mmap threshold otherwise rises to 32 MiB after the first
-    large free, and the step's many freed tensors below that (activations, gathered layers,
-    blocks of the LM-head gradient) stay resident on its heap. Measured on a 2-rank ZeRO-3
-    train step of the 0.5B-shaped model: a rank's peak RSS 6321 -> 5711 MiB. Called before
-    the worker is built; raises if glibc refuses a setting.
+def map_large_allocations(mmap_threshold: int = MMAP_THRESHOLD_BYTES) -> None:
+    """Every allocation of `mmap_threshold` bytes or more (default 1 MiB) gets pages of its
+    own (mmap), handed back to the OS when freed: glibc's dynamic mmap threshold otherwise
+    rises to 32 MiB after the first large free, and the step's many freed tensors below that
+    (activations, gathered layers, blocks of the LM-head gradient) stay resident on its heap.
+    Measured on a 2-rank ZeRO-3 train step of the 0.5B-shaped model: a rank's peak RSS
+    6321 -> 5711 MiB at 1 MiB (the trainer ranks pass `TRAINER_MMAP_THRESHOLD_BYTES`).
+    Called before the worker is built; raises if glibc refuses a setting.
     """
     mallopt = getattr(_glibc(), "mallopt", None)
     if mallopt is None:
         return
     for param, value in (
-        (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+        (M_MMAP_THRESHOLD, mmap_threshold),
         (M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
     ):
         if mallopt(param, value) != 1:

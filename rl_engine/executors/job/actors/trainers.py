@@ -15,6 +15,7 @@ import ray
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.job.actors.process import (
+    TRAINER_MMAP_THRESHOLD_BYTES,
     JobActor,
     map_large_allocations,
     quiet_model_loading,
@@ -118,7 +119,7 @@ def _join_process_group(config: RunConfig, rank: int, world_size: int, addr: str
     from datetime import timedelta
 
     cuda = config.device == "cuda"
-    map_large_allocations()  # before the worker's first tensor
+    map_large_allocations(TRAINER_MMAP_THRESHOLD_BYTES)  # before the worker's first tensor
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(visible_gpu_index() if cuda else rank),
