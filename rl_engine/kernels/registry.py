@@ -87,6 +87,21 @@ class OpImpl:
 
 
 @dataclass(frozen=True, slots=True)
+class WeightPacking:
+    """A backend's GEMM weights packed once for forward-only callers (layout only: the same
+    bits as `linear` / `lm_head` on the weight). A packed weight is a copy: the caller owns
+    repacking it whenever the weight may have changed."""
+
+    packs: Callable[[torch.Tensor], bool]
+    """weight -> whether `pack` takes it (its dtype, shape and device)."""
+    pack: Callable
+    """`pack(weight, into=None)` -> a packed weight (repacked into `into`'s buffer when given)."""
+    project: Callable
+    """`project(x, packed, bias=None, out_dtype=None)`: `linear` (out_dtype None) or
+    `lm_head` (out_dtype fp32) on the packed weight."""
+
+
+@dataclass(frozen=True, slots=True)
 class BackendLayout:
     """Layout facts a caller must follow for a backend's numerics (e.g. the rollout KV cache)."""
 
@@ -97,6 +112,8 @@ class BackendLayout:
     models), which the op reads in place; False: in the model's own dtype."""
     k_slice_for: Callable[[torch.dtype], int]
     """dtype -> width of the fixed reduction slices of `linear` / `lm_head` on this machine."""
+    weight_packing: WeightPacking | None = None
+    """How this backend's GEMM weights are packed once (None: they are not)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.kv_block, int) or self.kv_block < 1:
