@@ -13,7 +13,9 @@ Where the copies live and when they are made (the rule that keeps them never sta
   the engine does once per `generate` / `generate_episodes` call. A weight sync, a
   `load_weights` or any in-place change between calls is therefore always seen, however it
   was written (a tensor's version counter does not see writes through `.data`, so nothing
-  here relies on it); the weights cannot change during a call (the call holds the engine).
+  here relies on it). During a call nothing writes them: the engine's weight syncs and
+  `load_weights` run between calls, on the thread that calls `generate` (the Ray rollout
+  actor runs one method at a time).
 - the trainer never reads these copies: only the engine's no-grad FastDecoder does, and the
   packed projection refuses an input that wants a gradient.
 """
@@ -52,10 +54,6 @@ class PackedWeights:
         """Bytes held by the packed copies of the weights that are still alive."""
         self._drop_dead()
         return sum(packed.nbytes for _, packed in self._entries.values())
-
-    def clear(self) -> None:
-        """Free every buffer (the next FastDecoder packs into new ones)."""
-        self._entries.clear()
 
     def _drop_dead(self) -> None:
         dead = [key for key, (ref, _) in self._entries.items() if ref() is None]
