@@ -100,6 +100,11 @@ class WeightPacking:
     """`project(x, packed, bias=None, out_dtype=None)`: `linear` (out_dtype None) or
     `lm_head` (out_dtype fp32) on the packed weight."""
 
+    def __post_init__(self) -> None:
+        for name in ("packs", "pack", "project"):
+            if not callable(getattr(self, name)):
+                raise TypeError(f"WeightPacking.{name} must be callable")
+
 
 @dataclass(frozen=True, slots=True)
 class BackendLayout:
@@ -120,6 +125,10 @@ class BackendLayout:
             raise ValueError(f"kv_block must be an int >= 1, got {self.kv_block!r}")
         if not callable(self.k_slice_for):
             raise TypeError("k_slice_for must be callable (dtype -> slice width)")
+        if self.weight_packing is not None and not isinstance(self.weight_packing, WeightPacking):
+            raise TypeError(
+                f"weight_packing must be a WeightPacking or None, got {type(self.weight_packing).__name__}"
+            )
 
 
 def list_ops() -> list[str]:
