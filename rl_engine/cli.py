@@ -122,6 +122,7 @@ BENCH_CASES: dict[str, dict[str | None, tuple[str, ...]]] = {
     "kernels": {
         None: ("kernels",),
         "gemm": ("gemm",),
+        "decode-gemm": ("decode_gemm",),
         "native-linear": ("native_linear",),
         "attention": ("attention_cpp",),
     },
@@ -253,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--case",
         choices=sorted({case for table in BENCH_CASES.values() for case in table if case}),
         default=None,
-        help="kernels: gemm, native-linear or attention (default: the table of every op); "
+        help="kernels: gemm, decode-gemm (a decode step's GEMMs on streamed weights, packed per "
+        "call vs once), native-linear or attention (default: the table of every op); "
         "rollout: decode (default), prefill (packed vs padded) or tp (TP=2 vs TP=1); train: "
         "invariance (on vs off), packing (packed vs padded step; default both) or mini-batches "
         "(parity_scope first vs all); job: real-size (default)",

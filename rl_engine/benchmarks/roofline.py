@@ -8,8 +8,9 @@ A decode step of batch B at context length L must at least
   copied, bytes read + written over the best time);
 - do its FLOPs: 2 x B per weight of every projection and the LM head, plus the attention's
   2 x 2 x Hq x D x L per sequence and layer; at the peak of the backend's GEMM at the step's
-  own shapes (`gemm_peak`: the cpp `linear` op on [B, in] x [in, out] for each projection of
-  one layer, weights hot in cache, FLOPs over the best times).
+  own shapes (`gemm_peak`: the cpp GEMM on [B, in] x [in, out] for each projection of one
+  layer, on weights packed once as the engine's decode runs it, weights hot in cache, FLOPs
+  over the best times).
 
 limit = max(bytes / bandwidth, FLOPs / peak) seconds a step; a measured rate is reported as
 its fraction of B / limit tokens per second. Activations, norms and sampling are left out:
@@ -18,6 +19,7 @@ the limit is a floor, not a model of the step.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -119,15 +121,22 @@ def _weight_bytes(model: nn.Module) -> int:
 
 
 def gemm_peak(shape: ModelShape, batch: int, dtype: torch.dtype, repeats: int = 10) -> float:
-    """GFLOP/s of the cpp `linear` op over one layer's projections at batch `batch` (FLOPs
-    over the sum of their best times), weights hot in cache."""
+    """GFLOP/s of the cpu backend's GEMM as the engine's decode runs it over one layer's
+    projections at batch `batch` (FLOPs over the sum of their best times), weights hot in
+    cache: on weights packed once where the backend packs them (`weight_packing`, the
+    FastDecoder's path), else the `linear` op."""
     linear = get_op("linear", "cpu")
+    packing = backend_layout("cpu").weight_packing
     g = torch.Generator().manual_seed(0)
     flops = seconds = 0.0
     for fan_in, fan_out in shape.projections:
         x = torch.randn(batch, fan_in, generator=g).to(dtype)
         w = torch.randn(fan_out, fan_in, generator=g).to(dtype)
-        seconds += best_seconds(lambda x=x, w=w: linear(x, w), repeats)
+        if packing is not None and packing.packs(w):
+            call = functools.partial(packing.project, x, packing.pack(w))
+        else:
+            call = functools.partial(linear, x, w)
+        seconds += best_seconds(call, repeats)
         flops += 2 * batch * fan_in * fan_out
     return flops / seconds / GB
 

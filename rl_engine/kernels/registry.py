@@ -87,6 +87,26 @@ class OpImpl:
 
 
 @dataclass(frozen=True, slots=True)
+class WeightPacking:
+    """A backend's GEMM weights packed once for forward-only callers (layout only: the same
+    bits as `linear` / `lm_head` on the weight). A packed weight is a copy: the caller owns
+    repacking it whenever the weight may have changed."""
+
+    packs: Callable[[torch.Tensor], bool]
+    """weight -> whether `pack` takes it (its dtype, shape and device)."""
+    pack: Callable
+    """`pack(weight, into=None)` -> a packed weight (repacked into `into`'s buffer when given)."""
+    project: Callable
+    """`project(x, packed, bias=None, out_dtype=None)`: `linear` (out_dtype None) or
+    `lm_head` (out_dtype fp32) on the packed weight."""
+
+    def __post_init__(self) -> None:
+        for name in ("packs", "pack", "project"):
+            if not callable(getattr(self, name)):
+                raise TypeError(f"WeightPacking.{name} must be callable")
+
+
+@dataclass(frozen=True, slots=True)
 class BackendLayout:
     """Layout facts a caller must follow for a backend's numerics (e.g. the rollout KV cache)."""
 
@@ -97,12 +117,18 @@ class BackendLayout:
     models), which the op reads in place; False: in the model's own dtype."""
     k_slice_for: Callable[[torch.dtype], int]
     """dtype -> width of the fixed reduction slices of `linear` / `lm_head` on this machine."""
+    weight_packing: WeightPacking | None = None
+    """How this backend's GEMM weights are packed once (None: they are not)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.kv_block, int) or self.kv_block < 1:
             raise ValueError(f"kv_block must be an int >= 1, got {self.kv_block!r}")
         if not callable(self.k_slice_for):
             raise TypeError("k_slice_for must be callable (dtype -> slice width)")
+        if self.weight_packing is not None and not isinstance(self.weight_packing, WeightPacking):
+            raise TypeError(
+                f"weight_packing must be a WeightPacking or None, got {type(self.weight_packing).__name__}"
+            )
 
 
 def list_ops() -> list[str]:

@@ -11,9 +11,13 @@ same tensors in the same order as the module path:
         x = rms_norm(h); q, k, v = linear(x) as (B, H, T, D) [Qwen3: q_norm / k_norm first]
         q, k = the family's apply_rotary_pos_emb; cache.update_slots; attention(kv_index=slots)
         h = h + o_proj(attn); h = h + down(silu(gate(rms_norm(h))) * up(rms_norm(h)))
-    -> final norm
+    -> final norm;  lm_head(hidden) -> fp32 logits (the patched `lm_head` op)
 
-so every hidden state has the bits of `model.base_model(..., rl_kv_cache=cache)`. The
+so every hidden state has the bits of `model.base_model(..., rl_kv_cache=cache)`. Built
+`packed_into(store)` (the engine does, once per generate call) the projections and the LM
+head run on copies of their weights packed into the engine's store, on a backend that packs
+GEMM weights (`BackendLayout.weight_packing`: cpp; packed_weights.py says when they are
+made): layout only, the same bits. The
 patching stays the one definition of the model: the plan is derived from the patched
 modules, and any module it does not recognise exactly (another family, MoE, LoRA, tensor-
 parallel shards, forward hooks, training-mode dropout) makes `fast_decoder` return None
@@ -22,6 +26,8 @@ with one warning per reason, and the caller keeps the module path.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import sys
 from collections.abc import Callable
@@ -30,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rl_engine.patching.apply import patch_handle
+from rl_engine.patching.apply import PatchHandle, lm_head_parameters, patch_handle
 from rl_engine.patching.families import family_for
 from rl_engine.patching.modules import (
     InvariantEmbedding,
@@ -39,6 +45,7 @@ from rl_engine.patching.modules import (
     InvariantSiLU,
     check_patched_device,
 )
+from rl_engine.patching.packed_weights import PackedWeights
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +55,7 @@ _ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj"}
 _QK_NORMS = {"q_norm", "k_norm"}
 _MLP_CHILDREN = {"gate_proj", "up_proj", "down_proj", "act_fn"}
 _LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # the _Layer fields that are Proj
 
 _warned: set[str] = set()
 
@@ -57,7 +65,8 @@ class UnsupportedDecoder(Exception):
 
 
 Norm = tuple[Callable, torch.Tensor, float]  # (rms_norm op, weight, eps)
-Proj = tuple[Callable, torch.Tensor, torch.Tensor | None]  # (linear op, weight, bias)
+# (linear op, weight, bias), or (packed projection, packed weight, bias)
+Proj = tuple[Callable, object, torch.Tensor | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +102,44 @@ def _norm(module: nn.Module) -> Norm:
 class FastDecoder:
     """The decoder forward of one patched dense model as a flat list of op calls."""
 
-    def __init__(self, embed, rotary_emb, layers: list[_Layer], norm, attention: Callable):
+    def __init__(self, embed, rotary_emb, layers, norm, attention, head: Proj, handle: PatchHandle):
         self.embed, self.rotary_emb, self.layers = embed, rotary_emb, layers
-        self.norm, self.attention = norm, attention
+        self.norm, self.attention, self.head, self.handle = norm, attention, head, handle
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (..., H) -> fp32 logits (..., V): the patched `lm_head` op's bits."""
+        return _apply_proj(self.head, hidden)
+
+    def packed_into(self, store: PackedWeights) -> FastDecoder:
+        """This plan with its projections and LM head on their weights packed into `store`
+        now, when the backend packs (`BackendLayout.weight_packing`; else this plan as it
+        is). Only the patched ops' own calls are swapped, for the backend's packed
+        projection: layout only, the same bits."""
+        packing = self.handle.layout.weight_packing
+        if packing is None:
+            return self
+        ops = self.handle.ops
+
+        def pack(proj: Proj, op: Callable, project: Callable) -> Proj:
+            fn, weight, bias = proj
+            if fn is not op or not packing.packs(weight):
+                return proj
+            return project, store.pack(weight, packing), bias
+
+        layers = [
+            dataclasses.replace(
+                layer,
+                **{
+                    name: pack(getattr(layer, name), ops["linear"], packing.project)
+                    for name in PROJECTIONS
+                },
+            )
+            for layer in self.layers
+        ]
+        head_project = functools.partial(packing.project, out_dtype=torch.float32)
+        head = pack(self.head, ops["lm_head"], head_project)
+        parts = (self.embed, self.rotary_emb, layers, self.norm, self.attention, head)
+        return FastDecoder(*parts, self.handle)
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """ids, positions (B, T) (positions >= 0) -> (B, T, H) final-norm hidden states;
@@ -182,7 +226,8 @@ def _build(model: nn.Module) -> FastDecoder:
         _plan_layer(layer, prefix, config, rotary)
         for layer in base.layers[: config.num_hidden_layers]
     ]
-    return FastDecoder(embed, base.rotary_emb, layers, norm, handle.ops["attention"])
+    head = (handle.ops["lm_head"], *lm_head_parameters(model))
+    return FastDecoder(embed, base.rotary_emb, layers, norm, handle.ops["attention"], head, handle)
 
 
 def _plan_layer(layer: nn.Module, prefix: str, config, rotary: Callable) -> _Layer:

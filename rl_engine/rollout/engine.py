@@ -41,6 +41,7 @@ from rl_engine.devices import check_device
 from rl_engine.fields import check_bool, is_int
 from rl_engine.patching import is_patched, patch_handle
 from rl_engine.patching.attention import PLAIN_CACHED_NAME, register_plain_cached_attention
+from rl_engine.patching.packed_weights import PackedWeights
 from rl_engine.rollout.checks import (
     check_max_batch_size,
     check_model,
@@ -103,6 +104,8 @@ class RolloutEngine:
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
         self.last_stats = GenerateStats()
         self._torn: str | None = None  # why the weights are incomplete (a failed sync), if they are
+        # the fast path's GEMM weights, packed again at the start of every call (packed_weights.py)
+        self.packed_weights = PackedWeights()
 
     @property
     def batch_invariant(self) -> bool:

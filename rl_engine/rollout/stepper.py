@@ -6,7 +6,9 @@ engine says so, packed into one row with segment-aware attention; with the engin
 its logprob row (prompt_sharing.py); a decode feeds every running request's last token
 (one query each). Both write the KV cache through the attention hook (`rl_kv_cache`) or,
 for the padded and decode forwards of a patched dense model, through its FastDecoder: the
-same ops in the same order without transformers' module calls (patching/decode_path.py).
+same ops in the same order without transformers' module calls (patching/decode_path.py),
+its GEMMs on the weights packed at the start of the call into the engine's
+`packed_weights` (patching/packed_weights.py).
 Each row's last hidden state is scored: patched, through the `lm_head` and `log_softmax`
 ops the model was patched with (`model_op`), the definition the trainer's `linear_logp`
 computes, so every recorded logprob equals its recompute bit for bit; unpatched, through
@@ -60,7 +62,9 @@ class _Stepper:
         self.sharing = PromptSharing(engine.share_prompt_prefill)
         self._decoder = None  # the module path; patched dense models: the same ops, flat
         if engine.batch_invariant:
-            self._decoder = fast_decoder(self.model)
+            decoder = fast_decoder(self.model)
+            if decoder is not None:  # its GEMM weights packed now, for this call
+                self._decoder = decoder.packed_into(engine.packed_weights)
             self._lm_head = model_op(self.model, "lm_head")
             self._log_softmax = model_op(self.model, "log_softmax")
             self._head_params = lm_head_parameters(self.model)
@@ -166,6 +170,8 @@ class _Stepper:
 
     def _logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, H) -> (B, V) fp32 log softmax(logits / T) over the full vocabulary."""
+        if self._decoder is not None:  # the same op, on its packed weight where it packs
+            return self._scaled_log_softmax(self._decoder.lm_head(hidden))
         if self.engine.batch_invariant:
             weight, bias = self._head_params
             return self._scaled_log_softmax(self._lm_head(hidden, weight, bias))

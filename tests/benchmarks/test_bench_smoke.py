@@ -101,6 +101,14 @@ def test_bench_kernels_gemm(capsys):
     assert_figures(rows, times=times, ratios=("lm_head / F", "linear / F"))
 
 
+def test_bench_kernels_decode_gemm(capsys):
+    (rows,) = bench(capsys, "kernels", "--case", "decode-gemm")
+    assert [(r["dtype"], r["threads"], r["batch"]) for r in rows] == [
+        ("bf16", "1", b) for b in ("1", "8", "32")
+    ]
+    assert_figures(rows, ratios=("gemm GB/s", "packed GB/s", "copy GB/s"))
+
+
 def test_bench_kernels_attention(capsys):
     (rows,) = bench(capsys, "kernels", "--case", "attention")
     from rl_engine.benchmarks.attention_cpp import TINY_CASES

@@ -159,3 +159,15 @@ def test_triton_layout_facts_are_the_kernels_constants():
     assert layout.k_slice_for(torch.bfloat16) == matmul.BLOCK_K
     expected = (32, 64) if interpreter_enabled() else (64, 64)  # interpreter / GPU tiles
     assert (layout.kv_block, layout.k_slice_for(torch.float32)) == expected
+
+
+def test_weight_packing_is_validated():
+    """A backend's layout names its weight packing (cpp) or None; anything else is refused."""
+    from rl_engine.kernels import BackendLayout, WeightPacking, backend_layout
+
+    assert isinstance(backend_layout("cpu", "cpp").weight_packing, WeightPacking)
+    assert backend_layout("cpu", "native").weight_packing is None
+    with pytest.raises(TypeError, match="weight_packing must be a WeightPacking"):
+        BackendLayout(kv_block=1, kv_in_compute_dtype=True, k_slice_for=len, weight_packing=3)
+    with pytest.raises(TypeError, match="WeightPacking.pack must be callable"):
+        WeightPacking(packs=len, pack=None, project=len)

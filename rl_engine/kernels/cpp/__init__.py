@@ -4,7 +4,8 @@ Each op lives in its own file; this module exposes one function per op name of
 `rl_engine.kernels.registry.OP_NAMES`, and `LAYOUT`, the layout facts callers
 must follow (read through `rl_engine.kernels.backend_layout`). `linear`, `lm_head`, `silu`,
 `attention` and `linear_logp` run the C++ kernels, and `moe_router` /
-`moe_experts` compose them; `embedding`, `rms_norm`, `sigmoid` and
+`moe_experts` compose them (and `LAYOUT.weight_packing` runs `linear` / `lm_head` on
+weights packed once: packed_linear.py); `embedding`, `rms_norm`, `sigmoid` and
 `log_softmax` are already invariant and fast in plain torch and are the native
 ones. Which dtypes each op serves (fp32 and bf16 everywhere; fp64 / fp16 only
 where a row-invariant path exists, else NonInvariantDtypeError): `_serving.py`.
@@ -18,12 +19,13 @@ from rl_engine.kernels.cpp.linear import linear, lm_head
 from rl_engine.kernels.cpp.linear_logp import linear_logp
 from rl_engine.kernels.cpp.moe_experts import moe_experts
 from rl_engine.kernels.cpp.moe_router import moe_router
+from rl_engine.kernels.cpp.packed_linear import pack_weight, packed_projection, packs
 from rl_engine.kernels.cpp.silu import silu
 from rl_engine.kernels.native.embedding import embedding
 from rl_engine.kernels.native.log_softmax import log_softmax
 from rl_engine.kernels.native.rms_norm import rms_norm
 from rl_engine.kernels.native.sigmoid import sigmoid
-from rl_engine.kernels.registry import BackendLayout
+from rl_engine.kernels.registry import BackendLayout, WeightPacking
 
 extension()
 
@@ -36,7 +38,12 @@ def unsliced(dtype) -> int:
     return 0
 
 
-LAYOUT = BackendLayout(kv_block=KEY_BLOCK, kv_in_compute_dtype=True, k_slice_for=unsliced)
+LAYOUT = BackendLayout(
+    kv_block=KEY_BLOCK,
+    kv_in_compute_dtype=True,
+    k_slice_for=unsliced,
+    weight_packing=WeightPacking(packs=packs, pack=pack_weight, project=packed_projection),
+)
 
 __all__ = [
     "LAYOUT",

@@ -17,13 +17,19 @@ struct Kernels {
   decltype(&rl_avx2::gemm_scratch_bytes) gemm_scratch_bytes;
   decltype(&rl_avx2::gemm_f32) gemm_f32;
   decltype(&rl_avx2::gemm_bf16) gemm_bf16;
+  decltype(&rl_avx2::gemm_pack_f32) gemm_pack_f32;
+  decltype(&rl_avx2::gemm_pack_bf16) gemm_pack_bf16;
+  decltype(&rl_avx2::gemm_packed_f32) gemm_packed_f32;
+  decltype(&rl_avx2::gemm_packed_bf16) gemm_packed_bf16;
   decltype(&rl_avx2::silu_f32) silu_f32;
   decltype(&rl_avx2::silu_bf16) silu_bf16;
   decltype(&rl_avx2::attention_block) attention_block;
 };
 
 #define RL_KERNELS(ns) \
-  Kernels { ns::gemm_scratch_bytes, ns::gemm_f32, ns::gemm_bf16, ns::silu_f32, ns::silu_bf16, ns::attention_block }
+  Kernels { ns::gemm_scratch_bytes, ns::gemm_f32, ns::gemm_bf16, ns::gemm_pack_f32,  \
+            ns::gemm_pack_bf16, ns::gemm_packed_f32, ns::gemm_packed_bf16, ns::silu_f32, \
+            ns::silu_bf16, ns::attention_block }
 
 // ISA names as the Python side spells them (RL_ENGINE_CPU_ISA).
 bool isa_supported(const std::string& isa) {
@@ -81,20 +87,29 @@ void parallel_tasks(int64_t n, const F& fn) {
   });
 }
 
-}  // namespace
 
-// x (M, K) @ w (N, K)^T -> (M, N), float32 (or bfloat16 with out_bf16), plus
-// bias (N,) when given (in the output dtype). Bits: those of the fp32 result
-// `.to(out dtype)`, then `+ bias` in the output dtype (gemm_impl.h, GemmOut).
-at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa,
-                const c10::optional<at::Tensor>& bias, bool out_bf16) {
-  check_rows("x", x);
-  check_rows("weight", w);
-  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "x is ", x.scalar_type(), " but weight is ",
-              w.scalar_type());
-  TORCH_CHECK(x.size(1) == w.size(1), "x has K=", x.size(1), " but weight has K=", w.size(1));
-  const Kernels& k = kernels_for(isa);
-  const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
+// K per packed weight block for a K of this length: balanced blocks (even), at
+// most kBlockKF32 / kBlockKBf16 long. Speed only; a packed weight records it.
+int64_t gemm_k_block(int64_t K, bool bf16) {
+  if (K <= 0) return 2;  // nothing to pack (and no division by zero blocks)
+  const int64_t kmax = bf16 ? kBlockKBf16 : kBlockKF32;
+  const int64_t nkb = (K + kmax - 1) / kmax;
+  return std::min(kmax, ((K + nkb - 1) / nkb + 1) / 2 * 2);
+}
+
+// Elements of w (N, K) packed once into gemm_block's panels (gemm_pack).
+int64_t gemm_packed_numel(int64_t N, int64_t K, bool bf16) {
+  const int64_t kb = gemm_k_block(K, bf16);
+  const int64_t panels = (N + kSmallTaskCols - 1) / kSmallTaskCols;
+  return panels * ((K + kb - 1) / kb) * kSmallTaskCols * kb;
+}
+
+// The output (M, N) of x @ w^T (+ bias), w given as its rows (wp, row stride
+// ldw) or, with packed != nullptr, as its panels packed by gemm_pack.
+at::Tensor gemm_run(const Kernels& k, const at::Tensor& x, const void* wp, int64_t ldw,
+                    const void* packed, int64_t N, const c10::optional<at::Tensor>& bias,
+                    bool out_bf16) {
+  const int64_t M = x.size(0), K = x.size(1);
   const auto out_type = out_bf16 ? at::kBFloat16 : at::kFloat;
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias) {
@@ -112,19 +127,17 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa
   const int64_t rows = M <= kSmallM ? M : kTaskRows;
   const int64_t cols = M <= kSmallM ? kSmallTaskCols : kTaskCols;
   const int64_t mt = (M + rows - 1) / rows, nt = (N + cols - 1) / cols;
-  const int64_t ldx = x.stride(0), ldw = w.stride(0);
+  const int64_t ldx = x.stride(0);
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   const void* xp = x.data_ptr();
-  const void* wp = w.data_ptr();
-  const int64_t kmax = bf16 ? kBlockKBf16 : kBlockKF32;
-  // Balanced K blocks (even), at most kmax long: speed only.
-  const int64_t nkb = (K + kmax - 1) / kmax;
-  const int64_t kb = std::min(kmax, ((K + nkb - 1) / nkb + 1) / 2 * 2);
-  const int64_t pack_bytes = (k.gemm_scratch_bytes(kb) + 63) / 64 * 64;
+  const int64_t kb = gemm_k_block(K, bf16);
+  const int64_t nkb = (K + kb - 1) / kb;
+  const int64_t panel_bytes = kSmallTaskCols * kb * (bf16 ? 2 : 4);
+  const int64_t pack_bytes = packed ? 0 : (k.gemm_scratch_bytes(kb) + 63) / 64 * 64;
   // bf16 out: the fp32 accumulators of a task's block live in per-thread
   // scratch (rows x cols, row stride cols); fp32 out: in the output itself.
   const int64_t acc_bytes = out_bf16 ? rows * cols * 4 : 0;
-  const int64_t scratch_bytes = pack_bytes + acc_bytes;
+  const int64_t scratch_bytes = std::max<int64_t>(pack_bytes + acc_bytes, 1);
   at::Tensor scratch = at::empty({at::get_num_threads(), scratch_bytes}, x.options().dtype(at::kByte));
   const int64_t esize = out_bf16 ? 2 : 4;
   char* op = static_cast<char*>(out.data_ptr());
@@ -138,17 +151,101 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa
     const int64_t ldy = out_bf16 ? cols : N;
     void* fin = (out_bf16 || has_bias) ? ob : nullptr;
     const void* bb = has_bias ? bp + n0 * esize : nullptr;
+    // this task's first panel: columns n0 .. (n0 is a multiple of kSmallTaskCols)
+    const char* pp = packed ? static_cast<const char*>(packed) + (n0 / kSmallTaskCols) * nkb * panel_bytes
+                            : nullptr;
     if (bf16) {
       const auto* xb = static_cast<const uint16_t*>(xp) + m0 * ldx;
-      const auto* wb = static_cast<const uint16_t*>(wp) + n0 * ldw;
-      k.gemm_bf16(xb, ldx, wb, ldw, y, ldy, m, n, K, kb, scr, fin, N, out_bf16, bb);
+      if (pp) {
+        k.gemm_packed_bf16(xb, ldx, reinterpret_cast<const uint16_t*>(pp), nkb, y, ldy, m, n, K,
+                           kb, fin, N, out_bf16, bb);
+      } else {
+        const auto* wb = static_cast<const uint16_t*>(wp) + n0 * ldw;
+        k.gemm_bf16(xb, ldx, wb, ldw, y, ldy, m, n, K, kb, scr, fin, N, out_bf16, bb);
+      }
     } else {
       const auto* xf = static_cast<const float*>(xp) + m0 * ldx;
-      const auto* wf = static_cast<const float*>(wp) + n0 * ldw;
-      k.gemm_f32(xf, ldx, wf, ldw, y, ldy, m, n, K, kb, scr, fin, N, out_bf16, bb);
+      if (pp) {
+        k.gemm_packed_f32(xf, ldx, reinterpret_cast<const float*>(pp), nkb, y, ldy, m, n, K, kb,
+                          fin, N, out_bf16, bb);
+      } else {
+        const auto* wf = static_cast<const float*>(wp) + n0 * ldw;
+        k.gemm_f32(xf, ldx, wf, ldw, y, ldy, m, n, K, kb, scr, fin, N, out_bf16, bb);
+      }
     }
   });
   return out;
+}
+
+}  // namespace
+
+// x (M, K) @ w (N, K)^T -> (M, N), float32 (or bfloat16 with out_bf16), plus
+// bias (N,) when given (in the output dtype). Bits: those of the fp32 result
+// `.to(out dtype)`, then `+ bias` in the output dtype (gemm_impl.h, GemmOut).
+at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, const std::string& isa,
+                const c10::optional<at::Tensor>& bias, bool out_bf16) {
+  check_rows("x", x);
+  check_rows("weight", w);
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "x is ", x.scalar_type(), " but weight is ",
+              w.scalar_type());
+  TORCH_CHECK(x.size(1) == w.size(1), "x has K=", x.size(1), " but weight has K=", w.size(1));
+  return gemm_run(kernels_for(isa), x, w.data_ptr(), w.stride(0), nullptr, w.size(0), bias,
+                  out_bf16);
+}
+
+// w (N, K) packed once into the panels `gemm_packed` reads: a 1-D tensor of w's
+// dtype (layout only; the same on every ISA path). Its contents are a copy:
+// a later change to w is not seen, so the caller owns when it is stale.
+// With `out` (a buffer of the packed size and dtype) it is packed into out, in place.
+at::Tensor gemm_pack(const at::Tensor& w, const std::string& isa,
+                     const c10::optional<at::Tensor>& out) {
+  check_rows("weight", w);
+  const Kernels& k = kernels_for(isa);
+  const int64_t N = w.size(0), K = w.size(1);
+  const bool bf16 = w.scalar_type() == at::kBFloat16;
+  const int64_t numel = gemm_packed_numel(N, K, bf16);
+  at::Tensor packed;
+  if (out.has_value() && out->defined()) {
+    TORCH_CHECK(out->dim() == 1 && out->is_contiguous() && out->numel() == numel &&
+                    out->scalar_type() == w.scalar_type(),
+                "out must be a contiguous 1-D ", w.scalar_type(), " tensor of ", numel,
+                " elements (the packed size of a (", N, ", ", K, ") weight)");
+    packed = *out;
+  } else {
+    packed = numel == 0 ? at::zeros({0}, w.options()) : at::empty({numel}, w.options());
+  }
+  if (N == 0 || K == 0) return packed;
+  const int64_t kb = gemm_k_block(K, bf16);
+  const int64_t nkb = (K + kb - 1) / kb;
+  const int64_t panel_elems = kSmallTaskCols * kb;
+  const int64_t panels = (N + kSmallTaskCols - 1) / kSmallTaskCols;
+  const int64_t ldw = w.stride(0);
+  // one task per panel (all of its K blocks): threads only split columns
+  parallel_tasks(panels, [&](int64_t q) {
+    const int64_t n0 = q * kSmallTaskCols, n = std::min(kSmallTaskCols, N - n0);
+    if (bf16) {
+      k.gemm_pack_bf16(static_cast<const uint16_t*>(w.data_ptr()) + n0 * ldw, ldw, n, K, kb,
+                       static_cast<uint16_t*>(packed.data_ptr()) + q * nkb * panel_elems);
+    } else {
+      k.gemm_pack_f32(static_cast<const float*>(w.data_ptr()) + n0 * ldw, ldw, n, K, kb,
+                      packed.data_ptr<float>() + q * nkb * panel_elems);
+    }
+  });
+  return packed;
+}
+
+// As `gemm`, with w (N, K) given as `gemm_pack(w)`: the same bits for every M.
+at::Tensor gemm_packed(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                       const std::string& isa, const c10::optional<at::Tensor>& bias,
+                       bool out_bf16) {
+  check_rows("x", x);
+  TORCH_CHECK(packed.dim() == 1 && packed.is_contiguous(), "packed weight must be 1-D contiguous");
+  TORCH_CHECK(x.scalar_type() == packed.scalar_type(), "x is ", x.scalar_type(),
+              " but the packed weight is ", packed.scalar_type());
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(N >= 0 && packed.numel() == gemm_packed_numel(N, x.size(1), bf16),
+              "the packed weight does not hold a (", N, ", ", x.size(1), ") weight");
+  return gemm_run(kernels_for(isa), x, nullptr, 0, packed.data_ptr(), N, bias, out_bf16);
 }
 
 #include "moe_impl.h"  // moe_experts: the experts of a mixture-of-experts block in one call
@@ -410,6 +507,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("isa_supported", &isa_supported, "whether this CPU runs the named instruction-set path");
   m.def("gemm", &gemm, "fixed-order x @ w^T (+ bias) -> float32, or bfloat16 with out_bf16",
         pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("isa"),
+        pybind11::arg("bias") = pybind11::none(), pybind11::arg("out_bf16") = false);
+  m.def("gemm_pack", &gemm_pack, "a weight (N, K) packed once into the panels gemm_packed reads",
+        pybind11::arg("weight"), pybind11::arg("isa"), pybind11::arg("out") = pybind11::none());
+  m.def("gemm_packed", &gemm_packed, "gemm on a weight packed by gemm_pack: the same bits",
+        pybind11::arg("x"), pybind11::arg("packed"), pybind11::arg("out_features"), pybind11::arg("isa"),
         pybind11::arg("bias") = pybind11::none(), pybind11::arg("out_bf16") = false);
   m.def("silu", &silu, "fixed-order SiLU");
   m.def("moe_experts", &moe_experts,

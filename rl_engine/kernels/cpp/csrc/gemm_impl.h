@@ -255,6 +255,20 @@ static void finish_rows(const float* acc, int64_t lda, const GemmOut& o, int64_t
   }
 }
 
+// Speed only: the panel bytes kPrefetchBytes ahead of this step's (one 64-byte line per
+// vector) asked into L1. Panels packed once lie one after another in the order a task
+// reads them, so this streams the weight from memory while the chains run; with two or
+// more rows the product per byte is slow enough for the hardware prefetcher to fall
+// behind (measured: SmolLM2-135M's decode GEMMs at 8 rows, 14.5 -> 12.3 ms on streamed
+// weights), while one row runs at the copy bandwidth without it.
+constexpr int64_t kPrefetchBytes = 4096;
+template <int MR, int NV, typename T>
+static inline void prefetch_panel(const T* step) {
+  if constexpr (MR >= 2)
+    for (int v = 0; v < NV; ++v)
+      _mm_prefetch((const char*)(step + 16 * v * (4 / sizeof(T))) + kPrefetchBytes, _MM_HINT_T0);
+}
+
 // MR rows x 16*NV columns of one panel (columns c0 ..), kc steps of the chain.
 template <int MR, int NV>
 static void micro_f32(const float* x, int64_t ldx, const float* panel, int64_t kc, float* y,
@@ -263,6 +277,7 @@ static void micro_f32(const float* x, int64_t ldx, const float* panel, int64_t k
   acc_load<MR, NV>(acc, y, ldy, cols, first);
   for (int64_t k = 0; k < kc; ++k) {
     Vec16 b[NV];
+    prefetch_panel<MR, NV>(panel + k * kPanel);
     for (int v = 0; v < NV; ++v) b[v] = Vec16::load(panel + k * kPanel + 16 * v);
     for (int i = 0; i < MR; ++i) {
       const Vec16 a = Vec16::set1(x[i * ldx + k]);
@@ -308,7 +323,9 @@ static void micro_bf16(const uint16_t* x, int64_t ldx, const uint16_t* panel, in
   uint32_t xp[MR];
   for (int64_t p = 0; p < full; ++p) {
     for (int i = 0; i < MR; ++i) xp[i] = rl_load_u32(x + i * ldx + 2 * p);
-    bf16_pair_step<MR, NV>(xp, panel + p * kPanel * 2, acc);
+    const uint16_t* pp = panel + p * kPanel * 2;
+    prefetch_panel<MR, NV>(pp);
+    bf16_pair_step<MR, NV>(xp, pp, acc);
   }
   if (kc & 1) {  // odd K: the last pair is (x[K-1], +0)
     for (int i = 0; i < MR; ++i) xp[i] = x[i * ldx + kc - 1];
@@ -359,33 +376,73 @@ static void panel_rows(int mr, const T* x, int64_t ldx, const T* p, int64_t kc, 
 }
 
 // y block (M x N, row stride ldy) of x @ w^T, K in blocks of kb (even);
-// scratch: gemm_scratch_bytes(kb). Per K block: pack the (up to) 4 panels
-// (they stay in L2), then each row tile (its x slice in L1) against them.
+// scratch: gemm_scratch_bytes(kb). Per K block: the (up to) 4 panels of the
+// block's columns, then each row tile (its x slice in L1) against them. The
+// panels are packed here into scratch (they stay in L2), or, with `packed`,
+// read from the weight's panels packed once by gemm_pack (layout only: the
+// same panel contents, so the same chains and bits), where panel q of K block
+// b is at packed + (q * nkb + b) * kPanel * kb (q counted from this block's
+// first column, a multiple of kPanel).
 template <typename T>
-static void gemm_block(const T* x, int64_t ldx, const T* w, int64_t ldw, float* y, int64_t ldy,
-                       int64_t M, int64_t N, int64_t K, int64_t kb, T* scratch,
-                       const GemmOut& o) {
+static void gemm_block(const T* x, int64_t ldx, const T* w, int64_t ldw, const T* packed,
+                       int64_t nkb, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                       int64_t kb, T* scratch, const GemmOut& o) {
   const int64_t panel_elems = kPanel * kb;  // bf16: kb / 2 pairs of 2
+  const T* panels[kBlockN / kPanel];
   for (int64_t n0 = 0; n0 < N; n0 += kBlockN) {
     const int64_t nb = N - n0 < kBlockN ? N - n0 : kBlockN;
     const int np = (int)((nb + kPanel - 1) / kPanel);
     for (int64_t k0 = 0; k0 < K; k0 += kb) {
       const int64_t kc = K - k0 < kb ? K - k0 : kb;
       for (int p = 0; p < np; ++p) {
+        if (packed != nullptr) {
+          panels[p] = packed + ((n0 / kPanel + p) * nkb + k0 / kb) * panel_elems;
+          continue;
+        }
         const int nr = (int)(nb - p * kPanel < kPanel ? nb - p * kPanel : kPanel);
         GemmOps<T>::pack(w + (n0 + p * kPanel) * ldw + k0, ldw, nr, kc, scratch + p * panel_elems);
+        panels[p] = scratch + p * panel_elems;
       }
       for (int64_t m0 = 0; m0 < M; m0 += MR_MAX) {
         const int mr = (int)(M - m0 < MR_MAX ? M - m0 : MR_MAX);
         for (int p = 0; p < np; ++p) {
           const int nr = (int)(nb - p * kPanel < kPanel ? nb - p * kPanel : kPanel);
-          panel_rows<T, MR_MAX>(mr, x + m0 * ldx + k0, ldx, scratch + p * panel_elems, kc,
+          panel_rows<T, MR_MAX>(mr, x + m0 * ldx + k0, ldx, panels[p], kc,
                                 y + m0 * ldy + n0 + p * kPanel, ldy, nr, k0 == 0);
         }
         if (k0 + kc >= K) finish_rows(y + m0 * ldy + n0, ldy, o, m0, n0, mr, nb);
       }
     }
   }
+}
+
+// The panels gemm_block reads, for all of w (N x K), packed once: panel q
+// (columns 64q ..) of K block b at out + (q * nkb + b) * kPanel * kb, nkb =
+// ceil(K / kb); columns past N are zeros (as pack writes them) and so is the
+// unused end of a short last K block (never read; zeroed so that the packed
+// bytes are a function of w alone).
+template <typename T>
+static void gemm_pack_all(const T* w, int64_t ldw, int64_t N, int64_t K, int64_t kb, T* out) {
+  const int64_t nkb = (K + kb - 1) / kb;
+  for (int64_t q = 0; q * kPanel < N; ++q) {
+    const int nr = (int)(N - q * kPanel < kPanel ? N - q * kPanel : kPanel);
+    for (int64_t b = 0; b < nkb; ++b) {
+      const int64_t kc = K - b * kb < kb ? K - b * kb : kb;
+      T* panel = out + (q * nkb + b) * kPanel * kb;
+      GemmOps<T>::pack(w + q * kPanel * ldw + b * kb, ldw, nr, kc, panel);
+      // elements written: kc rows (fp32) or ceil(kc / 2) pairs (bf16) of kPanel columns
+      const int64_t used = (GemmOps<T>::kColStride == 2 ? (kc + 1) / 2 * 2 : kc) * kPanel;
+      for (int64_t e = used; e < kPanel * kb; ++e) panel[e] = (T)0;
+    }
+  }
+}
+
+void gemm_pack_f32(const float* w, int64_t ldw, int64_t N, int64_t K, int64_t kb, float* out) {
+  gemm_pack_all<float>(w, ldw, N, K, kb, out);
+}
+void gemm_pack_bf16(const uint16_t* w, int64_t ldw, int64_t N, int64_t K, int64_t kb,
+                    uint16_t* out) {
+  gemm_pack_all<uint16_t>(w, ldw, N, K, kb, out);
 }
 
 int64_t gemm_scratch_bytes(int64_t kb) { return kBlockN * kb * 4; }
@@ -548,7 +605,7 @@ void gemm_f32(const float* x, int64_t ldx, const float* w, int64_t ldw, float* y
     return finish_rows(y, ldy, o, 0, 0, M, N);
   }
 #endif
-  gemm_block<float>(x, ldx, w, ldw, y, ldy, M, N, K, kb, (float*)scratch, o);
+  gemm_block<float>(x, ldx, w, ldw, nullptr, 0, y, ldy, M, N, K, kb, (float*)scratch, o);
 }
 
 void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, float* y,
@@ -561,5 +618,22 @@ void gemm_bf16(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, f
     return finish_rows(y, ldy, o, 0, 0, M, N);
   }
 #endif
-  gemm_block<uint16_t>(x, ldx, w, ldw, y, ldy, M, N, K, kb, (uint16_t*)scratch, o);
+  gemm_block<uint16_t>(x, ldx, w, ldw, nullptr, 0, y, ldy, M, N, K, kb, (uint16_t*)scratch, o);
+}
+
+// As gemm_f32 / gemm_bf16 on w's panels packed by gemm_pack_* (the block's
+// first panel at `packed`, nkb K blocks of kb a panel), for every M: the panel
+// path's chains are those of the gemv paths above, so the bits are the same.
+void gemm_packed_f32(const float* x, int64_t ldx, const float* packed, int64_t nkb, float* y,
+                     int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t kb, void* out,
+                     int64_t ldo, int out_bf16, const void* bias) {
+  const GemmOut o{out, ldo, out_bf16, bias};
+  gemm_block<float>(x, ldx, nullptr, 0, packed, nkb, y, ldy, M, N, K, kb, nullptr, o);
+}
+
+void gemm_packed_bf16(const uint16_t* x, int64_t ldx, const uint16_t* packed, int64_t nkb,
+                      float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int64_t kb,
+                      void* out, int64_t ldo, int out_bf16, const void* bias) {
+  const GemmOut o{out, ldo, out_bf16, bias};
+  gemm_block<uint16_t>(x, ldx, nullptr, 0, packed, nkb, y, ldy, M, N, K, kb, nullptr, o);
 }
