@@ -397,6 +397,11 @@ class SequenceGradients:
         """How many partial-sized tensors the holder keeps now."""
         return sum(len(total.nodes()) for total in self._sums.values())
 
+    def peak_held(self) -> int:
+        """The sum over (parameter, role) of the most tensors each held at once (a bound on the
+        most the holder held at once: the parameters peak at different times)."""
+        return sum(total.peak_held for total in self._sums.values())
+
     def _shape(self, param: torch.Tensor) -> torch.Size:
         """The parameter's shape at its first partial."""
         return self._params[id(param)][1] if id(param) in self._params else param.shape

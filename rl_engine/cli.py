@@ -137,6 +137,7 @@ BENCH_CASES: dict[str, dict[str | None, tuple[str, ...]]] = {
         "invariance": ("train_step",),
         "packing": ("packing",),
         "mini-batches": ("mini_batches",),
+        "layout": ("layout_train",),
     },
     "moe": {None: ("moe",)},
     "job": {None: ("real_size",), "real-size": ("real_size",)},

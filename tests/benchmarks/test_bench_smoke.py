@@ -212,6 +212,27 @@ def test_bench_train_packing(capsys):
     assert number(ratio["step s"]) > 0
 
 
+@pytest.mark.multiprocess  # 2 configurations x 2 gloo DeepSpeed ranks, one process each
+@pytest.mark.slow
+def test_bench_train_layout(capsys):
+    steps, parts = bench(capsys, "train", "--case", "layout")
+    assert [(r["dtype"], r["update"]) for r in steps] == [
+        ("float32", "plain"),
+        ("float32", "layout_invariant"),
+    ]
+    peaks = ("peak RSS rank 0", "peak RSS rank 1", "peak RSS sum", "peak extra sum")
+    assert_figures(steps, times=("step s",), memory=peaks)
+    assert_figures(steps[1:], ratios=("time ratio", "memory ratio"))
+    assert [r["dtype"] for r in parts] == ["float32"]
+    from rl_engine.executors.worker.layout_invariant import PARTS
+
+    assert_figures(parts, times=("step s", *PARTS))
+    assert number(parts[0]["sink tensors at the end"]) >= 1
+    assert number(parts[0]["sink peak tensors (bound)"]) >= number(
+        parts[0]["sink tensors at the end"]
+    )
+
+
 def test_bench_train_mini_batches(capsys):
     (rows,) = bench(capsys, "train", "--case", "mini-batches")
     assert [r["updates"] for r in rows] == ["1", "2", "2"]

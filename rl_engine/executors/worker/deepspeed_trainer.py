@@ -180,6 +180,8 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         scale = self.engine.gradient_accumulation_steps() * self.world_size
         sums, parity, norm, outcomes = self._empty_sums(), self._parity.empty(), None, []
         self._ref_logp = {}
+        if self.layout is not None:
+            self.layout.new_step()
         self.engine.train()
         with self._mid_step.recoverable():
             # before any update: the pre-update logprobs parity and the rollout correction need
@@ -239,6 +241,8 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
                 norm = self._stage0_grad_norm()  # before step() clips and clears the grads
                 self.guard.arm(force_skip=not sums.finite())
             self.engine.step()
+            if i == last and self.layout is not None:
+                self.layout.stepped()
         return (sums, parity), norm
 
     def _micro_loss(self, slot: MicroSlot, mb: MicroBatch | None, corrections, scale: int):

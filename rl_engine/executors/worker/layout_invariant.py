@@ -17,9 +17,19 @@ Per mini-batch of M sequences (canonical order: the batch's rows; rank r holds
 
 A parameter that no op sent partials for fails the step (`LayoutInvariantError`): its
 gradient would otherwise be DeepSpeed's, whose sums follow the layout.
+
+`timings` (always on: a perf_counter per part, reset by `new_step`) are the seconds of each
+part of the step's updates, summed over its mini-batches: forward_backward (from `start` to
+`finish`: the micro-batches' forwards, losses and backwards, the partials into the sink
+included), whole_gradients, norm, inject (the clip's arming and the writes into DeepSpeed's
+partitions) and deepspeed_step (`stepped`: after DeepSpeed's step). `held` counts the sink's
+partial-sized tensors (`SequenceGradients.held`, `peak_held`) and the bytes held at the end of
+the last backward; `rl-engine bench train --case layout` prints both.
 """
 
 from __future__ import annotations
+
+import time
 
 from rl_engine.canonical_sum import SequenceGradients
 from rl_engine.executors.worker.layout_free_grads import (
@@ -31,6 +41,9 @@ from rl_engine.executors.worker.layout_free_grads import (
 from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.kernels import SequenceSpans
 from rl_engine.patching.gradient_route import GradientRoute, bind_gradient_route
+from rl_engine.row_partial import RowPartial
+
+PARTS = ("forward_backward", "whole_gradients", "norm", "inject", "deepspeed_step")
 
 
 class LayoutInvariantError(RuntimeError):
@@ -60,6 +73,18 @@ class LayoutInvariantUpdate:
         self.params = [p for _, p in self.named]
         self.sink: DeepSpeedSink | None = None
         self.norm: float | None = None
+        self.new_step()
+
+    def new_step(self) -> None:
+        """Zero `timings` and `held` (the worker calls it at the start of every step)."""
+        self.timings = dict.fromkeys(PARTS, 0.0)
+        self.held = {"tensors": 0, "peak_tensors": 0, "bytes": 0}
+        self._mark = time.perf_counter()
+
+    def _lap(self, part: str) -> None:
+        now = time.perf_counter()
+        self.timings[part] += now - self._mark
+        self._mark = now
 
     # ------------------------------------------------------------------ a mini-batch
 
@@ -73,6 +98,7 @@ class LayoutInvariantUpdate:
             placeholder_grads=self.zero_stage > 0,
         )
         self.per_rank = per_rank
+        self._mark = time.perf_counter()
 
     def indices(self, mb: MicroBatch, first_row: int) -> list[int]:
         """The canonical indices of `mb`'s sequences (`first_row`: the mini-batch's first
@@ -89,6 +115,7 @@ class LayoutInvariantUpdate:
 
     def finish(self, max_norm: float) -> float:
         """The mini-batch's update, up to DeepSpeed's step (collective): returns the norm."""
+        self._lap("forward_backward")
         self.route.clear()
         ranges = [(r * self.per_rank, (r + 1) * self.per_rank) for r in range(self.world)]
         written = {id(p) for p in self.sink.params()}
@@ -98,13 +125,35 @@ class LayoutInvariantUpdate:
                 f"{len(missing)} parameter(s) received no per-sequence partials, e.g. "
                 f"{missing[:3]}: an op on their path does not serve trainer.layout_invariant"
             )
+        self._count_held()
         whole = whole_gradients(self.sink, self.params, ranges)
         grads = [grad.to(param.dtype) for grad, param in zip(whole, self.params)]
         self.sink = None
+        self._lap("whole_gradients")
         self.norm = global_norm(grads)
+        self._lap("norm")
         self.optimizer.arm(clip_coefficient(self.norm, max_norm))
         inject_gradients(self.params, grads)
+        self._lap("inject")
         return self.norm
+
+    def stepped(self) -> None:
+        """DeepSpeed's step after `finish` is done (its time goes to timings['deepspeed_step'])."""
+        self._lap("deepspeed_step")
+
+    def _count_held(self) -> None:
+        """The sink's tensors and bytes now (the end of the backward) and its peak count."""
+        values = [
+            node.value
+            for param in self.sink.params()
+            for nodes in self.sink.nodes(param).values()
+            for node in nodes
+        ]
+        tensors = [v.values if isinstance(v, RowPartial) else v for v in values]
+        held = self.held
+        held["tensors"] = max(held["tensors"], len(tensors))
+        held["peak_tensors"] = max(held["peak_tensors"], self.sink.peak_held())
+        held["bytes"] = max(held["bytes"], sum(t.numel() * t.element_size() for t in tensors))
 
 
 def micro_batch_spans(mb: MicroBatch, indices: list[int]) -> tuple[SequenceSpans, SequenceSpans]:
