@@ -212,6 +212,7 @@ def test_bench_train_packing(capsys):
     assert number(ratio["step s"]) > 0
 
 
+@pytest.mark.exhaustive  # ~60 s; make test runs the mode itself (tests/executors/job/test_layout_job.py)
 @pytest.mark.multiprocess  # 2 configurations x 2 gloo DeepSpeed ranks, one process each
 @pytest.mark.slow
 def test_bench_train_layout(capsys):
