@@ -101,9 +101,18 @@ def model_dir(cache: Path, shape: str, layers: int | None, seed: int) -> Path:
     return path
 
 
-def job_config(model: Path, run_dir: Path, invariant: bool, args, *, lora_rank: int = 0) -> dict:
-    """The job a new user writes for this model: bf16, 2 ZeRO-3 ranks, 1 engine, activation
-    checkpointing as `args` says (every run alike, so the ratios compare like with like);
+def job_config(
+    model: Path,
+    run_dir: Path,
+    invariant: bool,
+    args,
+    *,
+    lora_rank: int = 0,
+    activation_checkpointing: bool = True,
+) -> dict:
+    """The job a new user writes for this model: bf16, 2 ZeRO-3 ranks, 1 engine,
+    `activation_checkpointing` (the bench passes one value to every run, so the ratios
+    compare like with like);
     with `lora_rank` > 0 a LoRA policy of that rank (alpha 2 x rank) on every linear."""
     config = {
         "model": str(model),
@@ -125,7 +134,7 @@ def job_config(model: Path, run_dir: Path, invariant: bool, args, *, lora_rank: 
             "zero_stage": 3,
             "micro_batch_size": args.micro_batch_size,
             "lr": 1e-6,
-            "activation_checkpointing": args.activation_checkpointing,
+            "activation_checkpointing": activation_checkpointing,
         },
     }
     if lora_rank > 0:
@@ -138,7 +147,14 @@ def run_mode(model: Path, mode: str, args) -> dict:
     run_dir = args.out / mode
     config_path = args.out / f"{mode}.yaml"
     lora_rank = args.lora if mode == "lora" else 0
-    config = job_config(model, run_dir, mode != "plain", args, lora_rank=lora_rank)
+    config = job_config(
+        model,
+        run_dir,
+        mode != "plain",
+        args,
+        lora_rank=lora_rank,
+        activation_checkpointing=args.activation_checkpointing,
+    )
     config_path.write_text(yaml.safe_dump(config))
     log_path = args.out / f"{mode}.log"
     started = time.time()
