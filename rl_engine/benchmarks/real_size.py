@@ -5,7 +5,8 @@ Builds a Qwen2.5-shaped model with random weights (saved once in bf16, with
 `rl-engine train` on it (bf16, 2 ZeRO-3 ranks, 1 engine, 16 completions of 32
 tokens a step) with batch_invariant true and false, one after the other, and with
 `--lora RANK` (> 0) a third time: the LoRA policy (lora.rank RANK, alpha 2 x RANK, all
-linears; invariant), beside the full-weight runs of the same shape. It reads off:
+linears; invariant), beside the full-weight runs of the same shape. Every run has
+trainer.activation_checkpointing on (`--no-activation-checkpointing`: off). It reads off:
 
 - the medians, over the steps after the first, of `time/weight_sync`,
   `time/train_compute`, `time/generate_compute` (and `time/step`);
@@ -22,6 +23,7 @@ taking other processes down with it. The table: `real_size_report.markdown`.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -99,9 +101,19 @@ def model_dir(cache: Path, shape: str, layers: int | None, seed: int) -> Path:
     return path
 
 
-def job_config(model: Path, run_dir: Path, invariant: bool, args, *, lora_rank: int = 0) -> dict:
-    """The job a new user writes for this model: bf16, 2 ZeRO-3 ranks, 1 engine; with
-    `lora_rank` > 0 a LoRA policy of that rank (alpha 2 x rank) on every linear."""
+def job_config(
+    model: Path,
+    run_dir: Path,
+    invariant: bool,
+    args,
+    *,
+    lora_rank: int = 0,
+    activation_checkpointing: bool = True,
+) -> dict:
+    """The job a new user writes for this model: bf16, 2 ZeRO-3 ranks, 1 engine,
+    `activation_checkpointing` (the bench passes one value to every run, so the ratios
+    compare like with like);
+    with `lora_rank` > 0 a LoRA policy of that rank (alpha 2 x rank) on every linear."""
     config = {
         "model": str(model),
         "dtype": "bfloat16",
@@ -122,6 +134,7 @@ def job_config(model: Path, run_dir: Path, invariant: bool, args, *, lora_rank: 
             "zero_stage": 3,
             "micro_batch_size": args.micro_batch_size,
             "lr": 1e-6,
+            "activation_checkpointing": activation_checkpointing,
         },
     }
     if lora_rank > 0:
@@ -134,7 +147,14 @@ def run_mode(model: Path, mode: str, args) -> dict:
     run_dir = args.out / mode
     config_path = args.out / f"{mode}.yaml"
     lora_rank = args.lora if mode == "lora" else 0
-    config = job_config(model, run_dir, mode != "plain", args, lora_rank=lora_rank)
+    config = job_config(
+        model,
+        run_dir,
+        mode != "plain",
+        args,
+        lora_rank=lora_rank,
+        activation_checkpointing=args.activation_checkpointing,
+    )
     config_path.write_text(yaml.safe_dump(config))
     log_path = args.out / f"{mode}.log"
     started = time.time()
@@ -235,6 +255,12 @@ def main(argv: list[str] | None = None) -> int:
         help="> 0: also run the LoRA policy (lora.rank RANK, alpha 2 x RANK, all linears)",
     )
     parser.add_argument(
+        "--activation-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="trainer.activation_checkpointing in every run (default: on)",
+    )
+    parser.add_argument(
         "--cache", type=Path, default=Path.home() / ".cache" / "rl_engine" / "models"
     )
     parser.add_argument("--out", type=Path, default=Path("runs") / "bench_real_size")
@@ -263,8 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         f"`python scripts/bench_real_size.py {what}"
         + (f" --layers {args.layers}" if args.layers else "")
         + (f" --lora {args.lora}" if args.lora else "")
+        + ("" if args.activation_checkpointing else " --no-activation-checkpointing")
         + f" --steps {args.steps}` ({args.prompts} x {args.samples} completions of "
-        f"{args.max_new_tokens} tokens a step, seed {args.seed})"
+        f"{args.max_new_tokens} tokens a step, seed {args.seed}; every run with "
+        f"trainer.activation_checkpointing: {str(args.activation_checkpointing).lower()})"
     )
     report = markdown(results, env_before, env_after, label)
     (args.out / "report.md").write_text(report + "\n")

@@ -73,6 +73,12 @@ class TrainerConfig:
     optimizer steps, bit for bit, and a checkpoint resumes on another layout. Each parameter's
     gradient is a fixed tree over the mini-batch's sequences (docs/usage.md#layout-invariant-training);
     false: DeepSpeed's own reduction and optimizer step."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder layer's input through the forward and recompute the layer in
+    the backward (Hugging Face's activation checkpointing, torch's non-reentrant checkpoint):
+    a rank's activations shrink to one layer's at a time, for about one more forward per step.
+    The recompute runs the same ops on the same inputs, so the step is bit for bit the one
+    without it (false: every layer's activations held through the backward)."""
     weight_sync_bucket_mb: float = 128.0
     """Most MiB a weight sync moves per bucket (the trainer ranks send their weights straight
     to the engines, a bucket at a time), and most MiB of parameters a ZeRO-3 rank gathers at
@@ -94,6 +100,7 @@ class TrainerConfig:
         check_zero_stage("trainer.zero_stage", self.zero_stage)
         check_choice("trainer.placement", self.placement, PLACEMENTS)
         check_bool("trainer.layout_invariant", self.layout_invariant)
+        check_bool("trainer.activation_checkpointing", self.activation_checkpointing)
         check_number(
             "trainer.collective_timeout_s", self.collective_timeout_s, low=0.0, low_open=True
         )

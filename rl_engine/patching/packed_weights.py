@@ -6,16 +6,18 @@ layout (`BackendLayout.weight_packing`); `FastDecoder` then runs its projections
 LM head on packed copies (decode_path.py), with the bits of the unpacked ops.
 
 Where the copies live and when they are made (the rule that keeps them never stale):
-- one `PackedWeights` per `RolloutEngine`, holding one buffer per weight tensor for the
-  engine's lifetime (so the engine holds its GEMM weights twice: the parameters, which the
-  module path, the weight syncs and the trainer-side recompute use, and the panels);
-- every weight is packed again, into its buffer, each time a FastDecoder is built, which
-  the engine does once per `generate` / `generate_episodes` call. A weight sync, a
-  `load_weights` or any in-place change between calls is therefore always seen, however it
-  was written (a tensor's version counter does not see writes through `.data`, so nothing
-  here relies on it). During a call nothing writes them: the engine's weight syncs and
-  `load_weights` run between calls, on the thread that calls `generate` (the Ray rollout
-  actor runs one method at a time).
+- one `PackedWeights` per `RolloutEngine`, which holds a buffer per weight tensor only
+  while a `generate` / `generate_episodes` call runs: every weight is packed when the
+  call's FastDecoder is built, and the engine `release`s them all when the call returns
+  (however it ends). Between calls, when the trainer ranks step and the weight syncs land,
+  the engine holds its GEMM weights once (the parameters, which the module path, the weight
+  syncs and the trainer-side recompute use); the panels (about the model's size again: 1 GB
+  for the 0.5B shape in bf16) exist only while it generates, when the trainer ranks are at
+  rest. A weight sync, a `load_weights` or any in-place change between calls is therefore
+  always seen, however it was written (a tensor's version counter does not see writes
+  through `.data`, so nothing here relies on it). During a call nothing writes them: the
+  engine's weight syncs and `load_weights` run between calls, on the thread that calls
+  `generate` (the Ray rollout actor runs one method at a time).
 - the trainer never reads these copies: only the engine's no-grad FastDecoder does, and the
   packed projection refuses an input that wants a gradient.
 """
@@ -30,13 +32,13 @@ from rl_engine.kernels import WeightPacking
 
 
 class PackedWeights:
-    """Reused buffers of packed weights, keyed by the weight tensor (the Parameter object)."""
+    """Packed weights of one generate call, keyed by the weight tensor (the Parameter object)."""
 
     def __init__(self):
         self._entries: dict[int, tuple[weakref.ref, object]] = {}
 
     def pack(self, weight: torch.Tensor, packing: WeightPacking):
-        """`weight` packed now (into its buffer from an earlier call when it has one)."""
+        """`weight` packed now (into its buffer when it was packed before and not released)."""
         key = id(weight)
         entry = self._entries.get(key)
         old = None
@@ -48,6 +50,11 @@ class PackedWeights:
         self._entries[key] = (weakref.ref(weight), packed)
         self._drop_dead()
         return packed
+
+    def release(self) -> None:
+        """Drop every packed copy (the engine does when a generate call returns): the buffers
+        are freed once the call's FastDecoder, their only other holder, is gone."""
+        self._entries.clear()
 
     @property
     def nbytes(self) -> int:

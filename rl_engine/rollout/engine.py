@@ -104,7 +104,8 @@ class RolloutEngine:
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
         self.last_stats = GenerateStats()
         self._torn: str | None = None  # why the weights are incomplete (a failed sync), if they are
-        # the fast path's GEMM weights, packed again at the start of every call (packed_weights.py)
+        # the fast path's GEMM weights, packed at the start of every call and released at its
+        # end (packed_weights.py)
         self.packed_weights = PackedWeights()
 
     @property
@@ -245,8 +246,11 @@ class RolloutEngine:
             self._attention_mode(),
             self._progress_bar(len(requests), progress) as bar,
         ):
-            step = self._make_stepper(self._make_cache(num_slots, capacity), sampling)
-            run_continuous_batching(requests, step, num_slots, self.last_stats, bar, next_turn)
+            try:
+                step = self._make_stepper(self._make_cache(num_slots, capacity), sampling)
+                run_continuous_batching(requests, step, num_slots, self.last_stats, bar, next_turn)
+            finally:  # the packed weights live for the call only (packed_weights.py)
+                self.packed_weights.release()
         self.last_stats.seconds = time.perf_counter() - start
 
     def _check_weights_complete(self) -> None:

@@ -5,14 +5,16 @@ engine's `packed_weights` at the start of every generate call. After the weights
 between calls (`load_weights`, and an in-place write through `.data`, which a tensor's
 version counter does not see), the next call's tokens and logprobs are torch.equal to the
 module path on the new weights. Negative control: a store that keeps its first packing
-(no repack per call) gives other tokens or logprobs after the change. The buffers are
-reused across calls (no new allocation) and hold one packed copy of each GEMM weight.
+(no repack per call) gives other tokens or logprobs after the change. During a call the
+store holds one packed copy of each GEMM weight; between calls it holds none (the engine
+releases them when the call returns, even when the call raises).
 """
 
 from __future__ import annotations
 
 from unittest import mock
 
+import pytest
 import torch
 
 from rl_engine.patching.packed_weights import PackedWeights
@@ -48,12 +50,12 @@ def test_weights_changed_between_calls_are_repacked():
     model = fresh_model("tiny-llama", torch.bfloat16)
     engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)
     assert _same(_generate(engine), _module_path(model))
-    buffers = {id(p.data) for _, p in engine.packed_weights._entries.values()}
+    assert engine.packed_weights._entries == {}
     engine.load_weights(_changed_state(model), version=1)
     assert _same(_generate(engine), _module_path(model))
     model.model.layers[0].mlp.down_proj.weight.data.mul_(-1)  # unseen by _version
     assert _same(_generate(engine), _module_path(model))
-    assert {id(p.data) for _, p in engine.packed_weights._entries.values()} == buffers
+    assert engine.packed_weights._entries == {}
 
 
 def test_negative_control_a_store_that_never_repacks_is_stale():
@@ -74,14 +76,42 @@ def test_negative_control_a_store_that_never_repacks_is_stale():
     assert not _same(stale, _module_path(model))
 
 
-def test_the_store_holds_one_packed_copy_of_each_gemm_weight():
+def _held_at_release(engine) -> list[tuple[int, int]]:
+    """(entries, nbytes) of the engine's store each time it is released (a call's end)."""
+    held = []
+    store = engine.packed_weights
+    real_release = store.release
+
+    def release():
+        held.append((len(store._entries), store.nbytes))
+        real_release()
+
+    store.release = release
+    return held
+
+
+def test_the_store_holds_one_packed_copy_of_each_gemm_weight_during_a_call_only():
     model = fresh_model("tiny-llama", torch.float32)
     engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)
+    held = _held_at_release(engine)
     _generate(engine)
     gemm = [p for n, p in model.named_parameters() if "proj" in n]
     head = model.get_output_embeddings().weight
     weights = gemm + ([] if any(head is p for p in gemm) else [head])
     logical = sum(p.numel() * p.element_size() for p in weights)
-    assert len(engine.packed_weights._entries) == len(weights)
+    [(entries, nbytes)] = held
+    assert entries == len(weights)
     # the panels pad N to 64 columns and K to whole blocks, nothing more
-    assert logical <= engine.packed_weights.nbytes < 2 * logical
+    assert logical <= nbytes < 2 * logical
+    assert engine.packed_weights._entries == {} and engine.packed_weights.nbytes == 0
+
+
+def test_a_call_that_raises_releases_the_store():
+    model = fresh_model("tiny-llama", torch.float32)
+    engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)
+    held = _held_at_release(engine)
+    with mock.patch.object(stepper._Stepper, "decode", side_effect=RuntimeError("boom")):
+        with pytest.raises(RuntimeError, match="boom"):
+            _generate(engine)
+    assert len(held) == 1 and held[0][0] > 0  # it held the packed weights when it raised
+    assert engine.packed_weights._entries == {}

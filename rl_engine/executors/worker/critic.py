@@ -44,7 +44,12 @@ from rl_engine.executors.worker.ds_config import build_deepspeed_config, validat
 from rl_engine.executors.worker.errors import BatchError
 from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.executors.worker.optimizer import adamw
-from rl_engine.executors.worker.policy import StepGuard, base_record, prepare_policy
+from rl_engine.executors.worker.policy import (
+    StepGuard,
+    base_record,
+    checkpoint_activations,
+    prepare_policy,
+)
 from rl_engine.executors.worker.value_model import ValueModule
 from rl_engine.sums import Sums
 
@@ -95,6 +100,7 @@ class CriticWorker:
         adapter_seed = critic_adapter_seed(config.seed)
         backbone = prepare_policy(model, self.config, self.device, adapter_seed=adapter_seed)
         self.base = base_record(backbone, self.config)  # before ZeRO-3 partitions the base
+        checkpoint_activations(backbone, self.config)
         self.vocab_size = int(backbone.get_input_embeddings().weight.shape[0])
         self.module = ValueModule(backbone)
         trainer = self.config.trainer

@@ -48,6 +48,7 @@ from rl_engine.executors.worker.policy import (
     LogprobModule,
     StepGuard,
     base_record,
+    checkpoint_activations,
     frozen_copy,
     micro_batch_logprobs,
     prepare_policy,
@@ -97,6 +98,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         policy = prepare_policy(model, config, self.device)
         self.base = base_record(policy, config)  # before ZeRO-3 partitions the base
         self.reference = frozen_copy(policy) if config.algorithm.kl_coef > 0 else None
+        checkpoint_activations(policy, config)
         self.router = RouterTerms(policy, config.algorithm.router_aux_loss_coef, config.model)
         self.module = LogprobModule(policy)
         self.vocab_size = int(self.module.head_parameters()[0].shape[0])  # before ZeRO-3 splits it

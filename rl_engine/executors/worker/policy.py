@@ -207,6 +207,18 @@ def prepare_policy(
     return model
 
 
+def checkpoint_activations(model: nn.Module, config: RunConfig) -> None:
+    """With `trainer.activation_checkpointing`, each of `model`'s decoder layers recomputes
+    its forward in the backward instead of holding its activations (Hugging Face's layer
+    checkpointing, torch's non-reentrant checkpoint; only in training mode). Called on the
+    trained model before DeepSpeed wraps it, after the frozen KL reference is copied: the
+    reference never runs a backward."""
+    if config.trainer.activation_checkpointing:
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+
+
 def base_record(policy: nn.Module, config: RunConfig) -> dict | None:
     """A LoRA policy's base as its checkpoints record it ({"model", "hash"}); None without LoRA."""
     if not config.lora.enabled:
