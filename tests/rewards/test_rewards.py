@@ -141,7 +141,7 @@ def test_ray_pool_scores_in_order_and_replaces_a_stuck_worker(verl_file):
     from rl_engine.executors.job.reward_workers import KILL_GRACE_S, RewardPool
 
     os.environ.pop("RAY_ADDRESS", None)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         pool = RewardPool(verl_file, {}, 1.0, 2)
         samples = [sample(str(i), str(i)) for i in range(4)]

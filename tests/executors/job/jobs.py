@@ -26,7 +26,9 @@ def private_ray(num_cpus: int):
     os.environ.pop("RAY_ADDRESS", None)
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    # address "local": always a new cluster, never one a test in the other xdist lane started
+    # (ray.cluster_utils.Cluster) and ray.init would otherwise find and join
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     try:
         yield
     finally:
