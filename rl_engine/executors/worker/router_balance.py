@@ -18,8 +18,8 @@ softmax of token t's logits in layer l), and a mini-batch's aux is sum_s (n_s / 
 which integer counts alone define (each rounded once from the exact rational). The loss
 backpropagated is the sum of p_tl . (coef u_s) over the rows, so its backward gives each
 token's probabilities coef u_s exactly; the softmax's backward is `_BalanceTerm`'s, row by row
-with the row's dot in a fixed order (torch's own softmax backward changes bits with the thread
-count at some expert counts, e.g. 60).
+with the row's dot in a fixed order (torch 2.13's own softmax backward on this CPU changed bits
+with the thread count at 60 experts, not at 64).
 
 The metric `router/aux_loss`: each sequence's sum of p_tl . u_s (each row's dot in fp64, in a
 fixed order; the rows' values `math.fsum`-ed) is its `AuxSums` record, and the step totals the

@@ -22,7 +22,7 @@ from rl_engine.executors.worker.router_balance import (
 )
 from rl_engine.kernels import SequenceSpans
 from rl_engine.kernels.common.moe_router import select_top_k
-from tests.executors.worker.cell import cached_completions
+from tests.executors.worker.cell import cached_completions, cell_config
 from tests.executors.worker.test_layout_invariance import (
     PACKED_ONE,
     _run,
@@ -124,7 +124,7 @@ def test_the_records_and_the_gradient_are_hfs_formula_per_sequence():
         for leaf, ref in zip(leaves, own):
             torch.testing.assert_close(leaf.grad[lo : lo + n], ref.grad, rtol=1e-5, atol=1e-9)
     assert all(bool((leaf.grad[~spans.covered()] == 0).all()) for leaf in leaves)
-    assert float(term) == pytest.approx(coef * sum(r.aux_loss for r in records.records))
+    assert float(term.detach()) == pytest.approx(coef * sum(r.aux_loss for r in records.records))
 
 
 def test_weights_are_rounded_once_from_the_exact_rational_and_rows_are_checked():
@@ -157,7 +157,19 @@ def _moe(tmp_path, completions, layout, invariant=True, coef=0.01):
     )
 
 
-@pytest.mark.exhaustive
+def test_the_mode_accepts_the_aux_loss():
+    config = cell_config(
+        0,
+        1,
+        "float32",
+        "tiny-qwen3-moe",
+        trainer={"layout_invariant": True},
+        algorithm={"router_aux_loss_coef": 0.01},
+    )
+    assert config.trainer.layout_invariant and config.algorithm.router_aux_loss_coef == 0.01
+
+
+@pytest.mark.exhaustive  # ~4 min on 2 cores: three runs
 def test_a_moe_policy_with_the_aux_loss_takes_the_same_steps(tmp_path, moe_completions):
     one, two = (_moe(tmp_path, moe_completions, layout) for layout in (PACKED_ONE, SINGLES_TWO))
     assert _same_state(one["state"], two["state"]) == []
@@ -168,7 +180,6 @@ def test_a_moe_policy_with_the_aux_loss_takes_the_same_steps(tmp_path, moe_compl
     assert _same_state(one["state"], without["state"]) != []  # the aux loss moved the weights
 
 
-@pytest.mark.exhaustive
 def test_negative_control_the_plain_aux_loss_differs_between_layouts(tmp_path, moe_completions):
     one, two = (
         _moe(tmp_path, moe_completions, layout, invariant=False)
