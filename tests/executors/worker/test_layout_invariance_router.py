@@ -66,19 +66,20 @@ def _indices(logits: list[torch.Tensor]) -> list[torch.Tensor]:
     return [select_top_k(torch.softmax(x, -1), K)[1] for x in logits]
 
 
-def _grads_of_a(experts: int, total: int, loss_of) -> dict[str, torch.Tensor]:
+def _grads_of_a(experts: int, total: int, loss_of, dtype=torch.float32) -> dict:
     """A's rows of each layout's logits gradient under `loss_of(leaves, spans)`."""
     out = {}
     for name, (logits, spans, first) in _layouts(experts).items():
-        leaves = [x.clone().requires_grad_() for x in logits]
+        leaves = [x.to(dtype).requires_grad_() for x in logits]
         loss_of(leaves, spans).backward()
         out[name] = torch.stack([x.grad[first : first + N_A] for x in leaves])
     return out
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("experts", [8, 60])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_a_sequences_aux_gradient_is_the_same_in_any_micro_batch(experts, threads):
+def test_a_sequences_aux_gradient_is_the_same_in_any_micro_batch(experts, threads, dtype):
     total = 40  # the mini-batch's tokens: the same in every layout
 
     def sequence_wise(leaves, spans):
@@ -88,10 +89,10 @@ def test_a_sequences_aux_gradient_is_the_same_in_any_micro_batch(experts, thread
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        grads = _grads_of_a(experts, total, sequence_wise)
+        grads = _grads_of_a(experts, total, sequence_wise, dtype)
     finally:
         torch.set_num_threads(before)
-    assert grads["alone"].abs().sum() > 0
+    assert grads["alone"].abs().sum() > 0 and grads["alone"].dtype == dtype
     assert torch.equal(grads["alone"], grads["batched"])
     assert torch.equal(grads["alone"], grads["packed"])
 
