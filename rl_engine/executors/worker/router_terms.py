@@ -103,7 +103,8 @@ class RouterTerms:
         return None if self.coef == 0 else self.coef * aux * share * scale
 
     def _sequence_loss(self, logits, indices, mb: MicroBatch, mini: int):
-        """The sequence-wise balance loss's term (layout_invariant), its records kept."""
+        """The sequence-wise balance loss's term (layout_invariant), its records kept. No
+        `scale`: the mode's gradients are sums over sequences, never DeepSpeed's averages."""
         spans, _ = micro_batch_spans(mb, list(range(len(mb.sequences))))
         term, records = sequence_balance(
             logits, indices, spans, self.num_experts, int(self.tokens[mini]), self.coef
