@@ -99,7 +99,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         self.base = base_record(policy, config)  # before ZeRO-3 partitions the base
         self.reference = frozen_copy(policy) if config.algorithm.kl_coef > 0 else None
         checkpoint_activations(policy, config)
-        self.router = RouterTerms(policy, config.algorithm.router_aux_loss_coef, config.model)
+        self.router = RouterTerms(policy, config)
         self.module = LogprobModule(policy)
         self.vocab_size = int(self.module.head_parameters()[0].shape[0])  # before ZeRO-3 splits it
         if self.zero_stage == 3:
@@ -267,11 +267,12 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         corrected = corrections.take(key, mb.batch, logp if pre_update else None)
         ref_logp = self._reference_logp(key, mb)
         units = corrections.units[slot.mini]
+        aux = self.router.loss(routing, mb, scale, slot.mini)  # MoE: the auxiliary loss
         if self.layout is not None:
             loss, records = invariant_micro_loss(
                 self.config.algorithm, mb.batch, logp, ref_logp, units
             )
-            return loss, records, parity
+            return (loss if aux is None else loss + aux), records, parity
         loss, record = micro_loss(
             self.config.algorithm,
             mb.batch,
@@ -281,7 +282,6 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
             scale,
             corrected,
         )
-        aux = self.router.loss(routing, mb, scale, slot.mini)
         return (loss if aux is None else loss + aux), record, parity
 
     def _route_forward(self, slot: MicroSlot, mb: MicroBatch | None) -> None:
@@ -359,7 +359,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
             step=self.global_step,
             weight_version=self.weight_version,
             **correction,
-            **self.router.metrics(self.comm.all_reduce, max(len(outcomes), 1)),
+            **self.router.metrics(self.comm, max(len(outcomes), 1)),
         )
         self._log(summary(metrics))
         return metrics
