@@ -185,7 +185,6 @@ _LAYOUT_INVARIANT_LIMITS = (
     ),
     ("algorithm.ratio_level", lambda c: c.algorithm.ratio_level != "token", "'sequence' (GSPO)"),
     ("algorithm.rollout_correction", lambda c: c.algorithm.rollout_correction != "none", "a mode"),
-    ("lora.rank", lambda c: c.lora.rank > 0, "LoRA policies"),
     ("algorithm.name", lambda c: c.algorithm.name == "ppo", "'ppo': its critic"),
 )
 

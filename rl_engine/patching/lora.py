@@ -216,8 +216,32 @@ class InvariantLoraForward:
         if args or kwargs:
             raise TypeError("the invariant LoRA forward takes the hidden states alone")
         layer = self.layer
-        down = layer.lora_A[ADAPTER](x)
-        return layer.base_layer(x) + self.scale * layer.lora_B[ADAPTER](down)
+        x_base, x_lora = (x, x) if not _tracked(x) else _Fork.apply(x)
+        down = layer.lora_A[ADAPTER](x_lora)
+        return layer.base_layer(x_base) + self.scale * layer.lora_B[ADAPTER](down)
+
+
+def _tracked(x: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and x.requires_grad
+
+
+class _Fork(torch.autograd.Function):
+    """x as two views whose gradients this node adds (base + adapter) before handing x one.
+
+    Without it x's gradient buffer takes the base's and the adapter's gradient as two of its
+    consumers' terms, and the sibling layers' (q, k, v) join the same sum; ZeRO-3 wraps each
+    module's inputs in a node of its own, which groups each layer's two terms first: another
+    association, other bits. With the fork a LoRA layer is one consumer of x at every stage."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x), x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad_base, grad_lora):
+        if grad_base is None or grad_lora is None:
+            return grad_lora if grad_base is None else grad_base
+        return grad_base + grad_lora
 
 
 # ----------------------------------------------------------------------------- export

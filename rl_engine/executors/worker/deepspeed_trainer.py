@@ -421,7 +421,9 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         tag = tag or f"step{self.global_step}"
         state = {"rl_engine_step": self.global_step, "weight_version": self.weight_version}
         if self.layout is not None:
-            save_layout_free_checkpoint(self.engine, self.comm, Path(directory), tag, state)
+            save_layout_free_checkpoint(
+                self.engine, self.comm, Path(directory), tag, state, self.base
+            )
         else:
             checkpoints.save_checkpoint(
                 self.engine, self.comm, Path(directory), tag, state, self.base
@@ -431,7 +433,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
     def load_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
         """Restore model, optimizer, step and weight_version (latest tag by default); collective."""
         if self.layout is not None:
-            path, state = load_layout_free_checkpoint(self.engine, Path(directory), tag)
+            path, state = load_layout_free_checkpoint(self.engine, Path(directory), tag, self.base)
         else:
             path, state = checkpoints.load_checkpoint(self.engine, Path(directory), tag, self.base)
         self.weight_version = int(state.get("weight_version", self.global_step))

@@ -10,10 +10,15 @@ optimizer is elementwise (`InvariantAdamW`) the run continues as it would have.
 ZeRO-0 has no fragments: in fp32 the module's parameters are the masters (no DeepSpeed wrapper),
 in bf16 DeepSpeed's unfused optimizer keeps an fp32 master beside each parameter
 (`fp32_groups` beside `fp16_groups`); the torch optimizer's state is keyed by the master.
+
+Only trainable parameters are held: for a LoRA policy the adapters alone. Their checkpoint
+records the frozen base as the plain LoRA checkpoint does (`checkpoints.LORA_BASE_FILE`: the
+model spec and its content hash), checked before anything is restored.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -27,6 +32,7 @@ from deepspeed.utils import (
     safe_set_full_optimizer_state,
 )
 
+from rl_engine.executors.worker.checkpoints import LORA_BASE_FILE, check_base
 from rl_engine.io import write_text_atomic
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -145,9 +151,12 @@ def _ensure_state(optimizer, param) -> dict:
 STATE_FILE = "layout_free_state.pt"
 
 
-def save_layout_free_checkpoint(engine, comm, directory: Path, tag: str, client: dict) -> None:
+def save_layout_free_checkpoint(
+    engine, comm, directory: Path, tag: str, client: dict, base: dict | None = None
+) -> None:
     """`gather_state` (collective) written by rank 0 as directory/tag/STATE_FILE with the
-    worker's `client` state, atomically: a temporary folder renamed into place, then `latest`."""
+    worker's `client` state, atomically: a temporary folder renamed into place, then `latest`.
+    `base` (a LoRA run: the base model's spec and content hash) goes beside it."""
     state = gather_state(engine)
     if comm.rank == 0:
         staging, final = directory / f".{tag}.tmp", directory / tag
@@ -155,6 +164,8 @@ def save_layout_free_checkpoint(engine, comm, directory: Path, tag: str, client:
             shutil.rmtree(staging)
         staging.mkdir(parents=True)
         torch.save({"training": state, "client": client}, staging / STATE_FILE)
+        if base is not None:
+            write_text_atomic(staging / LORA_BASE_FILE, json.dumps(base))
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)
@@ -162,9 +173,13 @@ def save_layout_free_checkpoint(engine, comm, directory: Path, tag: str, client:
     comm.barrier()
 
 
-def load_layout_free_checkpoint(engine, directory: Path, tag: str | None) -> tuple[str, dict]:
+def load_layout_free_checkpoint(
+    engine, directory: Path, tag: str | None, base: dict | None = None
+) -> tuple[str, dict]:
     """(path loaded, client state) of `save_layout_free_checkpoint`'s checkpoint, restored into
-    this engine whatever its layout; ValueError naming what is missing."""
+    this engine whatever its layout; ValueError naming what is missing, or (`base`: a LoRA
+    run's) when its adapters were trained on another base, checked before anything is loaded."""
+    check_base(directory, tag, base)
     latest = directory / "latest"
     if tag is None and not latest.is_file():
         raise ValueError(f"no checkpoint in {str(directory)!r} (no 'latest')")

@@ -70,7 +70,7 @@ def cell_config(
         "algorithm": {"kl_coef": 0.05},
     }
     for section, values in overrides.items():
-        data[section] = {**data[section], **values} if isinstance(values, dict) else values
+        data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
     return RunConfig.from_dict(data)
 
 

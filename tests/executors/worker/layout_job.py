@@ -2,11 +2,12 @@
 
 spec: stage, dtype, trainer (the layout keys: micro_batch_size, packing,
 max_tokens_per_micro_batch, layout_invariant, mini_batch_size, epochs), steps, and optionally
-save / resume (a layout-free state file written after `save_after` steps, or restored before
-the first). Every rank takes its shard of the same cached completions (2 prompts x 4 samples),
-trains `steps` steps on it (parity 'report': from step 2 on the batch is off-policy), and
-returns the metrics of each step and the layout-free state (fp32 masters and AdamW moments,
-gathered per parameter) after the last.
+lora (the `lora:` section), save / resume (a layout-free state file written after `save_after`
+steps, or restored before the first) and save_checkpoint / load_checkpoint (the same through
+the worker's checkpoint folder, which checks a LoRA run's base). Every rank takes its shard of
+the same cached completions (2 prompts x 4 samples), trains `steps` steps on it (parity
+'report': from step 2 on the batch is off-policy), and returns the metrics of each step and
+the layout-free state (fp32 masters and AdamW moments, gathered per parameter) after the last.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def _worker(spec: dict) -> DeepSpeedTrainingWorker:
         parity="report",
         trainer={"lr": 1e-3, "grad_clip": spec.get("grad_clip", 1.0), **spec["trainer"]},
         algorithm={"kl_coef": spec.get("kl_coef", 0.0), **spec.get("algorithm", {})},
+        lora=spec.get("lora", {}),
     )
     return DeepSpeedTrainingWorker(config, device="cpu")
 
@@ -39,11 +41,20 @@ def run(spec: dict, out_dir, rank: int) -> dict:
     shard = batch.shard(rank, world, mini_batches=mini)
     if spec.get("resume"):
         restore_state(worker.engine, torch.load(spec["resume"], weights_only=False))
+    if spec.get("load_checkpoint"):
+        worker.load_checkpoint(spec["load_checkpoint"])
     metrics = []
     for step in range(spec["steps"]):
         metrics.append(worker.train_step(shard))
-        if spec.get("save") and step + 1 == spec.get("save_after", -1):
-            state = gather_state(worker.engine)
-            if rank == 0:
-                torch.save(state, spec["save"])
+        if step + 1 == spec.get("save_after", -1):
+            _save(worker, spec, rank)
     return {"metrics": metrics, "state": gather_state(worker.engine)}
+
+
+def _save(worker: DeepSpeedTrainingWorker, spec: dict, rank: int) -> None:
+    if spec.get("save"):
+        state = gather_state(worker.engine)
+        if rank == 0:
+            torch.save(state, spec["save"])
+    if spec.get("save_checkpoint"):
+        worker.save_checkpoint(spec["save_checkpoint"])

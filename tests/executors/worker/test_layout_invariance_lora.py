@@ -1,0 +1,98 @@
+"""trainer.layout_invariant with a LoRA policy (rank 4 on every linear, base frozen): two layouts
+(1 rank ZeRO-0 micro-batch 8 packed, 2 ranks ZeRO-3 micro-batch 2 padded) end every step with
+the same adapters and AdamW moments, bit for bit, and write the same metrics; the layout-free
+state holds the adapters alone, a checkpoint saved on one layout resumes on the other and
+continues exactly, and one resumed onto another base is refused (its content hash). Negative
+control: the same layouts with the flag off differ.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+from rl_engine.patching.lora import is_adapter_name
+from tests.executors.worker.cell import cached_completions, cell_config, to_batch
+from tests.executors.worker.test_layout_invariance import (
+    PACKED_ONE,
+    PADDED_TWO,
+    _run,
+    _same_metrics,
+    _same_state,
+)
+
+LORA = {"rank": 4, "alpha": 8, "target_modules": "all-linear"}
+
+
+@pytest.fixture(scope="module")
+def completions(tmp_path_factory):
+    paths = {}
+    for dtype in ("float32", "bfloat16"):
+        path = tmp_path_factory.mktemp("completions") / f"{dtype}.pt"
+        torch.save(cached_completions(dtype), path)
+        paths[dtype] = str(path)
+    return paths
+
+
+def _lora_run(tmp_path, completions, layout, dtype, **extra):
+    return _run(tmp_path, completions, layout, dtype, lora=LORA, **extra)
+
+
+def _check_adapters_trained(state: dict) -> None:
+    """The state holds the adapters alone (no frozen base weight), and B (zero at the start)
+    has moved."""
+    names = [key for key in state if key != "step" and "/" not in key]
+    assert names and all(is_adapter_name(name) for name in names)
+    assert any(".lora_B." in name and state[name].any() for name in names)
+
+
+@pytest.mark.parametrize(
+    "dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.exhaustive)]
+)
+def test_two_layouts_take_the_same_lora_steps(tmp_path, completions, dtype):
+    one = _lora_run(tmp_path, completions, PACKED_ONE, dtype)
+    two = _lora_run(tmp_path, completions, PADDED_TWO, dtype)
+    _check_adapters_trained(one["state"])
+    assert _same_state(one["state"], two["state"]) == []
+    assert _same_metrics(one["metrics"], two["metrics"]) == []
+    assert int(one["state"]["step"]) == 3
+
+
+def test_negative_control_the_plain_lora_update_differs_between_layouts(tmp_path, completions):
+    one = _lora_run(tmp_path, completions, PACKED_ONE, "float32", invariant=False)
+    two = _lora_run(tmp_path, completions, PADDED_TWO, "float32", invariant=False)
+    assert _same_state(one["state"], two["state"]) != []
+
+
+@pytest.mark.exhaustive
+def test_a_lora_checkpoint_saved_on_one_layout_resumes_on_another(tmp_path, completions):
+    whole = _lora_run(tmp_path, completions, PADDED_TWO, "float32")
+    ckpt = str(tmp_path / "ckpt")
+    _lora_run(
+        tmp_path, completions, PADDED_TWO, "float32", steps=1, save_checkpoint=ckpt, save_after=1
+    )
+    resumed = _lora_run(tmp_path, completions, PACKED_ONE, "float32", steps=2, load_checkpoint=ckpt)
+    assert _same_state(whole["state"], resumed["state"]) == []
+    assert _same_metrics(whole["metrics"][1:], resumed["metrics"]) == []
+
+
+def _worker(seed: int) -> DeepSpeedTrainingWorker:
+    config = cell_config(
+        0,
+        1,
+        "float32",
+        seed=seed,
+        trainer={"layout_invariant": True, "micro_batch_size": 8, "packing": True},
+        lora=LORA,
+    )
+    return DeepSpeedTrainingWorker(config, device="cpu")
+
+
+def test_a_lora_checkpoint_resumed_on_another_base_is_refused(tmp_path):
+    trained = _worker(seed=3)
+    trained.train_step(to_batch(cached_completions("float32")).shard(0, 1))
+    trained.save_checkpoint(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match=r"lora: checkpoint .* holds adapters of base .* hash"):
+        _worker(seed=4).load_checkpoint(tmp_path / "ckpt")
+    _worker(seed=3).load_checkpoint(tmp_path / "ckpt")  # its own base resumes
