@@ -137,7 +137,7 @@ def _matmul_kernel(
 
 
 # nothing specialised: K is a sequence's length in a weight partial, and every length,
-# row count and view runs one binary (the compile check's group `exact_gemm`)
+# row count and view runs one binary (the compile check's groups `exact_gemm_<operand dtype>`)
 @triton.jit(do_not_specialize=_ARGS, do_not_specialize_on_alignment=_ARGS)
 def _exact_gemm_kernel(
     x_ptr,
@@ -231,7 +231,7 @@ def exact_gemm_launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> La
     tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)
     programs = num_programs(a.device, tiles)
     return Launch(
-        variant="exact_gemm",
+        variant="exact_gemm_" + str(a.dtype).removeprefix("torch."),  # one binary each
         kernel=_exact_gemm_kernel,
         grid=(programs,),
         args=(a, b, a, out, M, N, K, a.stride(0), b.stride(0), out.stride(0), programs),
