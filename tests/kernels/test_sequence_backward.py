@@ -527,7 +527,8 @@ def test_a_sequence_without_rows_reports_zeros(op, backend):
     call = Call((2, 3), [1, 3], [torch.arange(2), torch.zeros(0, dtype=torch.long)], spans)
     run, shapes = OPS[op]
     sink = RecordingSink()
-    run(call, torch.float32, _params(shapes, torch.float32, 10), sink, "garbage", backend)
+    params = _params(shapes, torch.float32, 10, device_of(backend))
+    run(call, torch.float32, params, sink, "garbage", backend)
     for (_, index), value in sink.records.items():
         if index != INDICES[3]:
             continue
