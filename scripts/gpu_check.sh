@@ -7,7 +7,8 @@
 #   1. the gpu-marked tests (tests/gpu: kernel invariance at realistic sizes, decode ==
 #      prefill, fused == unfused, rollout engine == token_logprobs recompute on random
 #      Llama / Qwen3 models in bf16, rounding accuracy against fp64), and the triton-marked
-#      registry, attention-layout and tiny-model chain tests on cuda (the row-wise op tests
+#      registry, attention-layout, tiny-model chain and layout-invariant backward tests on
+#      cuda (the row-wise op tests
 #      are the interpreter's);
 #   2. the real-size parity case: a Qwen2.5-0.5B-shaped random Qwen2 (vocab 151936, 24
 #      layers) in bf16, rollout engine == recompute;
@@ -38,7 +39,7 @@ $PY -c 'import torch, triton, transformers; print(f"{torch.cuda.get_device_name(
 echo "== tests (gpu + triton on cuda)"
 timeout 110 $PY -m pytest -q -p no:cacheprovider -m "gpu or triton" -rs -k "not qwen2_0p5b" \
     tests/gpu tests/kernels/test_registry.py tests/kernels/test_triton_attention.py \
-    tests/rollout/test_triton_chain.py \
+    tests/rollout/test_triton_chain.py tests/kernels/test_triton_sequence_backward.py \
     --junitxml="$OUT/tests.xml" 2>&1 | tee "$OUT/tests.log"
 
 echo "== real size: Qwen2.5-0.5B-shaped bf16, engine == recompute"

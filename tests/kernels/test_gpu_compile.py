@@ -6,8 +6,10 @@ JIT's own specialisation (a documented subset of the launch cases, at least 2 pe
 script's default runs them all, for every target). This test re-derives checks a-c from the
 manifest and the PTX files itself. Negative control: the same log_softmax kernel jitted with
 Triton's default specialisation compiles two binaries for a 1-row view of a wider buffer and
-a batch of rows (the alignment-dependent reduction order the op pins). Plus the facts the job
-compares, which need no GPU.
+a batch of rows (the alignment-dependent reduction order the op pins); and the layout-invariant
+backward's exact GEMM, so jitted, compiles two binaries for weight partials over sequences of 7
+and 16 rows (the pinned kernel: one). The manifest holds that backward's launches too
+(aot_cases.py, `backward_seq*`). Plus the facts the job compares, which need no GPU.
 
 The compiles run in a fresh interpreter (`_in_compiled_process`) that imports the package
 module and calls it: `triton.jit` reads TRITON_INTERPRET when a kernel is decorated, and this
@@ -73,6 +75,14 @@ def test_every_op_compiles_for_sm_90_with_one_binary_per_group(sm90_manifest):
             assert any(k[:2] == (name, dtype) for k in groups), (name, dtype)
     attention = {k[2] for k in groups if k[0] == "attention"}
     assert {"split_d64", "combine_d64", "split_d128", "combine_d128"} <= attention
+    # the layout-invariant backward: its GEMM in every op that has one, rms_norm's grad x
+    for name in ("linear", "lm_head", "linear_logp", "moe_router", "moe_experts"):
+        assert (name, "fp32", "exact_gemm_float32") in groups, name
+        assert (name, "bf16", "exact_gemm_bfloat16") in groups, name
+    assert ("rms_norm", "bf16", "rms_norm_backward_block1024") in groups
+    for key, rs in groups.items():  # K is a sequence's length there: several, one binary
+        if key[2].startswith("exact_gemm_") and key[0] != "moe_experts":
+            assert {1, 7, 16} <= {r["args"][6] for r in rs}, key
     for key, rs in groups.items():
         assert len({r["case"] for r in rs}) >= 2, key  # >= 2 launch cases per group
         assert len({r["hash"] for r in rs}) == 1, key  # a: one binary for every case
@@ -139,6 +149,46 @@ def _default_vs_pinned_specialisation() -> dict[str, list[str]]:
         "pinned": [hash_of(batch.kernel, batch), hash_of(batch.kernel, view)],
         "plain": [hash_of(plain, batch), hash_of(plain, view)],
     }
+
+
+def _exact_gemm_specialisation() -> dict[str, list[str]]:
+    """Hashes of the backward's exact GEMM compiled for a weight partial over a 7-row and a
+    16-row sequence: with its pinned (no) specialisation, and with Triton's default one."""
+    import triton
+
+    from rl_engine.kernels.triton._launch import capture_launches
+    from rl_engine.kernels.triton._matmul import exact_gemm
+    from rl_engine.kernels.triton.aot import StubDriver, require_compiled_kernels
+
+    require_compiled_kernels()
+    triton.runtime.driver.set_active(StubDriver())
+
+    def launch_of(rows):
+        with capture_launches() as launches:
+            exact_gemm(torch.empty(1152, rows), torch.empty(896, rows))  # dy_s^T, x_s^T
+        return launches[0]
+
+    short, full = launch_of(7), launch_of(16)
+    plain = triton.JITFunction(short.kernel.fn)
+
+    def hash_of(kernel, launch):
+        options = {**launch.constexprs, **launch.options()}
+        return kernel.warmup(*launch.args, grid=(1,), **options).hash
+
+    return {
+        "pinned": [hash_of(short.kernel, short), hash_of(short.kernel, full)],
+        "plain": [hash_of(plain, short), hash_of(plain, full)],
+    }
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_negative_control_default_specialisation_splits_sequence_lengths():
+    """The backward's GEMM sums a weight partial over K = a sequence's length: Triton's default
+    specialisation (K % 16) compiles two binaries for 7 and 16 rows; the pinned one, one."""
+    hashes = _in_compiled_process(_exact_gemm_specialisation)
+    assert hashes["pinned"][0] == hashes["pinned"][1]
+    assert hashes["plain"][0] != hashes["plain"][1]
 
 
 @pytest.mark.triton

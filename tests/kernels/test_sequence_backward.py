@@ -161,10 +161,15 @@ def gather(grad: torch.Tensor, call: Call) -> dict[int, torch.Tensor]:
 # run(call, dtype, params, sink, fill) -> {sequence: input gradient of its tokens} (or {})
 
 
-def _params(shapes: dict, dtype, seed: int) -> dict[str, torch.nn.Parameter]:
+def device_of(backend: str) -> str:
+    """Where a backend's runs live: triton on cuda where there is one (else the interpreter)."""
+    return "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
+
+
+def _params(shapes: dict, dtype, seed: int, device: str = "cpu") -> dict[str, torch.nn.Parameter]:
     g = torch.Generator().manual_seed(seed)
     return {
-        name: torch.nn.Parameter((torch.randn(*shape, generator=g) * 0.3).to(dtype))
+        name: torch.nn.Parameter((torch.randn(*shape, generator=g) * 0.3).to(dtype).to(device))
         for name, shape in shapes.items()
     }
 
@@ -173,11 +178,12 @@ def run_projection(op_name):
     K, N = 96, 80
 
     def run(call, dtype, params, sink, fill, backend):
-        x = scatter(per_sequence(K, dtype, 1), call, fill).requires_grad_(True)
+        dev = device_of(backend)
+        x = scatter(per_sequence(K, dtype, 1), call, fill).to(dev).requires_grad_(True)
         out_dtype = dtype if op_name == "linear" else torch.float32
-        dy = scatter(per_sequence(N, out_dtype, 2), call, fill)
+        dy = scatter(per_sequence(N, out_dtype, 2), call, fill).to(dev)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
-        get_op(op_name, "cpu", backend=backend)(
+        get_op(op_name, dev, backend=backend)(
             x, params["weight"], params["bias"], **kwargs
         ).backward(dy)
         return gather(x.grad, call)
@@ -189,8 +195,9 @@ def run_logp(small_chunks: bool):
     H, V = 48, 300
 
     def run(call, dtype, params, sink, fill, backend):
-        op = SMALL_CHUNK_LOGP if small_chunks else get_op("linear_logp", "cpu", backend=backend)
-        h = scatter(per_sequence(H, dtype, 3), call, fill).requires_grad_(True)
+        dev = device_of(backend)
+        op = SMALL_CHUNK_LOGP if small_chunks else get_op("linear_logp", dev, backend=backend)
+        h = scatter(per_sequence(H, dtype, 3), call, fill).to(dev).requires_grad_(True)
         g = torch.Generator().manual_seed(4)
         per_seq = []
         for n in LENGTHS:
@@ -202,8 +209,9 @@ def run_logp(small_chunks: bool):
         for rows in call.rows:
             padding[rows] = False
         targets.view(-1)[padding] = IGNORE
-        coeff = scatter(per_sequence(1, torch.float32, 5), call, fill)[..., 0]
+        coeff = scatter(per_sequence(1, torch.float32, 5), call, fill)[..., 0].to(dev)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
+        targets = targets.to(dev)
         op(h, params["weight"], targets, params["bias"], temperature=0.7, **kwargs).backward(coeff)
         return gather(h.grad, call)
 
@@ -225,10 +233,11 @@ def run_embedding():
             flat_ids = torch.where(flat_ids == 0, V - 1, flat_ids)  # padding: some id
             for i, rows in zip(call.members, call.rows):
                 flat_ids.view(-1)[rows] = ids[i][: rows.numel(), 0]
-        dy = scatter(per_sequence(H, dtype, 7), call, fill)
+        dev = device_of(backend)
+        dy = scatter(per_sequence(H, dtype, 7), call, fill).to(dev)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
-        get_op("embedding", "cpu", backend=backend)(
-            flat_ids, params["weight"], 2, **kwargs
+        get_op("embedding", dev, backend=backend)(
+            flat_ids.to(dev), params["weight"], 2, **kwargs
         ).backward(dy)
         return {}
 
@@ -239,10 +248,11 @@ def run_rms_norm():
     H = 96
 
     def run(call, dtype, params, sink, fill, backend):
-        x = scatter(per_sequence(H, dtype, 8), call, fill).requires_grad_(True)
-        dy = scatter(per_sequence(H, dtype, 9), call, fill)
+        dev = device_of(backend)
+        x = scatter(per_sequence(H, dtype, 8), call, fill).to(dev).requires_grad_(True)
+        dy = scatter(per_sequence(H, dtype, 9), call, fill).to(dev)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
-        get_op("rms_norm", "cpu", backend=backend)(x, params["weight"], 1e-6, **kwargs).backward(dy)
+        get_op("rms_norm", dev, backend=backend)(x, params["weight"], 1e-6, **kwargs).backward(dy)
         return gather(x.grad, call)
 
     return run, {"weight": (H,)}
@@ -253,12 +263,13 @@ def run_router():
 
     def run(call, dtype, params, sink, fill, backend):
         """moe_router, top 3 renormalised: gradients through the weights and the logits."""
-        x = scatter(per_sequence(H, dtype, 17), call, fill).requires_grad_(True)
+        dev = device_of(backend)
+        x = scatter(per_sequence(H, dtype, 17), call, fill).to(dev).requires_grad_(True)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
-        router = get_op("moe_router", "cpu", backend=backend)
+        router = get_op("moe_router", dev, backend=backend)
         logits, weights, _ = router(x, params["weight"], 3, renormalize=True, **kwargs)
-        dw = scatter(per_sequence(3, dtype, 18), call, fill).reshape(weights.shape)
-        dl = scatter(per_sequence(E, dtype, 19), call, fill).reshape(logits.shape)
+        dw = scatter(per_sequence(3, dtype, 18), call, fill).reshape(weights.shape).to(dev)
+        dl = scatter(per_sequence(E, dtype, 19), call, fill).reshape(logits.shape).to(dev)
         ((weights * dw).sum() + (logits * dl).sum()).backward()
         return gather(x.grad, call)
 
@@ -276,13 +287,15 @@ def run_experts():
             torch.cat([f, (f + 1 + torch.randint(0, E - 1, f.shape, generator=g)) % E], 1)
             for f in first
         ]
-        indices = scatter(picks, call, "zeros").reshape(-1, TOP)
-        x = scatter(per_sequence(H, dtype, 21), call, fill).reshape(-1, H).requires_grad_(True)
-        w = scatter(per_sequence(TOP, dtype, 22), call, fill).reshape(-1, TOP).requires_grad_(True)
+        dev = device_of(backend)
+        indices = scatter(picks, call, "zeros").reshape(-1, TOP).to(dev)
+        x = scatter(per_sequence(H, dtype, 21), call, fill).reshape(-1, H).to(dev)
+        w = scatter(per_sequence(TOP, dtype, 22), call, fill).reshape(-1, TOP).to(dev)
+        x, w = x.requires_grad_(True), w.requires_grad_(True)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
-        experts = get_op("moe_experts", "cpu", backend=backend)
+        experts = get_op("moe_experts", dev, backend=backend)
         out = experts(x, params["gate_up"], params["down"], indices, w, **kwargs)
-        out.backward(scatter(per_sequence(H, dtype, 23), call, fill).reshape(-1, H))
+        out.backward(scatter(per_sequence(H, dtype, 23), call, fill).reshape(-1, H).to(dev))
         grads = torch.cat([x.grad, w.grad], 1)
         return gather(grads, call)
 
@@ -338,7 +351,7 @@ OPS = {
 def run_layout(op: str, layout: str, dtype, *, sink: bool, fill: str, backend: str = "cpp"):
     """(sink records merged over the layout's calls, input grads by sequence, plain .grads)."""
     run, shapes = OPS[op]
-    params = _params(shapes, dtype, 10)
+    params = _params(shapes, dtype, 10, device_of(backend))
     records, grads = {}, {}
     for call in LAYOUTS[layout]:
         recorder = RecordingSink() if sink else None
@@ -514,7 +527,8 @@ def test_a_sequence_without_rows_reports_zeros(op, backend):
     call = Call((2, 3), [1, 3], [torch.arange(2), torch.zeros(0, dtype=torch.long)], spans)
     run, shapes = OPS[op]
     sink = RecordingSink()
-    run(call, torch.float32, _params(shapes, torch.float32, 10), sink, "garbage", backend)
+    params = _params(shapes, torch.float32, 10, device_of(backend))
+    run(call, torch.float32, params, sink, "garbage", backend)
     for (_, index), value in sink.records.items():
         if index != INDICES[3]:
             continue

@@ -30,7 +30,7 @@ FP_FUSION = False
 # The version of this backend's numerics (kernel_facts records it, as the cpp backend's
 # `serialk-v1`): change it with any change that moves a bit on a GPU (tile sizes, split
 # size, num_warps, reduction order, rounding functions, FP fusion, the specialisation).
-NUMERICS_VERSION = "tritonk-v2"
+NUMERICS_VERSION = "tritonk-v3"  # v3: rms_norm grad x by a row kernel
 
 _captured: list[Launch] | None = None
 

@@ -1,4 +1,4 @@
-"""Persistent fixed-order matmul: the one Triton kernel behind `linear`, `lm_head` and `linear_logp`.
+"""Persistent fixed-order matmul: the Triton GEMM behind `linear`, `lm_head`, `linear_logp` and their backward.
 
 out (M, N) = x (M, K) @ w (N, K)^T (+ bias), accumulated in fp32 (fp64 for fp64).
 
@@ -15,6 +15,11 @@ A row's bits are fixed by construction:
   and masked rows / columns load as 0.
 The launch is persistent (one program per SM, looping over tiles): which
 program computes a tile changes with M, what it computes does not.
+
+One body (`_matmul_tiles`), two kernels: `_matmul_kernel`, the forward's (K and
+the input strides specialised: model widths), and `_exact_gemm_kernel`, the
+layout-invariant backward's `exact_gemm` (no bias, fp32 out, nothing specialised:
+its K is a sequence's length when it sums a weight partial over the sequence's rows).
 """
 
 from __future__ import annotations
@@ -42,8 +47,8 @@ _NUM_WARPS = 8
 _NUM_STAGES = {2: 3, 4: 1, 8: 1}
 
 
-@triton.jit(do_not_specialize=["M", "N", "stride_om", "programs"])
-def _matmul_kernel(
+@triton.jit
+def _matmul_tiles(
     x_ptr,
     w_ptr,
     b_ptr,
@@ -62,6 +67,7 @@ def _matmul_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
+    """This program's output tiles of x (M, K) @ w (N, K)^T (+ bias): the body of both kernels."""
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -97,6 +103,65 @@ def _matmul_kernel(
             acc.to(out_ptr.dtype.element_ty),
             mask=(rm[:, None] < M) & (rn[None, :] < N),
         )
+
+
+_ARGS = ["x_ptr", "w_ptr", "b_ptr", "out_ptr", "M", "N", "K", "stride_xm", "stride_wn"]
+_ARGS += ["stride_om", "programs"]
+
+
+@triton.jit(do_not_specialize=["M", "N", "stride_om", "programs"])
+def _matmul_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    programs,
+    HAS_BIAS: tl.constexpr,
+    ACC: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """The forward's projection: K (a model width) and the strides are specialised."""
+    _matmul_tiles(
+        x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om, programs,
+        HAS_BIAS, ACC, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+
+
+# nothing specialised: K is a sequence's length in a weight partial, and every length,
+# row count and view runs one binary (the compile check's groups `exact_gemm_<operand dtype>`)
+@triton.jit(do_not_specialize=_ARGS, do_not_specialize_on_alignment=_ARGS)
+def _exact_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    programs,
+    ACC: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """The layout-invariant backward's GEMM: the forward's tiles and K order, no bias."""
+    _matmul_tiles(
+        x_ptr, w_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om, programs,
+        False, ACC, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
 
 
 def matmul_launch(
@@ -156,4 +221,48 @@ def fixed_order_matmul(
     if bias is not None:
         bias = aligned_rows(bias.reshape(1, -1)).reshape(-1)
     matmul_launch(x, weight, bias, out).run()
+    return out
+
+
+def exact_gemm_launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> Launch:
+    """The launch that writes out (M, N) = a (M, K) @ b (N, K)^T, fp32 (fp64) accumulation."""
+    M, K = a.shape
+    N = b.shape[0]
+    tiles = triton.cdiv(M, BLOCK_M) * triton.cdiv(N, BLOCK_N)
+    programs = num_programs(a.device, tiles)
+    return Launch(
+        variant="exact_gemm_" + str(a.dtype).removeprefix("torch."),  # one binary each
+        kernel=_exact_gemm_kernel,
+        grid=(programs,),
+        args=(a, b, a, out, M, N, K, a.stride(0), b.stride(0), out.stride(0), programs),
+        constexprs=dict(
+            ACC=tl_dtype(out.dtype),
+            UPCAST=upcast_dot(a.dtype),
+            BLOCK_M=BLOCK_M,
+            BLOCK_N=BLOCK_N,
+            BLOCK_K=BLOCK_K,
+        ),
+        num_warps=_NUM_WARPS,
+        num_stages=_NUM_STAGES[a.element_size()],
+        fp_fusion=FP_FUSION,
+    )
+
+
+def exact_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The layout-invariant backward's GEMM (common/sequence_grads.py, `ExactGemm`): a (M, K)
+    @ b (N, K)^T -> fp32 (M, N) (fp64 for fp64), operands as given (the parameter's dtype).
+
+    Output row m is one fixed chain over K whatever M, a's other rows, its alignment or the
+    program count: the forward's constant tiles, K walked from column 0 in BLOCK_K steps,
+    one `tl.dot` per step into the fp32 accumulator (bf16 / fp16 tiles on the tensor cores,
+    products exact; fp32 / fp64 `ieee`), no split-K, no atomics; and one binary for every
+    M, N, K and view (`_exact_gemm_kernel` specialises nothing)."""
+    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+    M, K, N = a.shape[0], a.shape[1], b.shape[0]
+    out = torch.empty((M, N), dtype=acc, device=a.device)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:  # the empty chain
+        return out.zero_()
+    exact_gemm_launch(aligned_rows(a), aligned_rows(b), out).run()
     return out

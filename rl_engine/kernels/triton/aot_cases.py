@@ -8,6 +8,11 @@ is a batch layout the op meets in a run: row counts, a row-offset slice (aligned
 attention at cache lengths on both sides of the GPU's KV split. Every case of one op, dtype
 and kernel variant must compile to one binary (check a): that is batch independence.
 
+The layout-invariant backward (`spans=`, `sink=`) is compiled too: for every op with
+kernels in it, `backward_seq*` cases run one backward pass of the op's autograd path over
+packed sequences of several lengths (its weight partials' K), so its GEMM
+(`exact_gemm_<operand dtype>`) and rms_norm's grad-x kernel are checked like the forward.
+
 `subset="ci"` keeps a documented subset, at least 2 cases per group (the CI test runs it).
 A new op adds its builder to `CASES` (docs/adding-an-op.md).
 """
@@ -253,16 +258,116 @@ def _attention_cases(op, dt, dev, subset):
     return cases
 
 
+# ----------------------------------------------------------------------------- backward
+# The layout-invariant backward (spans= / sink=): its launches are those of one backward
+# pass of the op's own autograd path. Each case is a call's sequence lengths (packed into
+# one row, 3 padding rows after each): a weight partial's K is a sequence's length, so
+# every length must run the group's one binary (`exact_gemm_*`, `rms_norm_backward_*`).
+_SEQUENCES = ((1,), (7, 16), (5, 130, 33), (64, 64, 64, 64))
+_CI_SEQUENCES = ((1,), (7, 16))
+
+
+class _DroppingSink:
+    """The sink protocol, discarding: the compile check looks at launches, not values."""
+
+    def add(self, param, role, index, partial):
+        pass
+
+    def add_rows(self, param, role, index, rows, values):
+        pass
+
+
+def _packed_spans(lengths):
+    """(rows, SequenceSpans): the sequences one after another, 3 padding rows after each."""
+    from rl_engine.kernels.common.sequence_spans import SequenceSpans
+
+    starts, row = [], 0
+    for n in lengths:
+        starts.append(row)
+        row += n + 3
+    return row, SequenceSpans(row, tuple(starts), tuple(lengths), tuple(range(len(lengths))))
+
+
+def _backward_cases(run, dt, dev, subset, width):
+    """[(case, thunk)]: run(x (rows, width) requiring grad, spans, sink) -> the tensor whose
+    backward (upstream gradient: empty of its shape) the case runs, with grad enabled."""
+
+    def thunk(lengths):
+        rows, spans = _packed_spans(lengths)
+        with torch.enable_grad():
+            x = torch.empty(rows, width, dtype=dt, device=dev, requires_grad=True)
+            out = run(x, spans, _DroppingSink())
+            out.backward(torch.empty_like(out))
+
+    sequences = _CI_SEQUENCES if subset == "ci" else _SEQUENCES
+    return [("backward_seq" + "_".join(map(str, ls)), lambda ls=ls: thunk(ls)) for ls in sequences]
+
+
+def _param(*shape, dt, dev):
+    return torch.nn.Parameter(torch.empty(*shape, dtype=dt, device=dev))
+
+
+def _linear_backward_cases(op, dt, dev, subset):
+    w, b = _param(1152, H, dt=dt, dev=dev), _param(1152, dt=dt, dev=dev)
+    return _backward_cases(lambda x, s, k: op(x, w, b, spans=s, sink=k), dt, dev, subset, H)
+
+
+def _lm_head_backward_cases(op, dt, dev, subset):
+    w = _param(VOCABS[1], H, dt=dt, dev=dev)
+    return _backward_cases(lambda x, s, k: op(x, w, spans=s, sink=k), dt, dev, subset, H)
+
+
+def _linear_logp_backward_cases(op, dt, dev, subset):
+    w = _param(VOCABS[1], H, dt=dt, dev=dev)
+
+    def run(x, spans, sink):
+        targets = torch.zeros(x.shape[0], dtype=torch.long, device=dev)
+        targets[~spans.covered(dev)] = -100  # padding rows: no target
+        return op(x, w, targets, temperature=0.7, spans=spans, sink=sink)
+
+    return _backward_cases(run, dt, dev, subset, H)
+
+
+def _rms_norm_backward_cases(op, dt, dev, subset):
+    w = _param(H, dt=dt, dev=dev)
+    return _backward_cases(lambda x, s, k: op(x, w, 1e-6, spans=s, sink=k), dt, dev, subset, H)
+
+
+def _moe_router_backward_cases(op, dt, dev, subset):
+    """Through the logits only: the routing's own backward is plain torch (no kernel)."""
+    w = _param(E, H, dt=dt, dev=dev)
+    return _backward_cases(lambda x, s, k: op(x, w, TOP_K, spans=s, sink=k)[0], dt, dev, subset, H)
+
+
+def _moe_experts_backward_cases(op, dt, dev, subset):
+    gate_up = _param(E, 2 * MOE_INTER, H, dt=dt, dev=dev)
+    down = _param(E, H, MOE_INTER, dt=dt, dev=dev)
+
+    def run(x, spans, sink):
+        g = torch.Generator().manual_seed(x.shape[0])
+        n = x.shape[0]
+        idx = torch.stack([torch.randperm(E, generator=g)[:TOP_K] for _ in range(n)]).to(dev)
+        weights = torch.empty(n, TOP_K, dtype=dt, device=dev, requires_grad=True)
+        return op(x, gate_up, down, idx, weights, spans=spans, sink=sink)
+
+    return _backward_cases(run, dt, dev, subset, H)
+
+
+def _with_backward(forward, backward):
+    """An op's forward cases, then its layout-invariant backward's."""
+    return lambda *a: forward(*a) + backward(*a)
+
+
 CASES = {
     "embedding": _embedding_cases,
-    "linear": _linear_cases,
-    "lm_head": _lm_head_cases,
-    "rms_norm": _rms_norm_cases,
+    "linear": _with_backward(_linear_cases, _linear_backward_cases),
+    "lm_head": _with_backward(_lm_head_cases, _lm_head_backward_cases),
+    "rms_norm": _with_backward(_rms_norm_cases, _rms_norm_backward_cases),
     "silu": _elementwise_cases,
     "sigmoid": _elementwise_cases,
     "log_softmax": _log_softmax_cases,
     "attention": _attention_cases,
-    "linear_logp": _linear_logp_cases,
-    "moe_router": _moe_router_cases,
-    "moe_experts": _moe_experts_cases,
+    "linear_logp": _with_backward(_linear_logp_cases, _linear_logp_backward_cases),
+    "moe_router": _with_backward(_moe_router_cases, _moe_router_backward_cases),
+    "moe_experts": _with_backward(_moe_experts_cases, _moe_experts_backward_cases),
 }

@@ -9,6 +9,8 @@ recomputes each chunk's softmax with those kernels and finishes with plain
 torch GEMMs (deterministic): d logp[t] / d logits = (onehot(t) - softmax) / T.
 Those loops, the autograd.Function and the op's checks are shared by every
 backend (rl_engine/kernels/common/linear_logp.py); this file supplies the chunk.
+With `spans=` / `sink=` the shared layout-invariant backward runs around
+`_matmul.exact_gemm` (common/linear_logp_sequences.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from rl_engine.kernels.common.checks import at_least_fp32
 from rl_engine.kernels.common.linear_logp import linear_logp_op
 from rl_engine.kernels.triton._common import SERVING
-from rl_engine.kernels.triton._matmul import BLOCK_M, fixed_order_matmul
+from rl_engine.kernels.triton._matmul import BLOCK_M, exact_gemm, fixed_order_matmul
 from rl_engine.kernels.triton.log_softmax import log_softmax_forward
 
 # Logits held at once, in elements: 16M = 64 MiB per fp32 buffer (logits and logprobs).
@@ -35,4 +37,4 @@ def _chunk_logprobs(h, weight, bias, temperature):
     return log_softmax_forward(logits, temperature)  # (n, V) fp32
 
 
-linear_logp = linear_logp_op(_chunk_logprobs, chunk_rows_for, SERVING, __name__)
+linear_logp = linear_logp_op(_chunk_logprobs, chunk_rows_for, SERVING, __name__, exact_gemm)

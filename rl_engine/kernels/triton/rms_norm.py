@@ -2,8 +2,11 @@
 
 One program per row. The sum of squares runs over the row in chunks of BLOCK
 columns from column 0, into a BLOCK-wide fp32 vector, reduced once at the end:
-the order depends only on the row length. Backward: autograd through the same
-formula in plain torch (deterministic).
+the order depends only on the row length. Backward: grad x by a kernel of the
+same shape (one program a row, the forward's rstd and chunk order: row-invariant,
+so the layout-invariant mode's input gradient, common/rms_norm.py); the weight's
+plain gradient by autograd through the formula in plain torch (deterministic; in
+the layout-invariant mode the shared per-sequence row sums instead).
 
 One binary for every call: no pointer or integer argument is specialised, so
 the loads' layout (which elements each thread sums) is the same for every row
@@ -53,6 +56,53 @@ def _rms_norm_kernel(
         tl.store(out_ptr + row * stride_o + h0 + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+_BACKWARD_ARGS = ["x_ptr", "w_ptr", "dy_ptr", "dx_ptr", "H", "stride_x", "stride_dy", "stride_dx"]
+
+
+@triton.jit(do_not_specialize=_BACKWARD_ARGS, do_not_specialize_on_alignment=_BACKWARD_ARGS)
+def _rms_norm_backward_kernel(
+    x_ptr,
+    w_ptr,
+    dy_ptr,
+    dx_ptr,
+    H,
+    stride_x,
+    stride_dy,
+    stride_dx,
+    eps,
+    ACC: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """dx of one row: the forward's rstd (same chunks and roundings), g = dy * w rounded to
+    x's dtype (the plain backward's gradient of the cast normed value), then
+    dx = g * rstd - x * (rstd^3 * sum(g * x) / H), the sum in the forward's chunk order."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    sq = tl.zeros((BLOCK,), dtype=ACC)
+    gx = tl.zeros((BLOCK,), dtype=ACC)
+    for h0 in range(0, H, BLOCK):
+        mask = h0 + offs < H
+        x_raw = tl.load(x_ptr + row * stride_x + h0 + offs, mask=mask, other=0.0)
+        x = x_raw.to(ACC)
+        w = tl.load(w_ptr + h0 + offs, mask=mask, other=0.0).to(ACC)
+        dy = tl.load(dy_ptr + row * stride_dy + h0 + offs, mask=mask, other=0.0).to(ACC)
+        g = (dy * w).to(x_raw.dtype).to(ACC)
+        sq += x * x
+        gx += g * x
+    mean = div_rn(tl.sum(sq, axis=0), H.to(ACC), ACC)
+    rstd = div_rn(tl.full((), 1.0, ACC), sqrt_rn(mean + eps, ACC), ACC)
+    coef = div_rn(rstd * rstd * rstd * tl.sum(gx, axis=0), H.to(ACC), ACC)
+    for h0 in range(0, H, BLOCK):
+        mask = h0 + offs < H
+        x_raw = tl.load(x_ptr + row * stride_x + h0 + offs, mask=mask, other=0.0)
+        x = x_raw.to(ACC)
+        w = tl.load(w_ptr + h0 + offs, mask=mask, other=0.0).to(ACC)
+        dy = tl.load(dy_ptr + row * stride_dy + h0 + offs, mask=mask, other=0.0).to(ACC)
+        g = (dy * w).to(x_raw.dtype).to(ACC)
+        dx = g * rstd - x * coef
+        tl.store(dx_ptr + row * stride_dx + h0 + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
 def rms_norm_launch(
     x2d: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, eps: float
 ) -> Launch:
@@ -81,6 +131,42 @@ def rms_norm_forward(x2d: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return out
 
 
+def rms_norm_backward_launch(x2d, weight, grad_out, grad_x, eps: float) -> Launch:
+    """The launch that writes grad_x (M, H) from grad_out (M, H), one program a row (the
+    forward's chunk width and num_warps: its reduction order)."""
+    M, H = x2d.shape
+    block = min(triton.next_power_of_2(H), _MAX_BLOCK)
+    return Launch(
+        variant=f"rms_norm_backward_block{block}",
+        kernel=_rms_norm_backward_kernel,
+        grid=(M,),
+        args=(
+            x2d,
+            weight,
+            grad_out,
+            grad_x,
+            H,
+            x2d.stride(0),
+            grad_out.stride(0),
+            grad_x.stride(0),
+            float(eps),
+        ),
+        constexprs=dict(ACC=tl_dtype(at_least_fp32(x2d.dtype)), BLOCK=block),
+        num_warps=4 if H <= 4096 else 8,
+        num_stages=1,
+        fp_fusion=FP_FUSION,
+    )
+
+
+def rms_norm_grad_x(x2d, weight, grad_out, eps: float) -> torch.Tensor:
+    """d loss / d x (M, H) in x's dtype, each row from its own row alone (the kernel)."""
+    x2d, grad_out = x2d.contiguous(), grad_out.contiguous()
+    grad_x = torch.empty_like(x2d)
+    if x2d.shape[0]:
+        rms_norm_backward_launch(x2d, weight.contiguous(), grad_out, grad_x, eps).run()
+    return grad_x
+
+
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The same formula in plain torch (for the backward)."""
     x32 = x.to(at_least_fp32(x.dtype))
@@ -98,14 +184,14 @@ class _InvariantRMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x2d, weight = ctx.saved_tensors
-        with torch.enable_grad():
-            x = x2d.detach().requires_grad_(ctx.needs_input_grad[0])
-            w = weight.detach().requires_grad_(ctx.needs_input_grad[1])
-            y = rms_norm_reference(x, w, ctx.eps)
-            inputs = [t for t in (x, w) if t.requires_grad]
-            grads = iter(torch.autograd.grad(y, inputs, grad_out)) if inputs else iter(())
-        grad_x = next(grads) if ctx.needs_input_grad[0] else None
-        grad_w = next(grads) if ctx.needs_input_grad[1] else None
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_x = rms_norm_grad_x(x2d, weight, grad_out, ctx.eps)
+        if ctx.needs_input_grad[1]:
+            with torch.enable_grad():
+                w = weight.detach().requires_grad_(True)
+                y = rms_norm_reference(x2d.detach(), w, ctx.eps)
+                (grad_w,) = torch.autograd.grad(y, w, grad_out)
         return grad_x, grad_w, None
 
 
