@@ -269,7 +269,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         units = corrections.units[slot.mini]
         if self.layout is not None:
             loss, records = invariant_micro_loss(
-                self.config.algorithm, mb.batch, logp, ref_logp, units
+                self.config.algorithm, mb.batch, logp, ref_logp, units, corrected
             )
             return loss, records, parity
         loss, record = micro_loss(
