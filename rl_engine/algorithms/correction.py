@@ -20,7 +20,8 @@ A dropped token leaves the loss entirely: `RolloutCorrection.mask` is the loss
 mask to use, so it leaves the aggregation's denominator (token count, or the
 sequences that keep a token) as well as its numerator. Weights are detached fp32
 and 0 off the mask. With bitwise parity every ratio is exactly 1 and every mode
-is the identity.
+is the identity. `exact=True` (trainer.layout_invariant): a sequence's log-ratio sum is
+exact (`exact_row_sums`), so its bits do not depend on the row's padding or batch mates.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from rl_engine.algorithms.sequence_sums import exact_row_sums
 
 CORRECTION_MODES = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
@@ -54,6 +57,7 @@ def rollout_correction(
     *,
     mode: str,
     threshold: float = 2.0,
+    exact: bool = False,
 ) -> RolloutCorrection:
     """The correction `mode` with threshold C = `threshold` over the tokens `mask` selects.
 
@@ -65,7 +69,10 @@ def rollout_correction(
         # Zero the log-ratio off the mask before exp: padding may hold anything.
         log_ratio = torch.where(valid, trainer_logprobs.float() - rollout_logprobs.float(), 0.0)
         if mode.startswith("sequence_"):
-            per_seq = log_ratio.double().sum(dim=1, keepdim=True)  # (B, 1): fp64, long sums
+            if exact:
+                per_seq = exact_row_sums(log_ratio, valid)
+            else:
+                per_seq = log_ratio.double().sum(dim=1, keepdim=True)  # (B, 1): fp64, long sums
             log_ratio = per_seq.float().expand_as(log_ratio)
         ratio = torch.exp(log_ratio)
         kept = valid.clone()

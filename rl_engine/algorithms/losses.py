@@ -13,6 +13,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from rl_engine.algorithms.sequence_sums import exact_row_means
+
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 RATIO_LEVELS = ("token", "sequence")
 
@@ -109,9 +111,12 @@ def policy_loss_terms(
     clip_eps_high: float | None = None,
     is_weights: Tensor | None = None,
     ratio_level: str = "token",
+    exact_sequences: bool = False,
 ) -> PolicyTerms:
     """`policy_loss`'s per-token terms (see it for the arguments). With ratio_level "token"
-    each token's terms are elementwise functions of that token's values alone."""
+    each token's terms are elementwise functions of that token's values alone; with
+    "sequence" and `exact_sequences` (trainer.layout_invariant) the sequence's mean log-ratio
+    is its exact sum (`exact_row_means`), so its bits depend on the sequence alone."""
     _check_2d("logprobs", logprobs)
     _check_same_shape("logprobs", logprobs, "old_logprobs", old_logprobs)
     _check_same_shape("logprobs", logprobs, "mask", mask)
@@ -127,7 +132,8 @@ def policy_loss_terms(
     # (an inf in the forward would become a NaN gradient even where masked).
     log_ratio = torch.where(keep, logprobs.float() - old_logprobs.detach().float(), 0.0)
     if ratio_level == "sequence":
-        log_ratio = _sequence_log_ratio(log_ratio, torch.where(keep, logprobs.float(), 0.0), keep)
+        logp = torch.where(keep, logprobs.float(), 0.0)
+        log_ratio = _sequence_log_ratio(log_ratio, logp, keep, exact_sequences)
     ratio = torch.exp(log_ratio)
     surr_unclipped = ratio * adv
     surr_clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv
@@ -191,10 +197,16 @@ def aggregation_units(mask: Tensor, aggregation: str) -> float:
     raise ValueError(f"unknown aggregation {aggregation!r}; valid: {list(AGGREGATIONS)}")
 
 
-def _sequence_log_ratio(log_ratio: Tensor, logprobs: Tensor, keep: Tensor) -> Tensor:
-    """Per token: log s_i (the sequence's mean log-ratio) in value, grad of mean_t logp_t."""
-    counts = keep.sum(dim=1, keepdim=True).clamp(min=1)  # (B, 1)
-    seq = log_ratio.sum(dim=1, keepdim=True) / counts  # (B, 1): log s_i
+def _sequence_log_ratio(log_ratio: Tensor, logprobs: Tensor, keep: Tensor, exact: bool) -> Tensor:
+    """Per token: log s_i (the sequence's mean log-ratio) in value, grad of mean_t logp_t.
+
+    The gradient reaches each token straight from its own term (no sum over the sequence in
+    the backward); only the forward's mean is a reduction, exact when `exact`."""
+    if exact:
+        seq = exact_row_means(log_ratio, keep)
+    else:
+        counts = keep.sum(dim=1, keepdim=True).clamp(min=1)  # (B, 1)
+        seq = log_ratio.sum(dim=1, keepdim=True) / counts  # (B, 1): log s_i
     return torch.where(keep, logprobs - logprobs.detach() + seq.detach(), 0.0)
 
 

@@ -183,8 +183,6 @@ _LAYOUT_INVARIANT_LIMITS = (
         lambda c: not c.batch_invariant,
         "needs the invariant kernels: set it true",
     ),
-    ("algorithm.ratio_level", lambda c: c.algorithm.ratio_level != "token", "'sequence' (GSPO)"),
-    ("algorithm.rollout_correction", lambda c: c.algorithm.rollout_correction != "none", "a mode"),
     ("algorithm.name", lambda c: c.algorithm.name == "ppo", "'ppo': its critic"),
 )
 

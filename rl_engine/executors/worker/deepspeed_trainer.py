@@ -270,7 +270,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         aux = self.router.loss(routing, mb, scale, slot.mini)  # MoE: the auxiliary loss
         if self.layout is not None:
             loss, records = invariant_micro_loss(
-                self.config.algorithm, mb.batch, logp, ref_logp, units
+                self.config.algorithm, mb.batch, logp, ref_logp, units, corrected
             )
             return (loss if aux is None else loss + aux), records, parity
         loss, record = micro_loss(

@@ -13,7 +13,12 @@ step):
 | seq-mean-token-sum | 1 / S (S: all sequences) |
 
 and the loss backpropagated is the plain sum of those products: its gradient to each token is
-that token's weight exactly, whatever else the micro-batch holds. Every per-token term is an
+that token's weight exactly, whatever else the micro-batch holds. GSPO (ratio_level
+'sequence') takes each sequence's mean log-ratio from its exact sum (`exact_row_means`); its
+gradient still reaches each token from that token's own term. Under a rollout correction the
+PPO ratio is against the pre-update logprobs, each kept token's term carries its correction
+weight, dropped tokens leave the mask, and U / S / count_s count the kept tokens (S: the
+sequences that keep one; `StepCorrections.units`). Every per-token term is an
 elementwise function of the token's own values (torch's fp32 `exp` / `expm1` give the same bits
 in their SIMD body and scalar tail: tests/kernels/test_rowwise_ops.py checks `exp`).
 
@@ -31,7 +36,7 @@ import torch
 from rl_engine.algorithms import kl_k3, policy_loss_terms
 from rl_engine.config import AlgorithmConfig
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.step_loss import LossSums
+from rl_engine.executors.worker.step_loss import Corrected, LossSums
 from rl_engine.sums import SequenceRecords
 
 
@@ -52,18 +57,26 @@ def invariant_micro_loss(
     logp: torch.Tensor,
     ref_logp: torch.Tensor | None,
     units: float,
+    corrected: Corrected | None = None,
 ) -> tuple[torch.Tensor, SequenceRecords]:
-    """(loss to backpropagate, each sequence's LossSums) of one micro-batch."""
-    mask = mb.response_mask
+    """(loss to backpropagate, each sequence's LossSums) of one micro-batch. `corrected`: its
+    rollout correction (None under mode 'none'), whose kept mask is the loss's."""
+    old, is_weights, mask = mb.rollout_logprobs, None, mb.response_mask
+    if corrected is not None:
+        old, is_weights = corrected.proximal, corrected.correction.weights
+        mask = corrected.correction.mask
     terms = policy_loss_terms(
         logp,
-        mb.rollout_logprobs,
+        old,
         mb.advantages,
         mask,
         clip_eps=algo.clip_eps,
         clip_eps_high=algo.clip_eps_high,
+        is_weights=is_weights,
         ratio_level=algo.ratio_level,
+        exact_sequences=True,
     )
+    scored = mb.response_mask  # the entropy and token counts: every scored token, kept or not
     weights = token_weights(mask, algo.loss_aggregation, units)
     policy = terms.per_token * weights
     kl = None
@@ -76,10 +89,10 @@ def invariant_micro_loss(
         "policy_loss": policy,
         "clipped": terms.clipped.float(),
         "kl": kl,
-        "neg_logp": torch.where(mask, -logp.float(), 0.0),
-        "tokens": mask.float(),
+        "neg_logp": torch.where(scored, -logp.float(), 0.0),
+        "tokens": scored.float(),
     }
-    return total.sum(), sequence_records(LossSums, per_token, mask)
+    return total.sum(), sequence_records(LossSums, per_token, scored)
 
 
 def sequence_records(kind, per_token: dict, mask: torch.Tensor) -> SequenceRecords:

@@ -80,13 +80,15 @@ class StepCorrections:
         all_gather: Callable[[object], list] | None = None,
     ):
         self.algo, self._all_gather = algo, all_gather
-        # trainer.layout_invariant (all_gather given): one record per sequence, totalled exactly
+        # trainer.layout_invariant (all_gather given): one record per sequence, totalled
+        # exactly, and each sequence's log-ratio summed exactly (sequence modes)
+        self._exact = all_gather is not None
         self._sums = CorrectionSums() if all_gather is None else SequenceRecords(CorrectionSums)
         self._taken: dict[tuple[int, int], Corrected] = {}
         for key in sorted(scored):
             mb = minis[key[0]][key[1]]
             if mb is not None:
-                self._count(key, mb, Corrected.of(algo, mb, scored[key]))
+                self._count(key, mb, Corrected.of(algo, mb, scored[key], self._exact))
         self.units = self._mini_batch_units(minis, all_reduce)
 
     def _mini_batch_units(self, minis, all_reduce) -> list[float]:
@@ -106,6 +108,7 @@ class StepCorrections:
                     else early.units(aggregation)
                 )
             local.append(units)
+        # integer counts in fp64: exact in any order, so layout-invariant steps take them too
         total = all_reduce(torch.tensor(local, dtype=torch.float64))
         return [max(float(u), 1.0) for u in total]  # everything dropped: a zero loss, not 0 / 0
 
@@ -118,7 +121,7 @@ class StepCorrections:
         metrics), or None for a forward after one (then the kept correction is used).
         """
         if key not in self._taken and logp is not None:
-            self._count(key, mb, Corrected.of(self.algo, mb, logp.detach()))
+            self._count(key, mb, Corrected.of(self.algo, mb, logp.detach(), self._exact))
         if self.algo.rollout_correction == "none":
             return None
         if key not in self._taken:

@@ -64,13 +64,17 @@ class Corrected:
     """(b, T-1) fp32 trainer logprobs before the update (detached)."""
 
     @classmethod
-    def of(cls, algo: AlgorithmConfig, mb: TrainBatch, trainer_logp: torch.Tensor) -> Corrected:
+    def of(
+        cls, algo: AlgorithmConfig, mb: TrainBatch, trainer_logp: torch.Tensor, exact: bool = False
+    ) -> Corrected:
+        """`exact`: sequence modes sum each sequence's log-ratio exactly (layout_invariant)."""
         correction = rollout_correction(
             trainer_logp,
             mb.rollout_logprobs,
             mb.response_mask,
             mode=algo.rollout_correction,
             threshold=algo.correction_threshold,
+            exact=exact,
         )
         return cls(correction, trainer_logp.detach())
 
