@@ -187,7 +187,6 @@ _LAYOUT_INVARIANT_LIMITS = (
     ("algorithm.rollout_correction", lambda c: c.algorithm.rollout_correction != "none", "a mode"),
     ("algorithm.router_aux_loss_coef", lambda c: c.algorithm.router_aux_loss_coef > 0, "> 0"),
     ("lora.rank", lambda c: c.lora.rank > 0, "LoRA policies"),
-    ("algorithm.name", lambda c: c.algorithm.name == "ppo", "'ppo': its critic"),
 )
 
 

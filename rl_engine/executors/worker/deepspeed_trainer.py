@@ -287,9 +287,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
     def _route_forward(self, slot: MicroSlot, mb: MicroBatch | None) -> None:
         """Layout-invariant steps: point the gradient route at `mb`'s sequences."""
         if self.layout is not None:
-            first_row = slot.mini * self.config.mini_batch_per_rank
-            indices = [] if mb is None else self.layout.indices(mb, first_row)
-            self.layout.route_forward(mb, indices)
+            self.layout.route_micro_batch(slot.mini, mb)
 
     def _empty_sums(self) -> LossSums | SequenceRecords:
         """The start of a step's loss sums: per-sequence records under layout_invariant."""

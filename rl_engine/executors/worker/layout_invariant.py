@@ -62,13 +62,16 @@ class DeepSpeedSink(SequenceGradients):
 
 
 class LayoutInvariantUpdate:
-    """Holds the route, the current mini-batch's sink and the step's per-sequence metric terms."""
+    """Holds the route, the current mini-batch's sink and the step's per-sequence metric terms
+    (the policy worker's and PPO's critic's alike)."""
 
-    def __init__(self, policy, engine, optimizer, *, rank: int, world: int, zero_stage: int):
+    def __init__(self, model, engine, optimizer, *, rank: int, world: int, zero_stage: int):
+        """`model`: the patched model whose ops send the partials (the policy, or the critic's
+        value model); `engine`: DeepSpeed's engine around it."""
         self.engine, self.optimizer = engine, optimizer
         self.rank, self.world, self.zero_stage = rank, world, zero_stage
         self.route = GradientRoute()
-        bind_gradient_route(policy, self.route)
+        bind_gradient_route(model, self.route)
         self.named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
         self.params = [p for _, p in self.named]
         self.sink: DeepSpeedSink | None = None
@@ -104,6 +107,12 @@ class LayoutInvariantUpdate:
         """The canonical indices of `mb`'s sequences (`first_row`: the mini-batch's first
         shard row)."""
         return [self.sink.lo + row - first_row for row in mb.sequences]
+
+    def route_micro_batch(self, mini: int, mb: MicroBatch | None) -> None:
+        """Point the route at micro-batch `mb` of mini-batch `mini` (None: the empty
+        micro-batch's dummy row) before its forward."""
+        first_row = mini * self.per_rank
+        self.route_forward(mb, [] if mb is None else self.indices(mb, first_row))
 
     def route_forward(self, mb: MicroBatch | None, indices: list[int]) -> None:
         """Point the route at `mb`'s rows (None: the empty micro-batch's dummy row)."""
