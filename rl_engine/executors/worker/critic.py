@@ -49,11 +49,7 @@ from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
 from rl_engine.executors.worker.errors import BatchError
 from rl_engine.executors.worker.invariant_adamw import InvariantAdamW
-from rl_engine.executors.worker.layout_free_state import (
-    load_layout_free_checkpoint,
-    save_layout_free_checkpoint,
-)
-from rl_engine.executors.worker.layout_invariant import LayoutInvariantUpdate
+from rl_engine.executors.worker.layout_invariant import worker_layout_update
 from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.executors.worker.optimizer import adamw
 from rl_engine.executors.worker.policy import (
@@ -112,16 +108,8 @@ class CriticWorker:
         self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
             model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
         )
-        self.layout = None  # trainer.layout_invariant: the update no layout enters
-        if trainer.layout_invariant:
-            self.layout = LayoutInvariantUpdate(
-                self.module,
-                self.engine,
-                optimizer,
-                rank=self.rank,
-                world=self.world_size,
-                zero_stage=self.zero_stage,
-            )
+        # trainer.layout_invariant: the policy's layout-free update, on the value model
+        self.layout = worker_layout_update(self, self.module, optimizer)
         self.updates = 0
         if self.rank == 0:
             logger.info(
@@ -286,16 +274,20 @@ class CriticWorker:
         atomic. LoRA: the adapter and the value head, and the base's record instead of it.
         Under trainer.layout_invariant: the layout-free state, which any critic layout resumes."""
         state = {"critic_updates": self.updates, "rl_engine_step": int(self.engine.global_steps)}
-        if self.layout is not None:
-            save_layout_free_checkpoint(self.engine, self.comm, Path(directory), tag, state)
-            return
-        checkpoints.save_checkpoint(self.engine, self.comm, Path(directory), tag, state, self.base)
+        checkpoints.save_worker_checkpoint(
+            self.engine,
+            self.comm,
+            Path(directory),
+            tag,
+            state,
+            self.base,
+            layout_free=self.layout is not None,
+        )
 
     def load_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
         """Restore what `save_checkpoint` wrote (latest tag by default); collective. LoRA: a
         checkpoint of another base raises before anything is loaded."""
-        if self.layout is not None:
-            _, state = load_layout_free_checkpoint(self.engine, Path(directory), tag)
-        else:
-            _, state = checkpoints.load_checkpoint(self.engine, Path(directory), tag, self.base)
+        _, state = checkpoints.load_worker_checkpoint(
+            self.engine, Path(directory), tag, self.base, layout_free=self.layout is not None
+        )
         self.updates = int(state.get("critic_updates", 0))

@@ -165,6 +165,21 @@ class LayoutInvariantUpdate:
         held["bytes"] = max(held["bytes"], sum(t.numel() * t.element_size() for t in tensors))
 
 
+def worker_layout_update(worker, model, optimizer) -> LayoutInvariantUpdate | None:
+    """The LayoutInvariantUpdate of a worker (policy or critic: its config, engine, rank,
+    world size and ZeRO stage) around `model`, or None without trainer.layout_invariant."""
+    if not worker.config.trainer.layout_invariant:
+        return None
+    return LayoutInvariantUpdate(
+        model,
+        worker.engine,
+        optimizer,
+        rank=worker.rank,
+        world=worker.world_size,
+        zero_stage=worker.zero_stage,
+    )
+
+
 def micro_batch_spans(mb: MicroBatch, indices: list[int]) -> tuple[SequenceSpans, SequenceSpans]:
     """(the decoder's spans, linear_logp's spans) of `mb`: a sequence's decoder rows are its
     tokens; its logprob rows are the positions that score its next token (all but its last),
