@@ -183,7 +183,6 @@ _LAYOUT_INVARIANT_LIMITS = (
         lambda c: not c.batch_invariant,
         "needs the invariant kernels: set it true",
     ),
-    ("algorithm.name", lambda c: c.algorithm.name == "ppo", "'ppo': its critic"),
 )
 
 

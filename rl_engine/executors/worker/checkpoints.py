@@ -14,6 +14,10 @@ from pathlib import Path
 from torch import nn
 
 from rl_engine.executors.worker.distributed import Collectives
+from rl_engine.executors.worker.layout_free_state import (
+    load_layout_free_checkpoint,
+    save_layout_free_checkpoint,
+)
 from rl_engine.executors.worker.weight_transport import full_shape, policy_tensors
 from rl_engine.executors.worker.weights_file import WeightsFileWriter
 from rl_engine.io import write_text_atomic
@@ -136,6 +140,26 @@ def load_checkpoint(
     if path is None:
         raise ValueError(f"no DeepSpeed checkpoint found in {str(directory)!r} (tag {tag!r})")
     return path, state or {}
+
+
+def save_worker_checkpoint(
+    engine, comm: Collectives, directory: Path, tag: str, state: dict, base, *, layout_free: bool
+) -> None:
+    """A worker's checkpoint: the layout-free state under trainer.layout_invariant (any layout
+    resumes it), else DeepSpeed's (`save_checkpoint`)."""
+    if layout_free:
+        save_layout_free_checkpoint(engine, comm, directory, tag, state, base)
+    else:
+        save_checkpoint(engine, comm, directory, tag, state, base)
+
+
+def load_worker_checkpoint(
+    engine, directory: Path, tag: str | None, base, *, layout_free: bool
+) -> tuple[str, dict]:
+    """(path loaded, client state) of `save_worker_checkpoint`'s checkpoint."""
+    if layout_free:
+        return load_layout_free_checkpoint(engine, directory, tag, base)
+    return load_checkpoint(engine, directory, tag, base)
 
 
 def check_base(directory: Path, tag: str | None, base: dict | None) -> None:

@@ -21,19 +21,25 @@ mini-batch, the clipped value loss (`rl_engine.algorithms.clipped_value_loss`, a
 mean over the mini-batch's completion tokens on all ranks) backpropagated per
 micro-batch, one optimizer step per mini-batch. Batch checks, micro-batch planning,
 the all-or-none update guard and checkpoints are the policy worker's own helpers.
+
+`trainer.layout_invariant`: the update the policy worker takes in that mode
+(`layout_invariant.LayoutInvariantUpdate` bound to the value model, the value head's partials
+included; the loss of `value_loss.value_micro_loss` weighted per token by exact global
+counts; `InvariantAdamW`; per-sequence metric records) and the layout-free checkpoint, so the
+critic's weights, optimizer state and metrics do not depend on `critic.num_ranks`,
+`critic.zero_stage`, the micro-batching or packing, and a run resumes on another critic layout.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from rl_engine.algorithms import aggregation_units, value_loss_terms
+from rl_engine.algorithms import aggregation_units
 from rl_engine.config import RunConfig
 from rl_engine.devices import check_device
 from rl_engine.executors.worker import checkpoints
@@ -42,6 +48,8 @@ from rl_engine.executors.worker.batch_checks import agree_on_batch, plan_scoring
 from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_deepspeed
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
 from rl_engine.executors.worker.errors import BatchError
+from rl_engine.executors.worker.invariant_adamw import InvariantAdamW
+from rl_engine.executors.worker.layout_invariant import worker_layout_update
 from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.executors.worker.optimizer import adamw
 from rl_engine.executors.worker.policy import (
@@ -50,22 +58,11 @@ from rl_engine.executors.worker.policy import (
     checkpoint_activations,
     prepare_policy,
 )
+from rl_engine.executors.worker.value_loss import ValueLossSums, value_micro_loss
 from rl_engine.executors.worker.value_model import ValueModule
-from rl_engine.sums import Sums
+from rl_engine.sums import SequenceRecords
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class ValueLossSums(Sums):
-    """A micro-batch's clipped value loss and token counts, summed over micro-batches and ranks."""
-
-    loss: float = 0.0
-    """Its share of its mini-batch's token-mean clipped value loss."""
-    clipped: float = 0.0
-    """Completion tokens whose clipped error was the larger."""
-    tokens: float = 0.0
-    """Its completion tokens."""
 
 
 def critic_adapter_seed(seed: int) -> int:
@@ -105,11 +102,14 @@ class CriticWorker:
         self.module = ValueModule(backbone)
         trainer = self.config.trainer
         trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: adapter, head
-        optimizer = adamw(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
+        make = InvariantAdamW if trainer.layout_invariant else adamw
+        optimizer = make(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
         self.guard = StepGuard(optimizer, self.comm)
         self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
             model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
         )
+        # trainer.layout_invariant: the policy's layout-free update, on the value model
+        self.layout = worker_layout_update(self, self.module, optimizer)
         self.updates = 0
         if self.rank == 0:
             logger.info(
@@ -166,23 +166,19 @@ class CriticWorker:
         units = self._mini_batch_tokens(minis)
         # engine.backward divides by DeepSpeed's gradient_accumulation_steps: undone here
         scale = self.engine.gradient_accumulation_steps() * self.world_size
-        sums, outcomes = ValueLossSums(), []
+        if self.layout is not None:
+            scale = None  # the layout-free loss: each token weighted by exact global counts
+            self.layout.new_step()
+        sums, outcomes = self._empty_sums(), []
         self.engine.train()
         for _ in range(self.config.trainer.epochs):
             for j, micro in enumerate(minis):
-                last = len(micro) - 1
-                step_sums = ValueLossSums()
-                for i, mb in enumerate(micro):
-                    self.engine.set_gradient_accumulation_boundary(i == last)
-                    loss, record = self._micro_loss(mb, returns, old_values, units[j], scale)
-                    step_sums = step_sums.merge(record)
-                    self.engine.backward(loss)
-                    if i == last:
-                        self.guard.arm(force_skip=not step_sums.finite())
-                    self.engine.step()
-                sums = sums.merge(step_sums)
+                sums = sums.merge(self._update(j, micro, (returns, old_values), units[j], scale))
                 outcomes.append(self.guard.outcome)
-        sums = sums.all_reduce(self.comm.all_reduce)
+        if isinstance(sums, SequenceRecords):  # exact sums over every rank's sequences
+            sums = sums.total(self.comm.all_gather)
+        else:
+            sums = sums.all_reduce(self.comm.all_reduce)
         skipped = sum(outcome != "stepped" for outcome in outcomes)
         self.updates += len(outcomes) - skipped
         return {
@@ -192,21 +188,47 @@ class CriticWorker:
             "critic/skipped_update": skipped,
         }
 
-    def _micro_loss(self, mb: MicroBatch | None, returns, old_values, units: float, scale: int):
-        """(loss to backpropagate, its ValueLossSums) of one micro-batch: its share of the
-        mini-batch's token-mean loss. An empty micro-batch (None: another rank has more)
-        runs a dummy forward and backpropagates zero."""
+    def _update(self, j: int, micro, targets, units: float, scale: int | None):
+        """One optimizer step on mini-batch `j` (its micro-batches' forwards and backwards, the
+        accumulation boundary on the last); returns its loss records. `targets`: (returns,
+        old_values) of the shard."""
+        sums, last = self._empty_sums(), len(micro) - 1
+        if self.layout is not None:
+            self.layout.start(self.config.mini_batch_per_rank)
+        for i, mb in enumerate(micro):
+            self.engine.set_gradient_accumulation_boundary(i == last)
+            if self.layout is not None:
+                self.layout.route_micro_batch(j, mb)
+            loss, record = self._micro_loss(mb, *targets, units, scale)
+            sums = sums.merge(record)
+            self.engine.backward(loss)
+            if i == last and self.layout is not None:  # the whole gradients into DeepSpeed
+                self.layout.finish(self.config.trainer.grad_clip)
+            if i == last:
+                self.guard.arm(force_skip=not sums.finite())
+            self.engine.step()
+            if i == last and self.layout is not None:
+                self.layout.stepped()
+        return sums
+
+    def _micro_loss(self, mb: MicroBatch | None, returns, old_values, units: float, scale):
+        """(loss to backpropagate, its records) of one micro-batch (`value_loss`). An empty
+        micro-batch (None: another rank has more) runs a dummy forward and backpropagates
+        zero."""
         values = self._forward(mb)
         if mb is None:
-            return values.sum() * 0.0, ValueLossSums()
+            return values.sum() * 0.0, self._empty_sums()
         mask = mb.batch.response_mask
         rows, width = list(mb.sequences), mask.shape[1]
         target = returns[rows, :width].to(values.device)
         old = old_values[rows, :width].to(values.device)
-        per_token, clipped = value_loss_terms(values, target, old, mask, clip=self.value_clip)
-        loss = per_token.sum() / units
-        record = ValueLossSums.from_tensors(loss=loss, clipped=clipped.sum(), tokens=mask.sum())
-        return loss * scale, record
+        return value_micro_loss(
+            values, target, old, mask, clip=self.value_clip, units=units, scale=scale
+        )
+
+    def _empty_sums(self) -> ValueLossSums | SequenceRecords:
+        """The start of a step's loss sums: per-sequence records under layout_invariant."""
+        return ValueLossSums() if self.layout is None else SequenceRecords(ValueLossSums)
 
     def _mini_batch_tokens(self, minis) -> list[float]:
         """Each mini-batch's completion tokens over every rank: its token-mean's denominator."""
@@ -249,12 +271,23 @@ class CriticWorker:
 
     def save_checkpoint(self, directory: str | Path, tag: str = "state") -> None:
         """DeepSpeed checkpoint (value model, optimizer, step) under `directory`; collective,
-        atomic. LoRA: the adapter and the value head, and the base's record instead of it."""
-        state = {"critic_updates": self.updates}
-        checkpoints.save_checkpoint(self.engine, self.comm, Path(directory), tag, state, self.base)
+        atomic. LoRA: the adapter and the value head, and the base's record instead of it.
+        Under trainer.layout_invariant: the layout-free state, which any critic layout resumes."""
+        state = {"critic_updates": self.updates, "rl_engine_step": int(self.engine.global_steps)}
+        checkpoints.save_worker_checkpoint(
+            self.engine,
+            self.comm,
+            Path(directory),
+            tag,
+            state,
+            self.base,
+            layout_free=self.layout is not None,
+        )
 
     def load_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
         """Restore what `save_checkpoint` wrote (latest tag by default); collective. LoRA: a
         checkpoint of another base raises before anything is loaded."""
-        _, state = checkpoints.load_checkpoint(self.engine, Path(directory), tag, self.base)
+        _, state = checkpoints.load_worker_checkpoint(
+            self.engine, Path(directory), tag, self.base, layout_free=self.layout is not None
+        )
         self.updates = int(state.get("critic_updates", 0))

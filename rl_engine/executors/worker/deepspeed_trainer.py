@@ -36,11 +36,7 @@ from rl_engine.executors.worker.engine_sync import EngineWeightSync
 from rl_engine.executors.worker.errors import BatchError, ParityError
 from rl_engine.executors.worker.invariant_adamw import InvariantAdamW
 from rl_engine.executors.worker.layout_free_loss import invariant_micro_loss
-from rl_engine.executors.worker.layout_free_state import (
-    load_layout_free_checkpoint,
-    save_layout_free_checkpoint,
-)
-from rl_engine.executors.worker.layout_invariant import LayoutInvariantUpdate
+from rl_engine.executors.worker.layout_invariant import worker_layout_update
 from rl_engine.executors.worker.micro_batches import MicroBatch, MicroSlot
 from rl_engine.executors.worker.optimizer import adamw
 from rl_engine.executors.worker.parity_check import ParityCheck
@@ -114,16 +110,8 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
             model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
         )
-        self.layout = None  # trainer.layout_invariant: the update no layout enters
-        if trainer.layout_invariant:
-            self.layout = LayoutInvariantUpdate(
-                policy,
-                self.engine,
-                optimizer,
-                rank=self.rank,
-                world=self.world_size,
-                zero_stage=self.zero_stage,
-            )
+        # trainer.layout_invariant: the update no layout enters (None otherwise)
+        self.layout = worker_layout_update(self, policy, optimizer)
         self._mid_step = MidStepFailures(self.engine, zero3=self.zero_stage == 3)
         self.weight_version = 0
         self._weight_sync = None  # (manifest, senders, group) once connect_weight_sync ran
@@ -287,9 +275,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
     def _route_forward(self, slot: MicroSlot, mb: MicroBatch | None) -> None:
         """Layout-invariant steps: point the gradient route at `mb`'s sequences."""
         if self.layout is not None:
-            first_row = slot.mini * self.config.mini_batch_per_rank
-            indices = [] if mb is None else self.layout.indices(mb, first_row)
-            self.layout.route_forward(mb, indices)
+            self.layout.route_micro_batch(slot.mini, mb)
 
     def _empty_sums(self) -> LossSums | SequenceRecords:
         """The start of a step's loss sums: per-sequence records under layout_invariant."""
@@ -420,22 +406,22 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         """
         tag = tag or f"step{self.global_step}"
         state = {"rl_engine_step": self.global_step, "weight_version": self.weight_version}
-        if self.layout is not None:
-            save_layout_free_checkpoint(
-                self.engine, self.comm, Path(directory), tag, state, self.base
-            )
-        else:
-            checkpoints.save_checkpoint(
-                self.engine, self.comm, Path(directory), tag, state, self.base
-            )
+        checkpoints.save_worker_checkpoint(
+            self.engine,
+            self.comm,
+            Path(directory),
+            tag,
+            state,
+            self.base,
+            layout_free=self.layout is not None,
+        )
         self._log(f"saved checkpoint {tag} to {directory}")
 
     def load_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
         """Restore model, optimizer, step and weight_version (latest tag by default); collective."""
-        if self.layout is not None:
-            path, state = load_layout_free_checkpoint(self.engine, Path(directory), tag, self.base)
-        else:
-            path, state = checkpoints.load_checkpoint(self.engine, Path(directory), tag, self.base)
+        path, state = checkpoints.load_worker_checkpoint(
+            self.engine, Path(directory), tag, self.base, layout_free=self.layout is not None
+        )
         self.weight_version = int(state.get("weight_version", self.global_step))
         self._log(f"loaded {path} (step {self.global_step}, weight_version {self.weight_version})")
 

@@ -95,7 +95,9 @@ def _full_moment(engine, param, key):
 
 def _set_master(engine, param, value):
     """The fp32 master, then the weight the forward reads (rounded once from it)."""
-    if _fragmented(param):
+    if hasattr(param, "ds_tensor"):
+        _set_zero3_partition(param, value, None)
+    elif _fragmented(param):
         safe_set_full_fp32_param(param, value)
     else:
         _master(engine, param).data.copy_(value)
@@ -107,10 +109,27 @@ def _set_master(engine, param, value):
 
 
 def _set_moment(engine, param, value, key):
-    if _fragmented(param):
+    if hasattr(param, "ds_tensor"):
+        _set_zero3_partition(param, value, key)
+    elif _fragmented(param):
         safe_set_full_optimizer_state(param, value, key)
     else:
         _ensure_state(_base_optimizer(engine), _master(engine, param))[key].copy_(value)
+
+
+def _set_zero3_partition(param, value: torch.Tensor, key: str | None) -> None:
+    """This rank's slice of `value` into ZeRO-3's fp32 partition of `param` (key None) or of its
+    moment `key`. DeepSpeed's own setter slices the unpadded whole, which fails on the rank
+    whose partition is padding (a 1-element value-head bias on 2 ranks): the slice is padded
+    with zeros here, as ZeRO-3 pads the partition itself."""
+    z3 = param._z3_optimizer
+    partition, _ = z3._get_fp32_opt_state_partition(
+        param, release_swap_buffers=False, optim_state_key=key
+    )
+    size = partition.numel()
+    start = size * z3._get_param_partition_rank(param)
+    piece = value.detach().reshape(-1)[start : start + size].to(partition.dtype)
+    partition.data.copy_(torch.nn.functional.pad(piece, (0, size - piece.numel())))
 
 
 def _base_optimizer(engine) -> torch.optim.Optimizer:
@@ -127,14 +146,23 @@ def _step_count(engine) -> int:
 
 def _set_step_count(engine, step: int) -> None:
     optimizer = _base_optimizer(engine)
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            _ensure_state(optimizer, param)["step"] = torch.tensor(float(step))
+    for param in _optimizer_params(engine, optimizer):
+        _ensure_state(optimizer, param)["step"] = torch.tensor(float(step))
     # ZeRO-1/2 and the bf16 optimizer link each parameter's fragment of the moments after their
     # first step only; link the moments just made so that the fragment writes below reach them
     link = getattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
     if link is not None:
         link()
+
+
+def _optimizer_params(engine, optimizer) -> list[torch.Tensor]:
+    """The tensors the torch optimizer keeps state for: its param groups', and ZeRO-3's fp32
+    partitions, which it puts into the groups only during its step (a state restored into a
+    fresh ZeRO-3 engine needs their moments before any step made them)."""
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    params += getattr(engine.optimizer, "fp32_partitioned_groups_flat", None) or []
+    unique = {id(param): param for param in params}
+    return list(unique.values())
 
 
 def _ensure_state(optimizer, param) -> dict:

@@ -62,13 +62,16 @@ class DeepSpeedSink(SequenceGradients):
 
 
 class LayoutInvariantUpdate:
-    """Holds the route, the current mini-batch's sink and the step's per-sequence metric terms."""
+    """Holds the route, the current mini-batch's sink and the step's per-sequence metric terms
+    (the policy worker's and PPO's critic's alike)."""
 
-    def __init__(self, policy, engine, optimizer, *, rank: int, world: int, zero_stage: int):
+    def __init__(self, model, engine, optimizer, *, rank: int, world: int, zero_stage: int):
+        """`model`: the patched model whose ops send the partials (the policy, or the critic's
+        value model); `engine`: DeepSpeed's engine around it."""
         self.engine, self.optimizer = engine, optimizer
         self.rank, self.world, self.zero_stage = rank, world, zero_stage
         self.route = GradientRoute()
-        bind_gradient_route(policy, self.route)
+        bind_gradient_route(model, self.route)
         self.named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
         self.params = [p for _, p in self.named]
         self.sink: DeepSpeedSink | None = None
@@ -104,6 +107,12 @@ class LayoutInvariantUpdate:
         """The canonical indices of `mb`'s sequences (`first_row`: the mini-batch's first
         shard row)."""
         return [self.sink.lo + row - first_row for row in mb.sequences]
+
+    def route_micro_batch(self, mini: int, mb: MicroBatch | None) -> None:
+        """Point the route at micro-batch `mb` of mini-batch `mini` (None: the empty
+        micro-batch's dummy row) before its forward."""
+        first_row = mini * self.per_rank
+        self.route_forward(mb, [] if mb is None else self.indices(mb, first_row))
 
     def route_forward(self, mb: MicroBatch | None, indices: list[int]) -> None:
         """Point the route at `mb`'s rows (None: the empty micro-batch's dummy row)."""
@@ -154,6 +163,21 @@ class LayoutInvariantUpdate:
         held["tensors"] = max(held["tensors"], len(tensors))
         held["peak_tensors"] = max(held["peak_tensors"], self.sink.peak_held())
         held["bytes"] = max(held["bytes"], sum(t.numel() * t.element_size() for t in tensors))
+
+
+def worker_layout_update(worker, model, optimizer) -> LayoutInvariantUpdate | None:
+    """The LayoutInvariantUpdate of a worker (policy or critic: its config, engine, rank,
+    world size and ZeRO stage) around `model`, or None without trainer.layout_invariant."""
+    if not worker.config.trainer.layout_invariant:
+        return None
+    return LayoutInvariantUpdate(
+        model,
+        worker.engine,
+        optimizer,
+        rank=worker.rank,
+        world=worker.world_size,
+        zero_stage=worker.zero_stage,
+    )
 
 
 def micro_batch_spans(mb: MicroBatch, indices: list[int]) -> tuple[SequenceSpans, SequenceSpans]:

@@ -10,6 +10,12 @@ bits as the padded layout (the patched decoder is packing-invariant).
 
 The head starts at zero (weight and bias): every rank and every run starts from the
 same values, V = 0, so the first GAE advantages are the returns themselves.
+
+Layout-invariant training (`trainer.layout_invariant`): the route bound to the module
+(patching/gradient_route.py) says which head rows are whose; they are the rows `linear_logp`
+scores in the policy (position t of a sequence's first L-1 tokens), so the head gets the
+route's `logp_kwargs` and its backward sends each sequence's weight and bias partials to the
+step's sink like every projection of the decoder.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from torch import nn
 
 from rl_engine.logprobs import final_hidden_states, packed_final_hidden_states
 from rl_engine.patching import model_op
+from rl_engine.patching.gradient_route import gradient_route
 
 
 class ValueHead(nn.Module):
@@ -32,8 +39,9 @@ class ValueHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(1, dtype=dtype, device=device))
         self._linear = linear
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._linear(hidden, self.weight, self.bias).float().squeeze(-1)
+    def forward(self, hidden: torch.Tensor, **route) -> torch.Tensor:
+        """`route`: the layout-invariant mode's spans= / sink= (none otherwise)."""
+        return self._linear(hidden, self.weight, self.bias, **route).float().squeeze(-1)
 
 
 class ValueModule(nn.Module):
@@ -51,7 +59,10 @@ class ValueModule(nn.Module):
     def forward(self, input_ids, attention_mask, positions=None, segments=None) -> torch.Tensor:
         """Padded: input_ids/attention_mask (B, T) -> fp32 values (B, T-1) of positions 0..T-2.
         Packed (positions and segments given, attention_mask None): (R, N) -> (R, N)."""
+        route = gradient_route(self)
+        route = {} if route is None else route.logp_kwargs()
         if positions is None:
             hidden = final_hidden_states(self.backbone, input_ids, attention_mask)  # (B, T, H)
-            return self.head(hidden[:, :-1])
-        return self.head(packed_final_hidden_states(self.backbone, input_ids, positions, segments))
+            return self.head(hidden[:, :-1], **route)
+        hidden = packed_final_hidden_states(self.backbone, input_ids, positions, segments)
+        return self.head(hidden, **route)
