@@ -6,7 +6,9 @@ micro_batch_size 4, batch-invariant kernels on, fp32 and bf16. For each dtype th
 (`trainer.layout_invariant: false`) and the layout-invariant one (`true`) each run as their 2
 rank processes, all four alive at once: they load, take one warm-up step, then their timed
 steps alternate (invariant, plain, plain, invariant, ...) so that machine noise hits both
-alike; the step time is rank 0's median step (the lower middle one for an even count).
+alike; the step time is rank 0's median step (the lower middle one for an even count), and
+its CPU seconds (the rank process's own: other load on the machine barely moves them, so the
+CPU ratio is the figure to trust on a shared machine).
 Memory: each rank's peak RSS over the timed steps (VmHWM, reset after the warm-up step: the
 model, its ZeRO-3 partitions and the optimizer states are in it, the load's transient peak is
 not), and the two ranks' sum; the ratios use the sum. The rollout logprobs are the worker's own (ratio 1), so each step does real work
@@ -103,7 +105,7 @@ def _worker(layout_invariant: bool, dtype: str, case: Case):
 def serve_steps(layout_invariant: bool, dtype: str, case: Case) -> None:
     """One rank (RANK etc. in the environment): answer one line per command on stdin.
 
-    "step" -> {"seconds", "parts", "held"}; "reset" -> restart the peak-RSS counter;
+    "step" -> {"seconds", "cpu" (the process's CPU seconds: robust to other load), "parts", "held"}; "reset" -> restart the peak-RSS counter;
     "peak" -> {"peak": VmHWM bytes, "extra": VmHWM - RSS at the reset}. DeepSpeed's prints go
     to stderr, so the replies' pipe never fills while the parent reads the other rank.
     """
@@ -119,9 +121,9 @@ def serve_steps(layout_invariant: bool, dtype: str, case: Case) -> None:
     for command in sys.stdin:
         command = command.strip()
         if command == "step":
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             worker.train_step(shard)
-            reply = {"seconds": time.perf_counter() - start}
+            reply = {"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu}
             if worker.layout is not None:
                 reply |= {"parts": worker.layout.timings, "held": worker.layout.held}
         elif command == "reset":
@@ -230,21 +232,23 @@ def render(results: list[tuple[str, dict]], case: Case, steps: int) -> str:
         f"micro_batch_size {case.micro_batch_size}, batch_invariant, rank 0's median of "
         f"{steps} interleaved steps; peak RSS per rank over the timed steps, MiB",
         "",
-        "| dtype | update | step s | peak RSS rank 0 | peak RSS rank 1 | peak RSS sum "
-        "| peak extra sum | time ratio | memory ratio |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| dtype | update | step s | step CPU s | peak RSS rank 0 | peak RSS rank 1 "
+        "| peak RSS sum | peak extra sum | time ratio | CPU ratio | memory ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for dtype, r in results:
         inv, plain = r["invariant"], r["plain"]
         total = {k: sum(p["peak"] for p in v["peaks"]) for k, v in r.items()}
         for name, v in (("plain", plain), ("layout_invariant", inv)):
             key = "invariant" if v is inv else "plain"
-            ratios = "| | |"
+            ratios = "| | | |"
             if v is inv:
                 t, m = inv["seconds"] / plain["seconds"], total["invariant"] / total["plain"]
-                ratios = f"| {t:.2f}x | {m:.2f}x |"
+                c = inv["cpu"] / plain["cpu"]
+                ratios = f"| {t:.2f}x | {c:.2f}x | {m:.2f}x |"
             lines.append(
-                f"| {dtype} | {name} | {v['seconds']:.2f} | {_mib(v['peaks'][0]['peak'])} "
+                f"| {dtype} | {name} | {v['seconds']:.2f} | {v['cpu']:.2f} "
+                f"| {_mib(v['peaks'][0]['peak'])} "
                 f"| {_mib(v['peaks'][1]['peak'])} | {_mib(total[key])} "
                 f"| {_mib(sum(p['extra'] for p in v['peaks']))} {ratios}"
             )
