@@ -12,7 +12,7 @@ in bf16 DeepSpeed's unfused optimizer keeps an fp32 master beside each parameter
 (`fp32_groups` beside `fp16_groups`); the torch optimizer's state is keyed by the master.
 
 Only trainable parameters are held: for a LoRA policy the adapters alone. Their checkpoint
-records the frozen base as the plain LoRA checkpoint does (`checkpoints.LORA_BASE_FILE`: the
+records the frozen base as the plain LoRA checkpoint does (`lora_base.LORA_BASE_FILE`: the
 model spec and its content hash), checked before anything is restored.
 """
 
@@ -32,7 +32,7 @@ from deepspeed.utils import (
     safe_set_full_optimizer_state,
 )
 
-from rl_engine.executors.worker.checkpoints import LORA_BASE_FILE, check_base
+from rl_engine.executors.worker.lora_base import LORA_BASE_FILE, check_base
 from rl_engine.io import write_text_atomic
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
