@@ -235,6 +235,14 @@ class RolloutEngine:
         self.weight_version, self._torn = check_version(version), None
         return version
 
+    def release_weights(self, receiver: WeightReceiver) -> int:
+        """Hand the memory of every weight `receiver`'s syncs write back to the OS until the
+        next complete sync refills it (a full-weight run's engine between its generate and
+        the sync after the trainer's step, when the ranks hold their peak); `generate` refuses
+        to run until then. Returns the bytes released."""
+        self._torn = "they were released until the next weight sync (release_weights)"
+        return receiver.release_targets()
+
     # ------------------------------------------------------------------ helpers
 
     def _run(self, requests: list[Request], capacity: int, sampling, progress, next_turn=None):
