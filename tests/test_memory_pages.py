@@ -1,6 +1,6 @@
 """`release_pages` (rl_engine/memory_pages.py) on real mappings: an anonymous tensor's released
 pages read zeros, a private file mapping's read the file again; its ends keep their bytes;
-and a weight receiver refuses to release a tensor its syncs would not rewrite whole."""
+and an engine refuses to release a tensor its syncs would not rewrite whole."""
 
 from __future__ import annotations
 
@@ -43,17 +43,20 @@ def test_private_file_pages_read_the_file_after_release(tmp_path):
     assert torch.equal(tensor, expected)
 
 
-def test_receiver_refuses_to_release_a_tensor_a_sync_writes_in_part():
+def test_engine_refuses_to_release_a_tensor_a_sync_writes_in_part():
     from rl_engine.models import load_model
-    from rl_engine.rollout.weight_plan import WeightPlan
-    from rl_engine.rollout.weight_receiver import WeightReceiver, WeightReleaseError
-    from tests.rollout.weight_sync_procs import manifest_of
+    from rl_engine.rollout import RolloutEngine
+    from rl_engine.rollout.weight_receiver import WeightReleaseError
+    from tests.rollout.weight_sync_procs import PROMPTS, manifest_of, sampling
 
     model = load_model("tiny-llama", dtype=torch.float32, seed=0)[0]
-    manifest = manifest_of(model)
-    targets = model.state_dict(keep_vars=True)
-    receiver = WeightReceiver(targets, manifest, WeightPlan.everything(manifest), 0, 1 << 20)
+    engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    receiver = engine.weight_receiver(manifest_of(model), bucket_bytes=1 << 20)
     dropped = receiver._buckets[-1].pop()  # a sync that would leave part of a tensor unwritten
-    name = manifest.tensors[dropped.tensor].name
+    name = receiver.manifest.tensors[dropped.tensor].name
     with pytest.raises(WeightReleaseError, match=name):
-        receiver.release_targets()
+        engine.release_weights(receiver)
+    for key, tensor in model.state_dict().items():  # nothing was released
+        assert torch.equal(tensor, before[key]), key
+    assert len(engine.generate(PROMPTS, sampling())) == 2 * len(PROMPTS)  # still served

@@ -238,9 +238,10 @@ class _Job:
 
     def sync_weights(self, version: int) -> int:
         """The ranks' weights (of `version`) into every engine; nothing to do when the engines
-        serve it already and hold it (not released: `release_engine_weights`; a skipped update leaves the weights bitwise as they were; at the
-        start, engines and ranks load the same version-0 weights). A LoRA run's syncs after
-        the first move only the adapters. Returns the bytes of the distinct tensors sent."""
+        serve it already and hold it (`release_engine_weights` did not release it; a skipped
+        update leaves the weights bitwise as they were; at the start, engines and ranks load
+        the same version-0 weights). A LoRA run's syncs after the first move only the
+        adapters. Returns the bytes of the distinct tensors sent."""
         if version == self.version and not self.engines_released:
             return 0
         adapters_only = self.config.lora.enabled and self.base_synced
