@@ -57,7 +57,7 @@ from rl_engine.rollout.scheduler import GenerateStats, run_continuous_batching
 from rl_engine.rollout.stepper import _Stepper
 from rl_engine.rollout.turns import OnTurnEnd, TurnChain, TurnStart, check_starts
 from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
-from rl_engine.rollout.weight_receiver import WeightReceiver
+from rl_engine.rollout.weight_receiver import WeightReceiver, WeightReleaseError
 from rl_engine.rollout.weights import copy_weights, plan_weight_copy
 
 logger = logging.getLogger(__name__)
@@ -234,6 +234,20 @@ class RolloutEngine:
         version = receiver.receive(channel, on_bucket=on_bucket, on_header=torn)
         self.weight_version, self._torn = check_version(version), None
         return version
+
+    def release_weights(self, receiver: WeightReceiver) -> int:
+        """Hand the memory of every weight `receiver`'s syncs write back to the OS until the
+        next complete sync refills it (a full-weight run's engine between its generate and
+        the sync after the trainer's step, when the ranks hold their peak); `generate` refuses
+        to run until then. Returns the bytes released; WeightReleaseError (nothing released,
+        the weights still served) when a sync would not rewrite one whole."""
+        previous = self._torn
+        self._torn = "they were released until the next weight sync (release_weights)"
+        try:
+            return receiver.release_targets()
+        except WeightReleaseError:
+            self._torn = previous  # checked before any release
+            raise
 
     # ------------------------------------------------------------------ helpers
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rl_engine.memory_pages import release_pages
 from rl_engine.rollout.weight_pieces import plan_pieces, target_view
 from rl_engine.rollout.weight_plan import (
     PointToPoint,
@@ -143,6 +144,41 @@ class WeightReceiver:
             time.perf_counter() - started,
         )
         return header.version
+
+    def release_targets(self) -> int:
+        """Hand the pages of every tensor a sync writes back to the OS until the next sync
+        refills them (`RolloutEngine.release_weights`); returns the bytes released. Raises
+        WeightReleaseError naming the first tensor the sync would not write whole (its
+        released bytes would be read), before releasing any."""
+        ranges: dict[int, list[tuple[int, int]]] = {t: [] for t in self._entries}
+        for bucket in self._buckets:
+            for piece in bucket:
+                ranges[piece.tensor].append((piece.start, piece.stop))
+        for t, targets in self._entries.items():
+            if not _tiles(sorted(ranges[t]), targets[0].numel()):
+                raise WeightReleaseError(
+                    f"{self.manifest.tensors[t].name!r}: a sync does not write every element "
+                    "of it; the engine's weights cannot be released between syncs"
+                )
+        return sum(
+            release_pages(tensor, self.manifest.tensors[t].name)
+            for t, targets in self._entries.items()
+            for tensor in targets
+        )
+
+
+class WeightReleaseError(RuntimeError):
+    """An engine's weights cannot be released: a sync would not rewrite them whole."""
+
+
+def _tiles(ranges: list[tuple[int, int]], numel: int) -> bool:
+    """True when the sorted [start, stop) `ranges` cover [0, numel) once, without gaps."""
+    end = 0
+    for start, stop in ranges:
+        if start != end:
+            return False
+        end = stop
+    return end == numel
 
 
 def wait_for(work, what: str) -> None:

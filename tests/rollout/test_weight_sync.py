@@ -1,7 +1,8 @@
 """Weight syncs over a real gloo group: 2 sender processes -> 2 engine processes (weight_sync_procs.py).
 
 The chains checked:
-- plan "everything" (tensor parallel size 1): each engine's parameters after the sync
+- plan "everything" (tensor parallel size 1), into engines whose weights were released
+  first (which then refuse to generate): each engine's parameters after the sync
   equal the senders' model (torch.equal), and its completions equal those of a
   reference engine holding the senders' model bit for bit (negative control: before
   the sync they differ);
@@ -88,6 +89,8 @@ def test_everything_plan_makes_each_engine_the_senders_model(results):
     reference = RolloutEngine(senders_model, device="cpu", max_batch_size=2, progress=False)
     expected = reference.generate(procs.PROMPTS, procs.sampling())
     for got in results:
+        assert got["released"] > 0
+        assert "released until the next weight sync" in got["generate_released"]
         assert got["version"] == procs.VERSIONS[0]
         assert got["state"].keys() == expected_state.keys()
         for name, tensor in expected_state.items():

@@ -4,7 +4,8 @@ Two senders (group ranks 0, 1: every tensor split evenly between them, as ranks 
 hold the whole model send) and two receivers (ranks 2, 3) run three syncs over one real
 gloo weight group:
 
-1. tiny-llama (tied head) of seed 1 into two RolloutEngines of seed 0, plan "everything";
+1. tiny-llama (tied head) of seed 1 into two RolloutEngines of seed 0, plan "everything",
+   each engine's weights released (`release_weights`) before the sync refills them;
 2. tiny-qwen2 of seed 1 into two sets of shard tensors: `split_plans` (rows of the
    column-parallel weights, columns of the row-parallel ones, an uneven vocabulary split);
 3. tiny-llama again, and sender 1 exits after its first bucket: the receivers must fail,
@@ -108,6 +109,12 @@ def run_receiver(index: int, group, out: Path) -> None:
     engine = RolloutEngine(policy, device="cpu", max_batch_size=3, progress=False)
     result["before"] = engine.generate(PROMPTS, sampling())
     receiver = engine.weight_receiver(manifest_of(policy), receiver=index, bucket_bytes=BUCKET)
+    result["released"] = engine.release_weights(receiver)  # the sync refills them
+    try:
+        engine.generate(PROMPTS, sampling())
+        result["generate_released"] = "generated"
+    except RuntimeError as err:
+        result["generate_released"] = str(err)
     result["version"] = engine.receive_weights(receiver, group)
     result["after"] = engine.generate(PROMPTS, sampling())
     result["state"] = {k: v.clone() for k, v in policy.state_dict().items()}

@@ -60,7 +60,11 @@ from rl_engine.executors.job.step_batch import train_batch
 from rl_engine.executors.job.step_metrics import StepClock, step_record
 from rl_engine.executors.job.trackers import Trackers
 from rl_engine.executors.job.training import train_on_batch
-from rl_engine.executors.job.weight_sync import connect_weight_sync, sync_weights
+from rl_engine.executors.job.weight_sync import (
+    connect_weight_sync,
+    release_weights,
+    sync_weights,
+)
 from rl_engine.rewards import RewardFailure
 from rl_engine.tasks import make_task
 
@@ -129,6 +133,7 @@ class _Job:
         self.prepare_steps()
         self.sync_size = connect_weight_sync(self.trainers, self.engines)
         self.base_synced = False  # a LoRA run's first sync moves the base too, once
+        self.engines_released = False  # the engines hold no weights until the next sync
         if resume_from is not None:
             self.sync_weights(resume_from.weight_version)
             self.rollouts.prompts.restore(resume_from.driver, resume_from.step)
@@ -195,6 +200,7 @@ class _Job:
         with clock.phase("rollout"):  # prompts -> engines (or rollout.source) -> rewards
             generation = self.generation(step, clock)
             completions, rewards, rollout_metrics = self.rollouts(step, generation, clock)
+        self.release_engine_weights()
         with clock.phase("batch"):
             batch = train_batch(self.config, completions, rewards, eos)
         trained = train_on_batch(
@@ -232,15 +238,25 @@ class _Job:
 
     def sync_weights(self, version: int) -> int:
         """The ranks' weights (of `version`) into every engine; nothing to do when the engines
-        serve it already (a skipped update leaves the weights bitwise as they were; at the
-        start, engines and ranks load the same version-0 weights). A LoRA run's syncs after
-        the first move only the adapters. Returns the bytes of the distinct tensors sent."""
-        if version == self.version:
+        serve it already and hold it (`release_engine_weights` did not release it; a skipped
+        update leaves the weights bitwise as they were; at the start, engines and ranks load
+        the same version-0 weights). A LoRA run's syncs after the first move only the
+        adapters. Returns the bytes of the distinct tensors sent."""
+        if version == self.version and not self.engines_released:
             return 0
         adapters_only = self.config.lora.enabled and self.base_synced
         self.version = sync_weights(self.trainers, self.engines, version, adapters_only)
-        self.base_synced = True
+        self.base_synced, self.engines_released = True, False
         return self.sync_size.adapters if adapters_only else self.sync_size.full
+
+    def release_engine_weights(self) -> None:
+        """A full-weight run's engines give their weights' memory back while the ranks train
+        (their peak): the sync after the step rewrites every weight, and runs even after a
+        skipped update. A LoRA run's later syncs move only the adapters: its engines keep theirs."""
+        if self.config.lora.enabled or not self.engines:
+            return
+        release_weights(self.engines)
+        self.engines_released = True
 
     def save_checkpoint(self, step: int) -> None:
         self.last_checkpoint = ckpt.save(

@@ -74,3 +74,9 @@ def sync_weights(
     if any(v != version for v in served):
         raise RuntimeError(f"engines serve versions {served} after a sync of version {version}")
     return version
+
+
+def release_weights(engines: list[ActorInfo]) -> int:
+    """Every engine releases the weights a full sync rewrites, until that sync (between a
+    step's generation and its sync); returns the bytes released over all engines."""
+    return sum(gather([(e, e.handle.release_weights.remote()) for e in engines]))

@@ -156,6 +156,13 @@ class RolloutActor(JobActor):
         receiver = self.adapter_receiver if adapters_only else self.receiver
         return self.engine.receive_weights(receiver, self.group, on_bucket=hook)
 
+    def release_weights(self) -> int:
+        """Release the weights a full sync rewrites until that sync (the engine refuses to
+        generate until then); returns the bytes released."""
+        released = self.engine.release_weights(self.receiver)
+        release_free_heap()
+        return released
+
 
 def adapter_receiver(model, manifest, plan, receiver: int, bucket_bytes: int):
     """A receiver of the adapters alone, into the engine model's own adapter tensors."""

@@ -23,6 +23,7 @@ from rl_engine.executors.job.actors.process import (
     visible_gpu_index,
 )
 from rl_engine.executors.job.faults import first_line, weight_sync_kill_switch
+from rl_engine.executors.worker.gradient_pages import release_gradient_partitions
 
 
 class _DeepSpeedRank(JobActor):
@@ -51,6 +52,9 @@ class TrainerActor(_DeepSpeedRank):
         started = time.perf_counter()
         metrics = self._collective("train_step", self.worker.train_step, batch, update=update)
         seconds = time.perf_counter() - started
+        # the ranks rest without their gradients while the engines generate
+        dense = not self.worker.router.active
+        release_gradient_partitions(self.worker.optimizer, dense=dense)
         release_free_heap()
         return {**metrics, "time/train_compute": seconds}
 
