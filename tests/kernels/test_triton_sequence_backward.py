@@ -27,6 +27,7 @@ import torch
 
 from rl_engine.kernels.triton._matmul import exact_gemm
 from tests.kernels import test_sequence_backward as harness
+from tests.kernels import test_sequence_backward_edges as edges
 from tests.triton_marks import DEVICE, TRITON_MARKS, dtypes_keeping
 
 pytestmark = TRITON_MARKS
@@ -145,4 +146,4 @@ def test_exact_gemm_empty_chains_are_plus_zero():
 
 @pytest.mark.parametrize("op", ["linear", "lm_head", "rms_norm", "embedding"])
 def test_a_sequence_without_rows_reports_zeros(op):
-    harness.test_a_sequence_without_rows_reports_zeros(op, "triton")
+    edges.test_a_sequence_without_rows_reports_zeros(op, "triton")
