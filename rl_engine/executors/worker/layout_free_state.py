@@ -41,11 +41,14 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 def gather_state(engine) -> dict[str, torch.Tensor]:
     """{name: fp32 master, name/exp_avg: ..., name/exp_avg_sq: ...} and "step" (collective)."""
     state: dict[str, torch.Tensor] = {}
+    step = _step_count(engine)
     for name, param in _trainable(engine):
-        state[name] = _full_master(engine, param).detach().clone()
+        state[name] = master = _full_master(engine, param).detach().clone()
         for key in MOMENTS:
-            state[f"{name}/{key}"] = _full_moment(engine, param, key).detach().clone()
-    state["step"] = torch.tensor(_step_count(engine), dtype=torch.int64)
+            # before the first step the optimizer has made no moments: AdamW's are zeros then
+            moment = _full_moment(engine, param, key) if step else torch.zeros_like(master)
+            state[f"{name}/{key}"] = moment.detach().clone()
+    state["step"] = torch.tensor(step, dtype=torch.int64)
     return state
 
 

@@ -3,8 +3,8 @@
 spec: stage, dtype, trainer (the layout keys: micro_batch_size, packing,
 max_tokens_per_micro_batch, layout_invariant, mini_batch_size, epochs), steps, and optionally
 lora (the `lora:` section), save / resume (a layout-free state file written after `save_after`
-steps, or restored before the first) and save_checkpoint / load_checkpoint (the same through
-the worker's checkpoint folder, which checks a LoRA run's base). Every rank takes its shard of
+steps, 0: before any, or restored before the first) and save_checkpoint / load_checkpoint (the
+same through the worker's checkpoint folder, which checks a LoRA run's base). Every rank takes its shard of
 the same cached completions (2 prompts x 4 samples), trains `steps` steps on it (parity
 'report': from step 2 on the batch is off-policy), and returns the metrics of each step and
 the layout-free state (fp32 masters and AdamW moments, gathered per parameter) after the last.
@@ -43,6 +43,10 @@ def run(spec: dict, out_dir, rank: int) -> dict:
         restore_state(worker.engine, torch.load(spec["resume"], weights_only=False))
     if spec.get("load_checkpoint"):
         worker.load_checkpoint(spec["load_checkpoint"])
+    if spec.get("save") and spec.get("save_after") == 0:  # before any step: no moments yet
+        state = gather_state(worker.engine)
+        if rank == 0:
+            torch.save(state, spec["save"])
     metrics = []
     for step in range(spec["steps"]):
         metrics.append(worker.train_step(shard))

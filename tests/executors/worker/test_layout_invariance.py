@@ -107,6 +107,18 @@ def test_a_state_saved_on_one_layout_resumes_on_another(tmp_path, completions, b
 
 
 @pytest.mark.exhaustive
+def test_a_state_saved_before_the_first_step_resumes_on_another_layout(tmp_path, completions):
+    """Before its first step the optimizer holds no moments: the state holds AdamW's zeros."""
+    whole = _run(tmp_path, completions, PACKED_ONE, "bfloat16", steps=2)
+    saved = tmp_path / "before_any.pt"
+    _run(tmp_path, completions, PADDED_TWO, "bfloat16", steps=0, save=str(saved), save_after=0)
+    resumed = _run(tmp_path, completions, PACKED_ONE, "bfloat16", steps=2, resume=str(saved))
+    assert int(torch.load(saved)["step"]) == 0
+    assert _same_state(whole["state"], resumed["state"]) == []
+    assert _same_metrics(whole["metrics"], resumed["metrics"]) == []
+
+
+@pytest.mark.exhaustive
 def test_a_moe_policy_takes_the_same_steps(tmp_path):
     path = tmp_path / "moe.pt"
     torch.save(cached_completions("float32", "tiny-qwen3-moe"), path)
