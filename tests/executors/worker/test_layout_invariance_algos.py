@@ -59,6 +59,7 @@ def test_each_rollout_correction_takes_the_same_steps_in_two_layouts(
     _assert_acts(one["metrics"], mode)
 
 
+@pytest.mark.exhaustive  # make test: GSPO alone (above)
 def test_a_sequence_mask_correction_under_gspo_takes_the_same_steps(tmp_path, completions):  # noqa: F811
     algorithm = {**GSPO, "rollout_correction": "sequence_mask", "correction_threshold": THRESHOLD}
     one, two = _pair(tmp_path, completions, algorithm=algorithm)

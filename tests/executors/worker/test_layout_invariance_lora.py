@@ -59,6 +59,7 @@ def test_two_layouts_take_the_same_lora_steps(tmp_path, completions, dtype):
     assert int(one["state"]["step"]) == 3
 
 
+@pytest.mark.exhaustive  # make test: the policy's negative control (test_layout_invariance.py)
 def test_negative_control_the_plain_lora_update_differs_between_layouts(tmp_path, completions):
     one = _lora_run(tmp_path, completions, PACKED_ONE, "float32", invariant=False)
     two = _lora_run(tmp_path, completions, PADDED_TWO, "float32", invariant=False)

@@ -181,6 +181,7 @@ def test_a_moe_policy_with_the_aux_loss_takes_the_same_steps(tmp_path, moe_compl
     assert _same_state(one["state"], without["state"]) != []  # the aux loss moved the weights
 
 
+@pytest.mark.exhaustive  # make test: the policy's negative control (test_layout_invariance.py)
 def test_negative_control_the_plain_aux_loss_differs_between_layouts(tmp_path, moe_completions):
     one, two = (
         _moe(tmp_path, moe_completions, layout, invariant=False)
