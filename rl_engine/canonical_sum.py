@@ -393,6 +393,11 @@ class SequenceGradients:
         roots = {role: combine(self.n, nodes) for role, nodes in covers.items()}
         return sum_roles(self._params[id(param)][1], roots)
 
+    def release(self, param: torch.Tensor) -> None:
+        """Forget `param`'s partials (once its gradient is formed): their memory goes with them."""
+        for role in self.roles(param):
+            del self._sums[id(param), role]
+
     def held(self) -> int:
         """How many partial-sized tensors the holder keeps now."""
         return sum(len(total.nodes()) for total in self._sums.values())

@@ -46,13 +46,17 @@ def whole_gradients(
 
     `sink` holds this rank's partials of [lo, hi) = ranges[rank] of the step's sink.n sequences;
     `ranges` are every rank's (contiguous, in rank order, together [0, n))."""
+    return [whole_gradient(sink, param, ranges) for param in params]
+
+
+def whole_gradient(
+    sink: SequenceGradients, param: torch.nn.Parameter, ranges: Sequence[tuple[int, int]]
+) -> torch.Tensor:
+    """`whole_gradients` of one parameter (collective: every rank calls it for the same
+    parameters in the same order)."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     if tuple(ranges[rank]) != (sink.lo, sink.hi):
         raise ValueError(f"rank {rank} holds [{sink.lo}, {sink.hi}), ranges say {ranges[rank]}")
-    return [_whole(sink, param, ranges, rank) for param in params]
-
-
-def _whole(sink, param, ranges, rank) -> torch.Tensor:
     shape = tuple(getattr(param, "ds_shape", param.shape))
     mine = sink.nodes(param)
     roots = {}
@@ -86,18 +90,21 @@ def _broadcast(value: torch.Tensor | None, shape, dtype, source: int) -> torch.T
 def inject_gradients(params: Sequence[torch.nn.Parameter], grads: Sequence[torch.Tensor]) -> None:
     """Write `grads[i]` (the whole gradient of `params[i]`) into DeepSpeed's partition of it."""
     for index, (param, grad) in enumerate(zip(params, grads, strict=True)):
-        shape = tuple(getattr(param, "ds_shape", param.shape))
-        if tuple(grad.shape) != shape:
-            raise ValueError(
-                f"gradient {index} has shape {tuple(grad.shape)}, its parameter {shape}"
-            )
-        try:
-            safe_set_full_grad(param, _padded_for_zero3(param, grad.to(param.dtype)))
-        except ValueError as err:  # DeepSpeed: "only available immediately after backward"
-            raise GradientInjectionError(
-                f"parameter {index} {shape}: DeepSpeed has no gradient partition to write ({err}); "
-                "run the step's backward first"
-            ) from None
+        inject_gradient(param, grad, index)
+
+
+def inject_gradient(param: torch.nn.Parameter, grad: torch.Tensor, index: int = 0) -> None:
+    """`inject_gradients` of one parameter (`index` names it in errors)."""
+    shape = tuple(getattr(param, "ds_shape", param.shape))
+    if tuple(grad.shape) != shape:
+        raise ValueError(f"gradient {index} has shape {tuple(grad.shape)}, its parameter {shape}")
+    try:
+        safe_set_full_grad(param, _padded_for_zero3(param, grad.to(param.dtype)))
+    except ValueError as err:  # DeepSpeed: "only available immediately after backward"
+        raise GradientInjectionError(
+            f"parameter {index} {shape}: DeepSpeed has no gradient partition to write ({err}); "
+            "run the step's backward first"
+        ) from None
 
 
 def _padded_for_zero3(param, grad: torch.Tensor) -> torch.Tensor:
@@ -113,10 +120,12 @@ def _padded_for_zero3(param, grad: torch.Tensor) -> torch.Tensor:
 def global_norm(grads: Iterable[torch.Tensor]) -> float:
     """The L2 norm of all `grads` together (pass them as they will be injected: rounded to the
     parameters' dtype)."""
-    return math.sqrt(math.fsum(part for grad in grads for part in _row_square_sums(grad)))
+    return math.sqrt(math.fsum(part for grad in grads for part in row_square_sums(grad)))
 
 
-def _row_square_sums(grad: torch.Tensor) -> list[float]:
+def row_square_sums(grad: torch.Tensor) -> list[float]:
+    """`global_norm`'s terms of one gradient: the fp64 sums of squares of its rows (their
+    `math.fsum` with every other gradient's, in any order, is the squared norm)."""
     flat = grad.detach().reshape(-1).to(torch.float64)
     rows, tail = divmod(flat.numel(), NORM_ROW)
     squares = flat * flat

@@ -10,10 +10,12 @@ Per mini-batch of M sequences (canonical order: the batch's rows; rank r holds
    each parameter to this mini-batch's `SequenceGradients` (kernels/common/sequence_spans.py);
 2. its loss is `invariant_micro_loss`: each token weighted by its sequence and the mini-batch's
    exact counts alone;
-3. after the last micro-batch: `whole_gradients` (the canonical tree over all ranks' covers,
-   the same bits on every rank), the clip's norm from them (`global_norm`), `InvariantAdamW`
-   armed with the clip coefficient, the gradients written into DeepSpeed's partitions; then
-   DeepSpeed steps as usual (its own reduction carried zeros, or nothing).
+3. after the last micro-batch, one parameter at a time: its whole gradient (`whole_gradient`:
+   the canonical tree over all ranks' covers, the same bits on every rank), its partials
+   released, its terms of the clip's norm (`row_square_sums`), its write into DeepSpeed's
+   partition; then the norm (`global_norm`'s exact sum of those terms) arms `InvariantAdamW`
+   with the clip coefficient, and DeepSpeed steps as usual (its own reduction carried zeros,
+   or nothing). A parameter at a time: the model's gradient is never held twice.
 
 A parameter that no op sent partials for fails the step (`LayoutInvariantError`): its
 gradient would otherwise be DeepSpeed's, whose sums follow the layout.
@@ -21,22 +23,23 @@ gradient would otherwise be DeepSpeed's, whose sums follow the layout.
 `timings` (always on: a perf_counter per part, reset by `new_step`) are the seconds of each
 part of the step's updates, summed over its mini-batches: forward_backward (from `start` to
 `finish`: the micro-batches' forwards, losses and backwards, the partials into the sink
-included), whole_gradients, norm, inject (the clip's arming and the writes into DeepSpeed's
-partitions) and deepspeed_step (`stepped`: after DeepSpeed's step). `held` counts the sink's
-partial-sized tensors (`SequenceGradients.held`, `peak_held`) and the bytes held at the end of
-the last backward; `rl-engine bench train --case layout` prints both.
+included), whole_gradients, norm, inject (the writes into DeepSpeed's partitions) and
+deepspeed_step (`stepped`: after DeepSpeed's step). `held` counts the sink's partial-sized
+tensors (`SequenceGradients.held`, `peak_held`) and the bytes held at the end of the last
+backward; `rl-engine bench train --case layout` prints both.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 from rl_engine.canonical_sum import SequenceGradients
 from rl_engine.executors.worker.layout_free_grads import (
     clip_coefficient,
-    global_norm,
-    inject_gradients,
-    whole_gradients,
+    inject_gradient,
+    row_square_sums,
+    whole_gradient,
 )
 from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.kernels import SequenceSpans
@@ -135,15 +138,21 @@ class LayoutInvariantUpdate:
                 f"{missing[:3]}: an op on their path does not serve trainer.layout_invariant"
             )
         self._count_held()
-        whole = whole_gradients(self.sink, self.params, ranges)
-        grads = [grad.to(param.dtype) for grad, param in zip(whole, self.params)]
+        # one parameter at a time, its partials released as soon as its gradient is formed, so
+        # that no second copy of the model's gradient is ever held; the clip scales in the
+        # optimizer (`arm`), so the gradients go in before their norm is known
+        squares = []
+        for index, param in enumerate(self.params):
+            grad = whole_gradient(self.sink, param, ranges).to(param.dtype)
+            self.sink.release(param)
+            self._lap("whole_gradients")
+            squares += row_square_sums(grad)
+            self._lap("norm")
+            inject_gradient(param, grad, index)
+            self._lap("inject")
         self.sink = None
-        self._lap("whole_gradients")
-        self.norm = global_norm(grads)
-        self._lap("norm")
+        self.norm = math.sqrt(math.fsum(squares))  # global_norm's sum: exact in any order
         self.optimizer.arm(clip_coefficient(self.norm, max_norm))
-        inject_gradients(self.params, grads)
-        self._lap("inject")
         return self.norm
 
     def stepped(self) -> None:
