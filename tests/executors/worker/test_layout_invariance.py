@@ -22,16 +22,6 @@ BUDGET_TWO = (2, 2, {"micro_batch_size": 4, "max_tokens_per_micro_batch": 40})
 LAYOUT_KEYS = {"time/"}  # metric keys allowed to differ: timings only
 
 
-@pytest.fixture(scope="module")
-def completions(tmp_path_factory):
-    paths = {}
-    for dtype in ("float32", "bfloat16"):
-        path = tmp_path_factory.mktemp("completions") / f"{dtype}.pt"
-        torch.save(cached_completions(dtype), path)
-        paths[dtype] = str(path)
-    return paths
-
-
 def _run(tmp_path, completions, layout, dtype, *, invariant=True, steps=3, tag="", **extra):
     world, stage, trainer = layout
     out = tmp_path / f"w{world}_z{stage}_{dtype}_{invariant}_{tag}_{len(list(tmp_path.iterdir()))}"

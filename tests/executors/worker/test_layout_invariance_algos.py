@@ -15,7 +15,6 @@ from tests.executors.worker.test_layout_invariance import (
     _run,
     _same_metrics,
     _same_state,
-    completions,  # noqa: F401 - the module's fixture
 )
 
 GSPO = {"ratio_level": "sequence", "loss_aggregation": "seq-mean-token-mean"}
@@ -31,14 +30,14 @@ ACTS = {  # mode -> the metric that shows it did something
 }
 
 
-def _pair(tmp_path, completions, *, invariant=True, **extra):  # noqa: F811 - the fixture
+def _pair(tmp_path, completions, *, invariant=True, **extra):
     return [
         _run(tmp_path, completions, layout, "bfloat16", invariant=invariant, **extra)
         for layout in (PACKED_ONE, PADDED_TWO)
     ]
 
 
-def test_gspo_takes_the_same_steps_in_two_layouts(tmp_path, completions):  # noqa: F811
+def test_gspo_takes_the_same_steps_in_two_layouts(tmp_path, completions):
     one, two = _pair(tmp_path, completions, algorithm=GSPO)
     assert _same_state(one["state"], two["state"]) == []
     assert _same_metrics(one["metrics"], two["metrics"]) == []
@@ -49,7 +48,7 @@ def test_gspo_takes_the_same_steps_in_two_layouts(tmp_path, completions):  # noq
 @pytest.mark.parametrize("mode", sorted(ACTS))
 def test_each_rollout_correction_takes_the_same_steps_in_two_layouts(
     tmp_path,
-    completions,  # noqa: F811
+    completions,
     mode,
 ):
     algorithm = {"rollout_correction": mode, "correction_threshold": THRESHOLD}
@@ -60,7 +59,7 @@ def test_each_rollout_correction_takes_the_same_steps_in_two_layouts(
 
 
 @pytest.mark.exhaustive  # make test: GSPO alone (above)
-def test_a_sequence_mask_correction_under_gspo_takes_the_same_steps(tmp_path, completions):  # noqa: F811
+def test_a_sequence_mask_correction_under_gspo_takes_the_same_steps(tmp_path, completions):
     algorithm = {**GSPO, "rollout_correction": "sequence_mask", "correction_threshold": THRESHOLD}
     one, two = _pair(tmp_path, completions, algorithm=algorithm)
     assert _same_state(one["state"], two["state"]) == []
@@ -70,7 +69,7 @@ def test_a_sequence_mask_correction_under_gspo_takes_the_same_steps(tmp_path, co
 
 def test_negative_control_gspo_with_a_correction_differs_with_the_flag_off(
     tmp_path,
-    completions,  # noqa: F811
+    completions,
 ):
     algorithm = {**GSPO, "rollout_correction": "token_truncate", "correction_threshold": THRESHOLD}
     one, two = _pair(tmp_path, completions, invariant=False, algorithm=algorithm)

@@ -9,7 +9,6 @@ control: the same layouts with the flag off differ.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
 from rl_engine.patching.lora import is_adapter_name
@@ -23,16 +22,6 @@ from tests.executors.worker.test_layout_invariance import (
 )
 
 LORA = {"rank": 4, "alpha": 8, "target_modules": "all-linear"}
-
-
-@pytest.fixture(scope="module")
-def completions(tmp_path_factory):
-    paths = {}
-    for dtype in ("float32", "bfloat16"):
-        path = tmp_path_factory.mktemp("completions") / f"{dtype}.pt"
-        torch.save(cached_completions(dtype), path)
-        paths[dtype] = str(path)
-    return paths
 
 
 def _lora_run(tmp_path, completions, layout, dtype, **extra):
