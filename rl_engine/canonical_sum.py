@@ -24,9 +24,13 @@ the dtype's one NaN, `torch.tensor(nan, dtype)` (0x7FC0 in bf16). fp32 and fp64 
 bits the adds gave them (there the add's NaN does not depend on the place). A NaN stays a NaN
 through every later add, so which elements are NaN never depends on the layout.
 
-A partial is a dense tensor or a `RowPartial` (rows of a tensor, +0.0 elsewhere: an embedding's
-per-sequence gradient). Row partials add as their densified forms would, bit for bit: a row
-held by one child only still gets its `+ 0.0` (which maps -0.0 to +0.0 and keeps inf and NaN).
+A partial is a dense tensor, a `RowPartial` (rows of a tensor, +0.0 elsewhere: an embedding's
+per-sequence gradient) or a deferred product (`ProductPartial`, kernels/common/product_partial.py:
+the LM head's per-sequence partial kept as its GEMM's operands). Row partials add as their
+densified forms would, bit for bit: a row held by one child only still gets its `+ 0.0`
+(which maps -0.0 to +0.0 and keeps inf and NaN). Deferred ones add unevaluated while their
+operands take less memory than their dense value, and are evaluated a block of rows at a time
+into the dense node they meet: the same adds on the same elements, so the same bits.
 """
 
 from __future__ import annotations
@@ -36,6 +40,15 @@ from typing import NamedTuple
 
 import torch
 
+from rl_engine.kernels.common.product_partial import (
+    Deferred,
+    add_before,
+    add_deferred,
+    add_into,
+    dense,
+    is_deferred,
+    settled,
+)
 from rl_engine.row_partial import RowPartial, add_rows
 
 _REDUCED = (torch.bfloat16, torch.float16)
@@ -97,7 +110,7 @@ def depth(n: int) -> int:
 # ----------------------------------------------------------------------------- values
 
 
-Value = torch.Tensor | RowPartial
+Value = torch.Tensor | RowPartial | Deferred
 
 
 class Node(NamedTuple):
@@ -113,11 +126,25 @@ def _add(left: Value, right: Value) -> Value:
     rows, or a densified row partial, are fresh buffers)."""
     if isinstance(left, RowPartial) and isinstance(right, RowPartial):
         return add_rows(left, right)
+    if is_deferred(left) or is_deferred(right):
+        return _add_deferred(left, right)
     if isinstance(left, RowPartial):
         left = left.densify(right.shape)
     elif isinstance(right, RowPartial):
         right = right.densify(left.shape)
     return left.add_(right)  # the same kernel and bits as left + right
+
+
+def _add_deferred(left: Value, right: Value) -> Value:
+    """`_add` where a side is deferred: evaluated into the dense side's buffer, a block of rows
+    at a time; two deferred sides stay deferred while that takes less memory."""
+    if isinstance(left, RowPartial):
+        left = left.densify(right.shape)
+    elif isinstance(right, RowPartial):
+        right = right.densify(left.shape)
+    if is_deferred(left) and is_deferred(right):
+        return add_deferred(left, right)
+    return add_into(left, right) if is_deferred(right) else add_before(left, right)
 
 
 def canonical_nan(value: Value) -> Value:
@@ -131,8 +158,17 @@ def canonical_nan(value: Value) -> Value:
     return value
 
 
-def _tensor(value: Value) -> torch.Tensor:
-    return value.values if isinstance(value, RowPartial) else value
+def value_tensors(value: Value) -> list[torch.Tensor]:
+    """The tensors a value's bits live in (a deferred one's: its GEMM's operands)."""
+    if isinstance(value, RowPartial):
+        return [value.values]
+    return value.factors() if is_deferred(value) else [value]
+
+
+def _kind(value: Value) -> tuple[torch.dtype, torch.device, tuple[int, ...]]:
+    """(dtype, device, row shape) of the dense tensor a value stands for."""
+    tensor = value.values if isinstance(value, RowPartial) else value
+    return tensor.dtype, tensor.device, tuple(tensor.shape[1:])
 
 
 def _memory(tensor: torch.Tensor) -> tuple[int, int] | None:
@@ -147,7 +183,7 @@ def _memory(tensor: torch.Tensor) -> tuple[int, int] | None:
 # ----------------------------------------------------------------------------- the accumulator
 
 
-def _holder_range(n: int, lo: int, hi: int | None) -> tuple[int, int, int]:
+def holder_range(n: int, lo: int, hi: int | None) -> tuple[int, int, int]:
     """(n, lo, hi) of a holder of the leaves [lo, hi) of n (hi None: n), checked."""
     hi = n if hi is None else hi
     if n < 1 or not 0 <= lo <= hi <= n:
@@ -172,7 +208,7 @@ class CanonicalSum:
     """
 
     def __init__(self, n: int, lo: int = 0, hi: int | None = None):
-        self.n, self.lo, self.hi = _holder_range(n, lo, hi)
+        self.n, self.lo, self.hi = holder_range(n, lo, hi)
         self._next = lo
         self._stack: list[Node] = []
         self._kind: tuple[torch.dtype, torch.device, tuple[int, ...]] | None = None
@@ -207,6 +243,8 @@ class CanonicalSum:
                 f"[{lo}, {hi}) is not a node of the canonical tree of {self.n} leaves "
                 f"inside this holder's [{self.lo}, {self.hi})"
             )
+        if is_deferred(value):
+            value = settled(value)
         self._check(value)
         self._next = hi
         self._stack.append(Node(lo, hi, value))
@@ -228,41 +266,46 @@ class CanonicalSum:
                 f"the root needs every leaf of [0, {self.n}); this holder has [{self.lo}, {self._next})"
             )
         (root,) = self._stack
-        return canonical_nan(root.value)
+        return canonical_nan(dense(root.value))
 
     def _check(self, value: Value) -> None:
-        """Every value alike (dtype, device, row shape); none sharing memory with a held one."""
-        tensor = _tensor(value)
-        if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+        """Every value alike (dtype, device, row shape); none sharing memory with a held one
+        (two deferred ones may: neither is written)."""
+        tensors = value_tensors(value)
+        if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in tensors):
             raise ValueError(
-                f"a partial is a float tensor or a RowPartial, got {type(value).__name__}"
+                f"a partial is a float tensor, a RowPartial or a ProductPartial, got "
+                f"{type(value).__name__}"
             )
-        if tensor.requires_grad:
+        if any(t.requires_grad for t in tensors):
             raise ValueError(
                 "a partial must not require grad (detach it): it is added into in place"
             )
-        if any(stride == 0 and size > 1 for size, stride in zip(tensor.shape, tensor.stride())):
-            raise ValueError("a partial must not repeat elements in memory (an expanded tensor)")
-        kind = (tensor.dtype, tensor.device, tuple(tensor.shape[1:]))
+        for tensor in tensors:
+            if any(st == 0 and size > 1 for size, st in zip(tensor.shape, tensor.stride())):
+                raise ValueError(
+                    "a partial must not repeat elements in memory (an expanded tensor)"
+                )
+        kind = _kind(value)
         if self._kind is None:
             self._kind = kind
         elif kind != self._kind:
             raise ValueError(
                 f"every partial of one sum has one dtype, device and row shape: {self._kind}, got {kind}"
             )
-        span = _memory(tensor)
-        for node in self._stack if span else ():
-            held = _memory(_tensor(node.value))
-            if (
-                held
-                and _tensor(node.value).device == tensor.device
-                and span[0] < held[1]
-                and held[0] < span[1]
-            ):
+        for node in self._stack:
+            if is_deferred(value) and is_deferred(node.value):
+                continue
+            if any(_overlap(t, h) for t in tensors for h in value_tensors(node.value)):
                 raise ValueError(
                     f"a partial shares memory with node [{node.lo}, {node.hi}) held here: "
                     "push tensors of their own (the held sum is added into in place)"
                 )
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    span, held = _memory(a), _memory(b)
+    return bool(span and held and a.device == b.device and span[0] < held[1] and held[0] < span[1])
 
 
 def combine(n: int, nodes: list[Node] | list[tuple[int, int, Value]]) -> Value:
@@ -298,131 +341,10 @@ def sum_roles(shape: tuple[int, ...] | torch.Size, roots: dict[str, Value]) -> t
     total: torch.Tensor | None = None
     for role in sorted(roots):
         root = roots[role]
-        dense = root.densify(shape) if isinstance(root, RowPartial) else root
-        if tuple(dense.shape) != tuple(shape):
+        dense_root = root.densify(shape) if isinstance(root, RowPartial) else dense(root)
+        if tuple(dense_root.shape) != tuple(shape):
             raise ValueError(
-                f"role {role!r}: a root of shape {tuple(dense.shape)}, expected {tuple(shape)}"
+                f"role {role!r}: a root of shape {tuple(dense_root.shape)}, expected {tuple(shape)}"
             )
-        total = dense if total is None else total.add_(dense)
+        total = dense_root if total is None else total.add_(dense_root)
     return canonical_nan(total)
-
-
-class SequenceGradients:
-    """Where a backward writes each sequence's parameter-gradient partials, to be summed by the
-    canonical tree (module docstring) whatever the layout.
-
-    One holder serves the contiguous range [lo, hi) of the step's n sequences (a rank's shard;
-    the whole step on one process). For each (parameter, role) it keeps one `CanonicalSum`
-    over [lo, hi); a role names how the parameter was used: a tied weight is written as
-    "embedding" by the embedding's backward and as "lm_head" by the LM head's, and its gradient
-    is tree(embedding) + tree(lm_head) (`sum_roles`: roles in sorted order), never one tree of
-    per-sequence h_s + e_s. The partials of one (parameter, role) come in increasing sequence
-    index, every index of [lo, hi) once; a sequence that does not touch the parameter still
-    gives its leaf: `add_rows` with no rows (the +0.0 leaf, which costs nothing).
-
-    A partial is fp32 (fp64 for an fp64 parameter), on the parameter's device, shaped as the
-    parameter was at its first partial (a partitioned parameter may be empty later). It
-    becomes the holder's (the sums add into it in place).
-
-    Memory: each (parameter, role) holds at most 2 * depth(n) + 1 tensors (depth(n) =
-    ceil(log2 n)), each shaped as the parameter, or as the union of its sequences' rows for a
-    row partial; a holder of [0, m) (lo = 0) at most ceil(log2 m) + 1.
-    """
-
-    def __init__(self, n: int, lo: int = 0, hi: int | None = None):
-        self.n, self.lo, self.hi = _holder_range(n, lo, hi)
-        self._params: dict[int, tuple[torch.Tensor, torch.Size]] = {}  # id -> (param, shape)
-        self._sums: dict[tuple[int, str], CanonicalSum] = {}
-
-    def add(self, param: torch.Tensor, role: str, index: int, partial: torch.Tensor) -> None:
-        """Sequence `index`'s dense partial of `param` in `role`."""
-        shape = self._shape(param)
-        if tuple(partial.shape) != tuple(shape):
-            raise ValueError(
-                f"a partial of shape {tuple(partial.shape)} for a parameter of {tuple(shape)}"
-            )
-        self._check_dtype(param, partial)
-        self._sum(param, role).push(index, partial)
-
-    def add_rows(
-        self, param: torch.Tensor, role: str, index: int, rows: torch.Tensor, values: torch.Tensor
-    ) -> None:
-        """Sequence `index`'s partial of `param` in `role` on `rows` only (+0.0 on the others)."""
-        shape = self._shape(param)
-        partial = RowPartial(rows, values)
-        if tuple(values.shape[1:]) != tuple(shape[1:]):
-            raise ValueError(
-                f"rows of shape {tuple(values.shape[1:])} for a parameter of {tuple(shape)}"
-            )
-        if rows.numel() and int(rows[-1]) >= shape[0]:
-            raise ValueError(f"row {int(rows[-1])} is outside the parameter's {shape[0]} rows")
-        self._check_dtype(param, values)
-        self._sum(param, role).push(index, partial)
-
-    def params(self) -> list[torch.Tensor]:
-        """The parameters written so far, in the order of their first partial."""
-        return [param for param, _ in self._params.values()]
-
-    def roles(self, param: torch.Tensor) -> list[str]:
-        """The roles `param` was written in, sorted (the order `sum_roles` adds them)."""
-        return sorted(role for key, role in self._sums if key == id(param))
-
-    def nodes(self, param: torch.Tensor) -> dict[str, list[Node]]:
-        """Each role's cover of [lo, hi): what this holder contributes to `param`'s gradient."""
-        if id(param) not in self._params:
-            raise ValueError(f"no partial was written for this parameter ({tuple(param.shape)})")
-        covers = {}
-        for role in self.roles(param):
-            total = self._sums[id(param), role]
-            if not total.complete:
-                raise ValueError(
-                    f"role {role!r} of [{self.lo}, {self.hi}) lacks the partials of sequences "
-                    f"[{total.next_index}, {self.hi})"
-                )
-            covers[role] = total.nodes()
-        return covers
-
-    def result(self, param: torch.Tensor) -> torch.Tensor:
-        """`param`'s gradient, when this holder holds the whole step [0, n)."""
-        if (self.lo, self.hi) != (0, self.n):
-            raise ValueError(
-                f"this holder has sequences [{self.lo}, {self.hi}) of {self.n}: combine the "
-                "holders' nodes (combine, then sum_roles)"
-            )
-        covers = self.nodes(param)
-        roots = {role: combine(self.n, nodes) for role, nodes in covers.items()}
-        return sum_roles(self._params[id(param)][1], roots)
-
-    def release(self, param: torch.Tensor) -> None:
-        """Forget `param`'s partials (once its gradient is formed): their memory goes with them."""
-        for role in self.roles(param):
-            del self._sums[id(param), role]
-
-    def held(self) -> int:
-        """How many partial-sized tensors the holder keeps now."""
-        return sum(len(total.nodes()) for total in self._sums.values())
-
-    def peak_held(self) -> int:
-        """The sum over (parameter, role) of the most tensors each held at once (a bound on the
-        most the holder held at once: the parameters peak at different times)."""
-        return sum(total.peak_held for total in self._sums.values())
-
-    def _shape(self, param: torch.Tensor) -> torch.Size:
-        """The parameter's shape at its first partial."""
-        return self._params[id(param)][1] if id(param) in self._params else param.shape
-
-    def _sum(self, param: torch.Tensor, role: str) -> CanonicalSum:
-        key = (id(param), role)
-        if key not in self._sums:
-            self._params.setdefault(id(param), (param, param.shape))  # held: its id stays its own
-            self._sums[key] = CanonicalSum(self.n, self.lo, self.hi)
-        return self._sums[key]
-
-    @staticmethod
-    def _check_dtype(param: torch.Tensor, partial: torch.Tensor) -> None:
-        want = torch.float64 if param.dtype == torch.float64 else torch.float32
-        if partial.dtype != want or partial.device != param.device:
-            raise ValueError(
-                f"a partial of a {param.dtype} parameter on {param.device} is {want} there, "
-                f"got {partial.dtype} on {partial.device}"
-            )

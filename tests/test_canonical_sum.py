@@ -18,7 +18,6 @@ import torch
 
 from rl_engine.canonical_sum import (
     CanonicalSum,
-    SequenceGradients,
     combine,
     cover,
     depth,
@@ -27,6 +26,7 @@ from rl_engine.canonical_sum import (
     sum_roles,
 )
 from rl_engine.row_partial import RowPartial
+from rl_engine.sequence_gradients import SequenceGradients
 
 DTYPES = [torch.float32, torch.bfloat16]
 INT_OF = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}

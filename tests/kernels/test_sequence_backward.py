@@ -25,6 +25,7 @@ import torch
 
 from rl_engine.kernels import get_op
 from rl_engine.kernels.common.linear_logp import linear_logp_op
+from rl_engine.kernels.common.product_partial import dense
 from rl_engine.kernels.common.sequence_spans import SequenceSpans
 from rl_engine.kernels.cpp._serving import GEMM
 from rl_engine.kernels.cpp.linear import exact_gemm
@@ -55,7 +56,7 @@ class RecordingSink:
     def add(self, param, role, index, partial):
         assert partial.shape == param.shape
         assert partial.dtype == torch.float32
-        self._put((role, index), partial)
+        self._put((role, index), dense(partial))
 
     def add_rows(self, param, role, index, rows, values):
         assert rows.dtype == torch.int64

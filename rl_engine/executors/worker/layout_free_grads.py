@@ -29,10 +29,13 @@ import torch
 import torch.distributed as dist
 from deepspeed.utils import safe_set_full_grad
 
-from rl_engine.canonical_sum import Node, SequenceGradients, combine, cover, sum_roles
+from rl_engine.canonical_sum import Node, combine, cover, sum_roles
+from rl_engine.kernels.common.product_partial import dense
 from rl_engine.row_partial import RowPartial
+from rl_engine.sequence_gradients import SequenceGradients
 
 NORM_ROW = 4096
+NORM_ROWS_AT_ONCE = 256  # 8 MiB of fp64 squares
 
 
 class GradientInjectionError(RuntimeError):
@@ -72,7 +75,7 @@ def whole_gradient(
 
 
 def _dense(value, shape) -> torch.Tensor:
-    return value.densify(shape) if isinstance(value, RowPartial) else value
+    return value.densify(shape) if isinstance(value, RowPartial) else dense(value)
 
 
 def _partial_dtype(param) -> torch.dtype:
@@ -98,6 +101,11 @@ def inject_gradient(param: torch.nn.Parameter, grad: torch.Tensor, index: int = 
     shape = tuple(getattr(param, "ds_shape", param.shape))
     if tuple(grad.shape) != shape:
         raise ValueError(f"gradient {index} has shape {tuple(grad.shape)}, its parameter {shape}")
+    if hasattr(param, "ds_id"):
+        # ZeRO-3 holds the gradient in its partition; a .grad here is one DeepSpeed did not
+        # reduce (layout-invariant ranks mark every parameter not ready: its hooks skip them),
+        # such as the zeros its leaf-module hook gives a MoE expert without a gradient
+        param.grad = None
     try:
         safe_set_full_grad(param, _padded_for_zero3(param, grad.to(param.dtype)))
     except ValueError as err:  # DeepSpeed: "only available immediately after backward"
@@ -114,6 +122,8 @@ def _padded_for_zero3(param, grad: torch.Tensor) -> torch.Tensor:
         return grad
     padded = param.ds_tensor.numel() * torch.distributed.get_world_size()
     flat = grad.reshape(-1)
+    if padded == flat.numel():  # no padding: no copy
+        return flat
     return torch.nn.functional.pad(flat, (0, padded - flat.numel()))
 
 
@@ -125,13 +135,19 @@ def global_norm(grads: Iterable[torch.Tensor]) -> float:
 
 def row_square_sums(grad: torch.Tensor) -> list[float]:
     """`global_norm`'s terms of one gradient: the fp64 sums of squares of its rows (their
-    `math.fsum` with every other gradient's, in any order, is the squared norm)."""
-    flat = grad.detach().reshape(-1).to(torch.float64)
+    `math.fsum` with every other gradient's, in any order, is the squared norm). Formed
+    `NORM_ROWS_AT_ONCE` rows at a time, so the fp64 squares of a large gradient (the
+    embedding's: 4x its fp32 size) never exist whole; a row's sum is the same either way."""
+    flat = grad.detach().reshape(-1)
     rows, tail = divmod(flat.numel(), NORM_ROW)
-    squares = flat * flat
-    sums = squares[: rows * NORM_ROW].view(rows, NORM_ROW).sum(dim=1).tolist() if rows else []
+    sums = []
+    for first in range(0, rows, NORM_ROWS_AT_ONCE):
+        last = min(rows, first + NORM_ROWS_AT_ONCE)
+        block = flat[first * NORM_ROW : last * NORM_ROW].to(torch.float64)
+        sums += block.mul_(block).view(last - first, NORM_ROW).sum(dim=1).tolist()
     if tail:
-        sums.append(float(squares[rows * NORM_ROW :].sum()))
+        block = flat[rows * NORM_ROW :].to(torch.float64)
+        sums.append(float(block.mul_(block).sum()))
     return sums
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 
-from rl_engine.canonical_sum import SequenceGradients
+from rl_engine.canonical_sum import value_tensors
 from rl_engine.executors.worker.layout_free_grads import (
     clip_coefficient,
     inject_gradient,
@@ -44,7 +44,7 @@ from rl_engine.executors.worker.layout_free_grads import (
 from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.kernels import SequenceSpans
 from rl_engine.patching.gradient_route import GradientRoute, bind_gradient_route
-from rl_engine.row_partial import RowPartial
+from rl_engine.sequence_gradients import SequenceGradients
 
 PARTS = ("forward_backward", "whole_gradients", "norm", "inject", "deepspeed_step")
 
@@ -55,9 +55,11 @@ class LayoutInvariantError(RuntimeError):
 
 class DeepSpeedSink(SequenceGradients):
     """The mini-batch's SequenceGradients. `placeholder_grads`: the ops' backward also returns a
-    zero gradient for each parameter, because ZeRO 1-3 only hold gradient partitions to write
-    into after a backward that produced some, and ZeRO-3's reduction hooks expect one for every
-    parameter its backward gathered (ZeRO-0 needs none)."""
+    zero gradient for each parameter, because ZeRO-1/2 only hold gradient partitions to write
+    into after a backward that produced some. ZeRO-3's partitions are views of one flat buffer
+    that always exist: there every parameter is marked `ds_grad_is_ready = False` (DeepSpeed's
+    attribute for gradients it must not reduce), so its hooks skip the parameters and no
+    placeholder is made or reduced (ZeRO-0 needs none either)."""
 
     def __init__(self, n: int, lo: int, hi: int, *, placeholder_grads: bool):
         super().__init__(n, lo, hi)
@@ -77,6 +79,9 @@ class LayoutInvariantUpdate:
         bind_gradient_route(model, self.route)
         self.named = [(n, p) for n, p in engine.module.named_parameters() if p.requires_grad]
         self.params = [p for _, p in self.named]
+        if zero_stage == 3:  # its hooks would reduce nothing but placeholders: skip them
+            for param in self.params:
+                param.ds_grad_is_ready = False
         self.sink: DeepSpeedSink | None = None
         self.norm: float | None = None
         self.new_step()
@@ -101,7 +106,7 @@ class LayoutInvariantUpdate:
             per_rank * self.world,
             lo,
             lo + per_rank,
-            placeholder_grads=self.zero_stage > 0,
+            placeholder_grads=self.zero_stage in (1, 2),
         )
         self.per_rank = per_rank
         self._mark = time.perf_counter()
@@ -167,7 +172,7 @@ class LayoutInvariantUpdate:
             for nodes in self.sink.nodes(param).values()
             for node in nodes
         ]
-        tensors = [v.values if isinstance(v, RowPartial) else v for v in values]
+        tensors = [t for v in values for t in value_tensors(v)]
         held = self.held
         held["tensors"] = max(held["tensors"], len(tensors))
         held["peak_tensors"] = max(held["peak_tensors"], self.sink.peak_held())

@@ -12,7 +12,9 @@ a block exist at once; the cut depends on the sequence and the vocabulary only):
 
 - weight partial = sum over its blocks, in order, of the block's g^T h (one chain over
   the block's rows, the backend's ExactGemm, fp32), acc = block 0, then acc + block 1,
-  ...; a sequence without live rows sends zeros;
+  ...; a sequence without live rows sends zeros. It goes to the sink deferred (a
+  `ProductPartial` of those GEMMs' operands, evaluated by the sink a block of vocabulary
+  rows at a time: the same bits, without a (V, H) buffer per sequence);
 - bias partial = +0, then + grad_logits[row] (fp32) for its live rows in order;
 - grad hidden[row] = g[row] @ W, one chain over the vocabulary, rounded once to hidden's
   dtype.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.kernels.common.checks import at_least_fp32
+from rl_engine.kernels.common.product_partial import ProductPartial, settled
 from rl_engine.kernels.common.sequence_grads import ExactGemm, row_sums, transposed
 
 
@@ -122,11 +125,17 @@ def sequence_logp_backward(
 
 class _WeightPartials:
     """The head weight's partials, sent in span order (the sink takes a parameter's sequences in
-    increasing index): a sequence's blocks add up in order; one without live rows sends zeros."""
+    increasing index); a sequence without live rows sends zeros.
+
+    A sequence's partial is its blocks' g^T h added in order. It is sent deferred, as those
+    GEMMs' operands (`ProductPartial`): the sink evaluates it a block of vocabulary rows at a
+    time into the tree node it meets, so no (V, H) fp32 buffer exists per sequence. A sequence
+    whose operands outgrow that buffer (more rows than the hidden size, in bf16) is evaluated
+    here, its later blocks added into it: the same adds, in the same order."""
 
     def __init__(self, weight, sink, spans, acc):
         self.weight, self.sink, self.spans, self.acc = weight, sink, spans, acc
-        self.pending: dict[int, torch.Tensor] = {}
+        self.pending: dict[int, ProductPartial | torch.Tensor] = {}
         self.sent = 0  # spans before this one were sent
 
     def add_blocks(self, gemm, g, h, group) -> None:
@@ -134,18 +143,26 @@ class _WeightPartials:
         offset, dtype = 0, self.weight.dtype
         for i, block_rows, last in group:
             stop = offset + block_rows.numel()
-            part = gemm(transposed(g[offset:stop], dtype), transposed(h[offset:stop], dtype))
+            term = (transposed(g[offset:stop], dtype), transposed(h[offset:stop], dtype))
             offset = stop
-            self.pending[i] = part if i not in self.pending else self.pending[i].add_(part)
+            self.pending[i] = self._extended(gemm, self.pending.get(i), term)
             if last:
                 self.send_until(i)
                 self._send(i, self.pending.pop(i))
+
+    @staticmethod
+    def _extended(gemm, pending, term):
+        """pending + gemm(term): deferred while the operands are smaller than the dense sum."""
+        if isinstance(pending, torch.Tensor):
+            return pending.add_(gemm(*term))
+        terms = (pending.terms if pending is not None else ()) + (term,)
+        return settled(ProductPartial(gemm, terms))
 
     def send_until(self, stop: int) -> None:
         """Zeros for the sequences before `stop` not sent yet (they had no live row)."""
         for i in range(self.sent, stop):
             self._send(i, torch.zeros(self.weight.shape, dtype=self.acc, device=self.weight.device))
 
-    def _send(self, i: int, partial: torch.Tensor) -> None:
+    def _send(self, i: int, partial) -> None:
         self.sink.add(self.weight, "lm_head", self.spans.indices[i], partial)
         self.sent = i + 1

@@ -33,7 +33,9 @@ class GradientSink(Protocol):
     """
 
     def add(self, param: torch.Tensor, role: str, index: int, partial: torch.Tensor) -> None:
-        """partial: dense, param's shape, fp32 (fp64 for an fp64 parameter)."""
+        """partial: param's shape, fp32 (fp64 for an fp64 parameter); a dense tensor, or a
+        `ProductPartial` (kernels/common/product_partial.py) standing for one: the LM head's,
+        whose dense form is large (`product_partial.dense` gives it)."""
 
     def add_rows(
         self,

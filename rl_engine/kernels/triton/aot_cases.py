@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from rl_engine.kernels.common.product_partial import dense
+
 # The dtypes every op is compiled in (the manifest's names for them).
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Qwen2.5-0.5B-like sizes (H 896, 14 query heads, 2 kv heads, D 64, I 4864), smaller expert MLPs.
@@ -271,7 +273,7 @@ class _DroppingSink:
     """The sink protocol, discarding: the compile check looks at launches, not values."""
 
     def add(self, param, role, index, partial):
-        pass
+        dense(partial)  # a deferred partial's GEMMs launch when it is evaluated
 
     def add_rows(self, param, role, index, rows, values):
         pass
