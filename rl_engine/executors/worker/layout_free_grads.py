@@ -61,21 +61,26 @@ def whole_gradient(
     if tuple(ranges[rank]) != (sink.lo, sink.hi):
         raise ValueError(f"rank {rank} holds [{sink.lo}, {sink.hi}), ranges say {ranges[rank]}")
     shape = tuple(getattr(param, "ds_shape", param.shape))
+    dtype = _partial_dtype(param)
     mine = sink.nodes(param)
     roots = {}
     for role in sorted(mine):
+        # an embedding's cover travels as its rows (a RowPartial adds as its dense form would)
+        rows_only = isinstance(mine[role][0].value, RowPartial)
         nodes = []
         for source, (lo, hi) in enumerate(ranges):
             held = {(node.lo, node.hi): node.value for node in mine[role]} if source == rank else {}
             for a, b in cover(sink.n, lo, hi):
-                value = _dense(held[(a, b)], shape) if held else None
-                nodes.append(Node(a, b, _broadcast(value, shape, _partial_dtype(param), source)))
+                value = held[(a, b)] if held else None
+                if rows_only:
+                    value = _broadcast_rows(value, shape, dtype, source)
+                else:
+                    value = _broadcast(
+                        None if value is None else dense(value), shape, dtype, source
+                    )
+                nodes.append(Node(a, b, value))
         roots[role] = combine(sink.n, nodes)
     return sum_roles(shape, roots)
-
-
-def _dense(value, shape) -> torch.Tensor:
-    return value.densify(shape) if isinstance(value, RowPartial) else dense(value)
 
 
 def _partial_dtype(param) -> torch.dtype:
@@ -88,6 +93,23 @@ def _broadcast(value: torch.Tensor | None, shape, dtype, source: int) -> torch.T
     buffer = value if value is not None else torch.empty(shape, dtype=dtype)
     dist.broadcast(buffer, src=source)
     return buffer
+
+
+def _broadcast_rows(value: RowPartial | None, shape, dtype, source: int) -> RowPartial:
+    """`_broadcast` of a RowPartial: its row count, then its rows and their values."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    count = torch.tensor([0 if value is None else value.rows.numel()])
+    dist.broadcast(count, src=source)
+    if value is not None:
+        rows, values = value.rows, value.values.contiguous()
+    else:
+        rows = torch.empty(int(count), dtype=torch.int64)
+        values = torch.empty((int(count), *shape[1:]), dtype=dtype)
+    if rows.numel():
+        dist.broadcast(rows, src=source)
+        dist.broadcast(values, src=source)
+    return value if value is not None else RowPartial(rows, values)
 
 
 def inject_gradients(params: Sequence[torch.nn.Parameter], grads: Sequence[torch.Tensor]) -> None:

@@ -45,6 +45,7 @@ from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.kernels import SequenceSpans
 from rl_engine.patching.gradient_route import GradientRoute, bind_gradient_route
 from rl_engine.sequence_gradients import SequenceGradients
+from rl_engine.slab_arena import SLAB_BYTES
 
 PARTS = ("forward_backward", "whole_gradients", "norm", "inject", "deepspeed_step")
 
@@ -147,7 +148,8 @@ class LayoutInvariantUpdate:
         # that no second copy of the model's gradient is ever held; the clip scales in the
         # optimizer (`arm`), so the gradients go in before their norm is known
         squares = []
-        for index, param in enumerate(self.params):
+        for index in _release_order(self.params):
+            param = self.params[index]
             grad = whole_gradient(self.sink, param, ranges).to(param.dtype)
             self.sink.release(param)
             self._lap("whole_gradients")
@@ -177,6 +179,15 @@ class LayoutInvariantUpdate:
         held["tensors"] = max(held["tensors"], len(tensors))
         held["peak_tensors"] = max(held["peak_tensors"], self.sink.peak_held())
         held["bytes"] = max(held["bytes"], sum(t.numel() * t.element_size() for t in tensors))
+
+
+def _release_order(params) -> list[int]:
+    """The order `finish` forms the gradients in (the same on every rank): the parameters'
+    own, those whose partials outgrow a slab (an embedding, an LM head) last. Their whole
+    gradient and the other ranks' covers are the step's largest transients; by their turn
+    every other parameter's partials are released."""
+    large = [4 * getattr(p, "ds_numel", p.numel()) > SLAB_BYTES // 4 for p in params]  # fp32
+    return sorted(range(len(params)), key=lambda i: large[i])
 
 
 def worker_layout_update(worker, model, optimizer) -> LayoutInvariantUpdate | None:
