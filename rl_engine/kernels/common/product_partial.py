@@ -180,8 +180,7 @@ def add_before(value: Deferred, dense: torch.Tensor) -> torch.Tensor:
 def add_deferred(left: Deferred, right: Deferred) -> Deferred | torch.Tensor:
     """left + right: kept deferred while its operands take no more memory than its dense value,
     else evaluated into a fresh buffer."""
-    total = ProductSum(left, right)
-    return total if factor_bytes(total) <= dense_bytes(total) else densify(total)
+    return settled(ProductSum(left, right))
 
 
 def settled(value: Deferred) -> Deferred | torch.Tensor:
