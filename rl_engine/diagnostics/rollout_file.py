@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from rl_engine.config import DTYPES
+from rl_engine.data.packing import plan_micro_batches
 from rl_engine.diagnostics.report import (
     DiagnosisReport,
     ModeResult,
@@ -36,8 +37,12 @@ from rl_engine.diagnostics.report import (
     write_report,
 )
 from rl_engine.envs.files import parse_episode_rollouts
-from rl_engine.packing import plan_micro_batches
-from rl_engine.parity import THRESHOLDS, mismatch_by_position, mismatch_metrics, ratio_distribution
+from rl_engine.logprobs.parity import (
+    THRESHOLDS,
+    mismatch_by_position,
+    mismatch_metrics,
+    ratio_distribution,
+)
 from rl_engine.rollout.files import BadLine, RolloutFile, RolloutFileError, rollout_files
 
 log = logging.getLogger("rl_engine.diagnose")

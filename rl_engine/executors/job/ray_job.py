@@ -31,6 +31,7 @@ from pathlib import Path
 import ray
 
 from rl_engine.config import RunConfig
+from rl_engine.data.tasks import make_task
 from rl_engine.executors.job import cluster
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.actors.launch import (
@@ -66,7 +67,6 @@ from rl_engine.executors.job.weight_sync import (
     sync_weights,
 )
 from rl_engine.rewards import RewardFailure
-from rl_engine.tasks import make_task
 
 __all__ = ["run_job"]
 

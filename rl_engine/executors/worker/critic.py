@@ -41,7 +41,7 @@ from torch import nn
 
 from rl_engine.algorithms import aggregation_units
 from rl_engine.config import RunConfig
-from rl_engine.devices import check_device
+from rl_engine.exact.records import SequenceRecords
 from rl_engine.executors.worker import checkpoints
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.batch_checks import agree_on_batch, plan_scoring, plan_step
@@ -60,7 +60,7 @@ from rl_engine.executors.worker.policy import (
 )
 from rl_engine.executors.worker.value_loss import ValueLossSums, value_micro_loss
 from rl_engine.executors.worker.value_model import ValueModule
-from rl_engine.sums import SequenceRecords
+from rl_engine.kernels.devices import check_device
 
 logger = logging.getLogger(__name__)
 

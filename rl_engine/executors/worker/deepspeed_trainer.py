@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from rl_engine.config import RunConfig
-from rl_engine.devices import check_device
+from rl_engine.exact.records import SequenceRecords
 from rl_engine.executors.worker import checkpoints
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.batch_checks import agree_on_batch, plan_scoring, plan_step
@@ -59,8 +59,8 @@ from rl_engine.executors.worker.step_loss import (
     step_metrics,
     summary,
 )
-from rl_engine.parity import ParitySums
-from rl_engine.sums import SequenceRecords
+from rl_engine.kernels.devices import check_device
+from rl_engine.logprobs.parity import ParitySums
 
 __all__ = ["BatchError", "DeepSpeedTrainingWorker", "ParityError", "build_deepspeed_config"]
 

@@ -1,5 +1,8 @@
 """Compile every Triton launch of the backend for NVIDIA targets, without a GPU, and check the binaries.
 
+The kernels' side: capture, compile, launch. The command line (arguments, the manifest written
+atomically, the checks' verdict) is `rl_engine/benchmarks/gpu_compile.py`:
+
     python scripts/compile_gpu_kernels.py [--targets sm_80,sm_90,sm_100] [--out DIR] [--cases all|ci]
     python scripts/compile_gpu_kernels.py --launch --compare AOT/manifest.json --out DIR   (on a GPU)
 
@@ -25,9 +28,6 @@ check (`main` refuses); the script unsets it before it imports anything.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from pathlib import Path
 
@@ -37,14 +37,7 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.driver import DriverBase
 
 from rl_engine.kernels.triton.aot_cases import CASES, DTYPES
-from rl_engine.kernels.triton.aot_manifest import (
-    SHARED_LIMITS,
-    check,
-    compare,
-    record_for,
-    summary,
-    write_ptx,
-)
+from rl_engine.kernels.triton.aot_manifest import WriteText, record_for, write_ptx
 
 
 class StubDriver(DriverBase):
@@ -110,8 +103,10 @@ def capture(op_name: str, dtype: str, device: str, subset: str):
     return out
 
 
-def compile_targets(targets, out_dir: Path, subset: str, ops) -> list[dict]:
-    """Every case's launches compiled for every target by the stub driver; one record each."""
+def compile_targets(targets, out_dir: Path, subset: str, ops, write_text: WriteText) -> list[dict]:
+    """Every case's launches compiled for every target by the stub driver; one record each.
+
+    `write_text(path, text)` writes each binary's PTX under `out_dir` (the caller's file policy)."""
     require_compiled_kernels()
     StubDriver.capability = int(targets[0].removeprefix("sm_"))
     triton.runtime.driver.set_active(StubDriver())
@@ -125,7 +120,7 @@ def compile_targets(targets, out_dir: Path, subset: str, ops) -> list[dict]:
                 for case, launches in captured:
                     for launch in launches:
                         compiled = launch.warmup()
-                        ptx = write_ptx(out_dir, target, compiled)
+                        ptx = write_ptx(out_dir, target, compiled, write_text)
                         records.append(
                             record_for(op_name, dtype, case, target, launch, compiled, ptx)
                         )
@@ -137,7 +132,7 @@ def compile_targets(targets, out_dir: Path, subset: str, ops) -> list[dict]:
     return records
 
 
-def launch_on_gpu(out_dir: Path, subset: str, ops) -> list[dict]:
+def launch_on_gpu(out_dir: Path, subset: str, ops, write_text: WriteText) -> list[dict]:
     """Run every case's launches on the GPU for real; record the binaries the JIT launched."""
     require_compiled_kernels()
     major, minor = torch.cuda.get_device_capability()
@@ -150,83 +145,7 @@ def launch_on_gpu(out_dir: Path, subset: str, ops) -> list[dict]:
                     compiled = launch.kernel[launch.grid](
                         *launch.args, **launch.constexprs, **launch.options()
                     )
-                    ptx = write_ptx(out_dir, target, compiled)
+                    ptx = write_ptx(out_dir, target, compiled, write_text)
                     records.append(record_for(op_name, dtype, case, target, launch, compiled, ptx))
     torch.cuda.synchronize()
     return records
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from rl_engine.kernels.registry import OP_NAMES
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--targets",
-        default="sm_80,sm_90,sm_100",
-        help="comma-separated, of: " + ", ".join(SHARED_LIMITS),
-    )
-    parser.add_argument(
-        "--out", default="gpu_kernels_out", help="directory for manifest.json and the PTX"
-    )
-    parser.add_argument(
-        "--cases",
-        choices=("all", "ci"),
-        default="all",
-        help="ci: a documented subset (>= 2 per group)",
-    )
-    parser.add_argument(
-        "--ops", default=",".join(OP_NAMES), help="comma-separated op names (default: every op)"
-    )
-    parser.add_argument(
-        "--launch", action="store_true", help="run the launches on this machine's GPU"
-    )
-    parser.add_argument(
-        "--compare", help="with --launch: an ahead-of-time manifest.json to compare hashes with"
-    )
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command line of scripts/compile_gpu_kernels.py: 0 all hold, 1 a check failed, 2 usage."""
-    from rl_engine.io import write_json_atomic
-    from rl_engine.kernels.registry import OP_NAMES
-
-    args = build_parser().parse_args(argv)
-    ops = [o for o in args.ops.split(",") if o]
-    unknown = [o for o in ops if o not in OP_NAMES]
-    missing = [o for o in OP_NAMES if o not in CASES]
-    if unknown or missing:
-        print(f"unknown ops: {unknown}; registry ops without cases: {missing}", file=sys.stderr)
-        return 2
-    try:
-        require_compiled_kernels()
-    except RuntimeError as err:
-        print(err, file=sys.stderr)
-        return 2
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    if args.launch:
-        if not torch.cuda.is_available():
-            print("--launch needs a CUDA device", file=sys.stderr)
-            return 2
-        records = launch_on_gpu(out_dir, args.cases, ops)
-    else:
-        targets = [t.strip() for t in args.targets.split(",") if t.strip()]
-        bad = [t for t in targets if t not in SHARED_LIMITS]
-        if bad or not targets:
-            print(f"unknown targets {bad}; known: {', '.join(SHARED_LIMITS)}", file=sys.stderr)
-            return 2
-        records = compile_targets(targets, out_dir, args.cases, ops)
-    write_json_atomic(out_dir / "manifest.json", records)
-    errors = check(records, lambda rel: (out_dir / rel).read_text())
-    if args.compare:
-        errors += compare(records, json.loads(Path(args.compare).read_text()))
-    launches, groups, binaries = summary(records)
-    print(
-        f"{launches} launches, {groups} groups, {binaries} binaries, {time.time() - t0:.0f} s -> {out_dir / 'manifest.json'}"
-    )
-    for e in errors:
-        print("FAIL", e)
-    print("all checks hold" if not errors else f"{len(errors)} failures")
-    return 1 if errors else 0

@@ -24,6 +24,9 @@ from pathlib import Path
 
 import torch
 
+WriteText = Callable[[Path, str], None]
+"""`write_text(path, text)`: how the caller writes a file (the command line: atomically)."""
+
 # Largest shared memory one block may use (the opt-in maximum, bytes).
 SHARED_LIMITS = {
     "sm_80": 163 * 1024,
@@ -90,14 +93,12 @@ def record_for(op_name, dtype, case, target, launch, compiled, ptx_rel) -> dict:
     }
 
 
-def write_ptx(out_dir: Path, target: str, compiled) -> str:
+def write_ptx(out_dir: Path, target: str, compiled, write_text: WriteText) -> str:
     """Write the kernel's PTX once (many launches share one binary); its path relative to out_dir."""
     rel = Path("ptx") / target / f"{compiled.name}-{compiled.hash[:20]}.ptx"
     path = out_dir / rel
     if not path.exists():
-        from rl_engine.io import write_text_atomic
-
-        write_text_atomic(path, compiled.asm["ptx"])
+        write_text(path, compiled.asm["ptx"])
     return str(rel)
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from rl_engine.config import RunConfig
+from rl_engine.data.tasks import CountTask
 from rl_engine.executors.job.prompts import prompt_key
 from rl_engine.executors.job.rollouts import StepRollouts, step_sampling
-from rl_engine.tasks import CountTask
 from tests.executors.worker.cell import rollout_engine
 
 

@@ -40,6 +40,7 @@ from typing import NamedTuple
 
 import torch
 
+from rl_engine.exact.row_partial import RowPartial, add_rows
 from rl_engine.kernels.common.product_partial import (
     Deferred,
     add_before,
@@ -49,7 +50,6 @@ from rl_engine.kernels.common.product_partial import (
     is_deferred,
     settled,
 )
-from rl_engine.row_partial import RowPartial, add_rows
 
 _REDUCED = (torch.bfloat16, torch.float16)
 

@@ -20,6 +20,8 @@ from typing import Self
 
 import torch
 
+from rl_engine.exact.float_sums import exact_sum
+
 AllReduce = Callable[[torch.Tensor, str], torch.Tensor]
 """`all_reduce(tensor, op)` -> the tensor reduced over ranks, op 'sum' or 'max'."""
 
@@ -130,12 +132,5 @@ class SequenceRecords:
                     total = _max(total, value)
                 values.append(total)
             else:
-                values.append(_exact_sum(column))
+                values.append(exact_sum(column))
         return self.kind(*values)
-
-
-def _exact_sum(values: list[float]) -> float:
-    """math.fsum, with inf and NaN propagated as float adds would (fsum raises on inf - inf)."""
-    if all(math.isfinite(v) for v in values):
-        return math.fsum(values)
-    return sum(v for v in values if not math.isfinite(v))

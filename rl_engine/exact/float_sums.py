@@ -1,4 +1,5 @@
-"""Per-sequence reductions whose bits only the sequence defines (trainer.layout_invariant).
+"""Exact float sums: `exact_sum` of a list, and per-sequence row sums whose bits only the
+sequence defines (trainer.layout_invariant). Every exact float sum of the package is one of these.
 
 torch's `x.sum(dim=1)` over a (B, T) row adds in an order set by T and by the kernel's
 vector width, so the same sequence padded to another length (another micro-batch) or packed
@@ -24,7 +25,7 @@ def exact_row_sums(values: Tensor, keep: Tensor) -> Tensor:
         )
     rows = values.detach().double().cpu()
     live = (keep != 0).cpu()
-    sums = [_fsum(rows[r][live[r]].tolist()) for r in range(rows.shape[0])]
+    sums = [exact_sum(rows[r][live[r]].tolist()) for r in range(rows.shape[0])]
     return torch.tensor(sums, dtype=torch.float64, device=values.device)[:, None]
 
 
@@ -34,8 +35,16 @@ def exact_row_means(values: Tensor, keep: Tensor) -> Tensor:
     return (exact_row_sums(values, keep) / counts).float()
 
 
-def _fsum(values: list[float]) -> float:
-    """math.fsum, with inf and NaN propagated as float adds would (fsum raises on inf - inf)."""
-    if all(math.isfinite(v) for v in values):
+def exact_sum(values) -> float:
+    """The correctly rounded sum of `values` (math.fsum: the same bits in any order or grouping),
+    with inf and NaN propagated as float adds would (a bare fsum raises on inf - inf and on an
+    intermediate overflow, where a float add gives inf or NaN)."""
+    values = list(values)
+    if not all(math.isfinite(v) for v in values):
+        return sum(v for v in values if not math.isfinite(v))
+    try:
         return math.fsum(values)
-    return sum(v for v in values if not math.isfinite(v))
+    except OverflowError:
+        # The exact sum is past the largest float: it rounds to an infinity of its sign, which
+        # the scaled sum (exact: a power-of-two scale) still has.
+        return math.copysign(math.inf, math.fsum(v * 2.0**-64 for v in values))
