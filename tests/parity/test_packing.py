@@ -243,7 +243,7 @@ def test_budget_config():
 
 
 @pytest.mark.multiprocess
-def test_two_ranks_zero3_with_different_micro_batch_counts(tmp_path):
+def test_two_ranks_zero3_different_micro_batch_counts_exact_logprobs_close_metrics(tmp_path):
     completions = _completions("tiny-llama", "float32")
     path = tmp_path / "completions.pt"
     torch.save(completions, path)
@@ -266,6 +266,9 @@ def test_two_ranks_zero3_with_different_micro_batch_counts(tmp_path):
     assert "other ranks" in results[0]["strict_error"]
     assert all(r["step_after_strict"] == 0 for r in results), "no step after a mismatch"
     assert results[0]["metrics"] == results[1]["metrics"]  # all-reduced
+    # Close, not equal: the plain update sums micro-batches' losses and gradients in layout order,
+    # and the packed and padded plans cut the shard into different micro-batches; the logprobs
+    # above are exact. trainer.layout_invariant makes these equal too.
     padded = results[0]["padded_metrics"]
     for key in ("loss", "policy_loss", "entropy", "grad_norm"):
         assert results[0]["metrics"][key] == pytest.approx(padded[key], rel=1e-5, abs=1e-7), key

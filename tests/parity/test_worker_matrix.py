@@ -171,12 +171,14 @@ def test_zero3_logprobs_equal_zero0_two_ranks(dtype, two_rank_job):
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.parametrize(("stage", "dtype"), list(_cells(quick_marks=False)))
-def test_world_sizes_agree(stage, dtype, workdir, two_rank_job):
+def test_world_sizes_equal_logprobs_close_first_step(stage, dtype, workdir, two_rank_job):
     one = _one_rank(stage, dtype, workdir)
     two = _two_rank_results(two_rank_job, stage, dtype)
     # Batch invariance: a row's logprobs do not depend on the rows, rank or micro-batch it shares.
     assert torch.equal(torch.cat([r["lp0"] for r in two]), one["lp0"])
-    # One global mean over ranks and micro-batches: the first step is the same step up to rounding.
+    # Close, not equal: the plain update sums the ranks' and micro-batches' gradients and metrics
+    # in layout order (DeepSpeed's all-reduce, float adds), so 1 and 2 ranks round differently.
+    # trainer.layout_invariant makes them equal (tests/executors/worker/test_layout_invariance.py).
     first1, first2 = one["metrics"][0], two[0]["metrics"][0]
     rel = 1e-5 if dtype == "float32" else 1e-2
     for key in ("policy_loss", "entropy", "grad_norm", "tokens", "parity/num_tokens"):
@@ -185,8 +187,12 @@ def test_world_sizes_agree(stage, dtype, workdir, two_rank_job):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_zero_stages_take_the_same_first_step(dtype, workdir):
-    """Same data, same initial weights: every ZeRO stage reports the same loss and gradient norm."""
+def test_zero_stages_equal_loss_close_grad_norm(dtype, workdir):
+    """Same data, same initial weights: every ZeRO stage reports the same loss and a gradient norm
+    close to the others'. Close, not equal: each stage forms the norm from its own partitions and
+    reductions (in bf16, ZeRO-0 accumulates micro-batch gradients in bf16), so the plain update's
+    norm follows the stage; trainer.layout_invariant takes it from the whole gradients, equal on
+    every stage (tests/executors/worker/test_layout_invariance.py)."""
     firsts = [_one_rank(stage, dtype, workdir)["metrics"][0] for stage in STAGES]
     rel = 1e-6 if dtype == "float32" else 1e-2  # bf16 ZeRO-0 accumulates micro-batch grads in bf16
     for m in firsts[1:]:
