@@ -2,7 +2,7 @@
 real DeepSpeed ranks (gloo): one rank ZeRO-0 with one packed micro-batch of 8 and two ZeRO-3
 ranks with padded micro-batches of 2 end every step with the same weights and AdamW moments,
 bit for bit, and write the same metrics (all but time/*). Negative control: the same pair
-with the flag off differs. The per-sequence reduction itself: tests/algorithms/test_sequence_sums.py.
+with the flag off differs. The per-sequence reduction itself: tests/exact/test_float_sums.py.
 """
 
 from __future__ import annotations

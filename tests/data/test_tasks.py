@@ -1,12 +1,7 @@
-"""CLI error handling, tasks and rewards, atomic writes."""
-
-import os
-import stat
+"""Tasks (rollout.task): prompt sources, their rewards, user reward functions, spec errors."""
 
 import pytest
 
-from rl_engine.base.io import write_json_atomic, write_text_atomic
-from rl_engine.cli import main
 from rl_engine.data.tasks import (
     CountTask,
     answer_matches,
@@ -16,20 +11,8 @@ from rl_engine.data.tasks import (
 
 
 def reward_longer_is_better(samples):
-    """A user reward (`rollout.task: tests.test_cli_tasks_io:reward_longer_is_better`)."""
+    """A user reward (`rollout.task: tests.data.test_tasks:reward_longer_is_better`)."""
     return [float(len(s["completion_ids"])) for s in samples]
-
-
-def test_cli_rejects_unknown_config_keys_naming_them(tmp_path, caplog):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("model: tiny-llama\nrollout:\n  max_batch: 4\n")
-    assert main(["train", "--config", str(bad)]) == 2
-    assert "rollout.max_batch" in caplog.text
-
-
-def test_cli_missing_config_file(tmp_path, caplog):
-    assert main(["diagnose", "--config", str(tmp_path / "nope.yaml")]) == 2
-    assert "nope.yaml" in caplog.text
 
 
 def test_count_task_rewards_the_band_and_is_deterministic():
@@ -51,12 +34,12 @@ def test_final_answer_rule():
 
 def test_user_reward_function_gets_samples_over_builtin_prompts():
     task = make_task(
-        "tests.test_cli_tasks_io:reward_longer_is_better", vocab_size=1000, tokenizer=None
+        "tests.data.test_tasks:reward_longer_is_better", vocab_size=1000, tokenizer=None
     )
     prompts = task.prompts(2, step=0)
     assert prompts == CountTask(vocab_size=1000).prompts(2, step=0)
     assert task.rewards([0, 1], [[5, 6, 7], [8]], step=0) == [3.0, 1.0]
-    bad = make_task("tests.test_cli_tasks_io:final_answer", vocab_size=1000)
+    bad = make_task("tests.data.test_tasks:final_answer", vocab_size=1000)
     with pytest.raises((ValueError, TypeError)):
         bad.rewards([0], [[5]], step=0)
 
@@ -65,7 +48,7 @@ def test_user_reward_function_gets_samples_over_builtin_prompts():
     ("spec", "message"),
     [
         ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),
-        ("tests.test_cli_tasks_io:missing", "has no function 'missing'"),
+        ("tests.data.test_tasks:missing", "has no function 'missing'"),
         ("jsonl:/nonexistent/prompts.jsonl", "does not exist"),
     ],
 )
@@ -130,11 +113,3 @@ def test_arithmetic_task_with_the_real_smollm2_tokenizer(smollm2):
     wrong = tokenizer.encode(f"The answer is {a + b + 1}.", add_special_tokens=False)
     assert len(prompts) == 2 and all(isinstance(t, int) for t in prompts[0])
     assert task.rewards([1, 1], [answer, wrong], step=0) == [1.0, 0.0]
-
-
-def test_atomic_writes_replace_whole_files_and_leave_no_temporaries(tmp_path):
-    path = write_json_atomic(tmp_path / "r" / "report.json", {"a": 1})
-    write_text_atomic(path, "second\n")
-    assert path.read_text() == "second\n"
-    assert sorted(os.listdir(path.parent)) == ["report.json"]
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644

@@ -22,7 +22,7 @@ from rl_engine.kernels.common.product_partial import (
     is_deferred,
 )
 from rl_engine.kernels.cpp.linear import exact_gemm
-from tests.test_canonical_sum import _adversarial, _assert_same_bits, _reference
+from tests.exact.test_canonical_sum import _adversarial, _assert_same_bits, _reference
 
 M, N = 37, 11  # a block of 3 rows leaves a short last block
 
