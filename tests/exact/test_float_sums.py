@@ -1,15 +1,20 @@
-"""The exact per-sequence reduction (rl_engine/exact/float_sums.py) and the two places
+"""Exact float sums (rl_engine/exact/float_sums.py): `exact_sum` of a list in any order and
+grouping, with non-finite values and overflow as float adds give them; the exact per-sequence
+reduction and the two places
 trainer.layout_invariant takes it: GSPO's sequence log-ratio and the sequence-level rollout
 corrections. A sequence's bits must not depend on its row's padding, its column offset or its
 batch mates; torch's padded-row sum (the plain path) does, for some lengths."""
 
 from __future__ import annotations
 
+import math
+import random
+
 import pytest
 import torch
 
 from rl_engine.algorithms import policy_loss_terms, rollout_correction
-from rl_engine.exact.float_sums import exact_row_means, exact_row_sums
+from rl_engine.exact.float_sums import exact_row_means, exact_row_sums, exact_sum
 
 LENGTHS = range(1, 64)
 
@@ -126,3 +131,35 @@ def test_sequence_corrections_do_not_depend_on_the_layout(mode):
     for weights, mask in runs[1:]:
         assert torch.equal(weights, runs[0][0]) and torch.equal(mask, runs[0][1])
     assert not torch.equal(runs[0][0], torch.ones(n))  # the correction acts
+
+
+def test_exact_sum_is_the_same_in_every_order():
+    rng = random.Random(0)
+    values = [rng.uniform(-1, 1) * 10 ** rng.randint(-30, 30) for _ in range(200)]
+    values += [1e16, 1.0, -1e16]
+    total = exact_sum(values)
+    for _ in range(5):
+        rng.shuffle(values)
+        assert exact_sum(values) == total
+    assert exact_sum([1e16, 1.0, -1e16]) == 1.0
+    assert sum([1e16, 1.0, -1e16]) == 0.0  # negative control: float adds in order lose the 1.0
+
+
+@pytest.mark.parametrize(
+    ("values", "want", "bare_fsum_raises"),
+    [
+        ([1.0, math.inf, 2.0], math.inf, None),
+        ([-math.inf, 1.0], -math.inf, None),
+        ([math.inf, -math.inf, 3.0], math.nan, ValueError),
+        ([math.nan, 1.0], math.nan, None),
+        ([1e308, 1e308, -1.0], math.inf, OverflowError),
+        ([-1e308, -1e308], -math.inf, OverflowError),
+        ([], 0.0, None),
+    ],
+)
+def test_exact_sum_gives_non_finite_results_as_float_adds_do(values, want, bare_fsum_raises):
+    got = exact_sum(values)
+    assert (math.isnan(got) and math.isnan(want)) or got == want
+    if bare_fsum_raises is not None:  # what exact_sum is there for
+        with pytest.raises(bare_fsum_raises):
+            math.fsum(values)
