@@ -12,7 +12,7 @@ import torch
 import rl_engine
 from rl_engine.config import AlgorithmConfig, RolloutConfig, RunConfig, TrainerConfig
 from rl_engine.rollout.sampling import SamplingKeys, SamplingParams
-from tests.test_layering import _imports
+from tests.helpers.imports import forbidden_imports
 
 
 def test_defaults():
@@ -249,7 +249,7 @@ def test_the_config_imports_only_downward():
     the estimator names) and below executors/, diagnostics/, benchmarks/ and cli.py."""
     files = sorted((PACKAGE / "config").rglob("*.py"))
     assert any(f.name == "run.py" for f in files)
-    offenders = [hit for path in files for hit in _imports(path, ABOVE_CONFIG)]
+    offenders = [hit for path in files for hit in forbidden_imports(path, ABOVE_CONFIG)]
     assert not offenders, "rl_engine/config imports a layer above it:\n" + "\n".join(offenders)
 
 
@@ -258,6 +258,6 @@ def test_nothing_below_the_config_imports_it():
     files = [p for name in BELOW_CONFIG for p in sorted((PACKAGE / name).rglob("*.py"))]
     files += [PACKAGE / "fields.py", PACKAGE / "io.py", PACKAGE / "devices.py"]
     assert all(f.is_file() for f in files) and len(files) > len(BELOW_CONFIG)
-    offenders = [hit for path in files for hit in _imports(path, ("rl_engine.config",))]
-    offenders += _imports(PACKAGE / "fields.py", ("rl_engine",))
+    offenders = [hit for path in files for hit in forbidden_imports(path, ("rl_engine.config",))]
+    offenders += forbidden_imports(PACKAGE / "fields.py", ("rl_engine",))
     assert not offenders, "a layer below the config imports it:\n" + "\n".join(offenders)

@@ -16,7 +16,7 @@ import torch
 
 from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker, ParityError
 from rl_engine.packing import plan_micro_batches
-from tests.executors.worker.cell import cell_config, to_batch
+from tests.helpers.worker.cell import cell_config, to_batch
 
 
 def _budget(batch, world: int) -> int:
