@@ -4,7 +4,7 @@
     python scripts/compile_gpu_kernels.py --launch --compare AOT/manifest.json --out DIR   (on a GPU)
 
 Writes DIR/manifest.json and DIR/ptx/; exits 0 iff every launch compiles and every check
-holds. The command lives in rl_engine/benchmarks/gpu_compile.py, the check in
+holds. The command lives in rl_engine/diagnostics/gpu_compile.py, the check in
 rl_engine/kernels/triton/aot.py (the launch cases in aot_cases.py, the manifest format and
 checks a-d in aot_manifest.py); `--help` lists the options.
 """
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rl_engine.benchmarks.gpu_compile import main  # noqa: E402
+from rl_engine.diagnostics.gpu_compile import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

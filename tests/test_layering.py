@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import rl_engine
+from tests.helpers.imports import forbidden_imports, imported_names
 
 PACKAGE = Path(rl_engine.__file__).parent
 BACKENDS = ("rl_engine.kernels.native", "rl_engine.kernels.triton", "rl_engine.kernels.cpp")
@@ -63,38 +64,11 @@ WORKER = PACKAGE / "executors" / "worker"
 FORBIDDEN_IN_WORKER = ("ray", "rl_engine.executors.job")
 
 
-def _imported_names(path: Path):
-    """(line, dotted name) of every import in `path`, module level or inside a function, and of
-    every string that names an rl_engine module (importlib.import_module("rl_engine...."))."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            names = [node.value] if node.value.startswith("rl_engine.") else []
-        else:
-            continue
-        for name in names:
-            yield node.lineno, name
-
-
-def _imports(path: Path, forbidden: tuple[str, ...], root: Path = PACKAGE.parent) -> list[str]:
-    """Every import (module level or inside a function) of a module in `forbidden`."""
-    found = [
-        (line, f"{path.relative_to(root)}:{line}: {name}")
-        for line, name in _imported_names(path)
-        if any(name == f or name.startswith(f + ".") for f in forbidden)
-    ]
-    return [hit for _, hit in sorted(found)]
-
-
 def test_the_worker_imports_neither_ray_nor_the_job():
     """executors/worker/ is the plugin a host framework drives: it must not need Ray or executors/job/."""
     files = sorted(WORKER.rglob("*.py"))
     assert files, f"no worker modules under {WORKER}"
-    offenders = [hit for path in files for hit in _imports(path, FORBIDDEN_IN_WORKER)]
+    offenders = [hit for path in files for hit in forbidden_imports(path, FORBIDDEN_IN_WORKER)]
     assert not offenders, "the worker imports Ray or the job:\n" + "\n".join(offenders)
 
 
@@ -107,7 +81,7 @@ def test_the_worker_check_sees_an_import(tmp_path):
         "from rl_engine.executors.job import actors\n"
         "from rl_engine.executors.worker import batch\n"
     )
-    assert _imports(bad, FORBIDDEN_IN_WORKER, tmp_path) == [
+    assert forbidden_imports(bad, FORBIDDEN_IN_WORKER, tmp_path) == [
         "bad.py:2: ray.util",
         "bad.py:3: rl_engine.executors.job",
         "bad.py:3: rl_engine.executors.job.actors",
@@ -144,7 +118,7 @@ def test_the_rollout_layer_imports_nothing_above_it():
     the weight group is handed to it, never imported by it."""
     files = sorted(ROLLOUT.rglob("*.py"))
     assert any(f.name == "weight_receiver.py" for f in files)
-    offenders = [hit for path in files for hit in _imports(path, ABOVE_ROLLOUT)]
+    offenders = [hit for path in files for hit in forbidden_imports(path, ABOVE_ROLLOUT)]
     assert not offenders, "rollout/ imports a layer above it:\n" + "\n".join(offenders)
 
 
@@ -159,7 +133,7 @@ def test_data_and_rewards_import_no_job_ray_or_torch(package):
     Ray reward workers and the job's wiring live in executors/job/."""
     files = sorted((PACKAGE / package).rglob("*.py"))
     assert files, f"no modules under {PACKAGE / package}"
-    offenders = [hit for path in files for hit in _imports(path, FORBIDDEN_IN_DATA)]
+    offenders = [hit for path in files for hit in forbidden_imports(path, FORBIDDEN_IN_DATA)]
     assert not offenders, f"rl_engine/{package} imports:\n" + "\n".join(offenders)
 
 
@@ -174,7 +148,7 @@ def test_environments_import_neither_the_job_nor_ray():
     engine: the job drives it with its engines (executors/job/episodes.py), never the reverse."""
     files = sorted(ENVS.rglob("*.py"))
     assert any(f.name == "episode.py" for f in files)
-    offenders = [hit for path in files for hit in _imports(path, ABOVE_ENVS)]
+    offenders = [hit for path in files for hit in forbidden_imports(path, ABOVE_ENVS)]
     assert not offenders, "rl_engine/envs imports a layer above it:\n" + "\n".join(offenders)
 
 
@@ -187,7 +161,7 @@ def _private_imports(path: Path, root: Path = PACKAGE.parent) -> list[str]:
     """Every rl_engine module or name `path` imports whose dotted path has a part starting with
     '_' (module level or inside a function, or a module-path string)."""
     found = []
-    for line, name in _imported_names(path):
+    for line, name in imported_names(path):
         parts = name.split(".")
         if parts[0] == "rl_engine" and any(part.startswith("_") for part in parts):
             found.append((line, f"{path.relative_to(root)}:{line}: {name}"))

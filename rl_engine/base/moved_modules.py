@@ -27,7 +27,7 @@ MOVED = {
     "rl_engine.io": "rl_engine.base.io",
     "rl_engine.devices": "rl_engine.kernels.devices",
     "rl_engine.parity": "rl_engine.logprobs.parity",
-    "rl_engine.packing": "rl_engine.data.packing",
+    "rl_engine.packing": "rl_engine.logprobs.packing",
     "rl_engine.tasks": "rl_engine.data.tasks",
 }
 """old dotted path -> new dotted path"""

@@ -23,7 +23,6 @@ import torch
 
 from rl_engine.base.io import write_json_atomic, write_text_atomic
 from rl_engine.config import RunConfig
-from rl_engine.data.packing import PackedBatch, right_padded
 from rl_engine.diagnostics.divergence import (
     ModuleDivergence,
     OutputRecorder,
@@ -44,6 +43,7 @@ from rl_engine.logprobs import (
     packed_token_logprobs,
     token_logprobs,
 )
+from rl_engine.logprobs.packing import PackedBatch, right_padded
 from rl_engine.logprobs.parity import MismatchMetrics, mismatch_metrics
 
 log = logging.getLogger("rl_engine.diagnose")

@@ -28,7 +28,6 @@ from pathlib import Path
 import torch
 
 from rl_engine.config import DTYPES
-from rl_engine.data.packing import plan_micro_batches
 from rl_engine.diagnostics.report import (
     DiagnosisReport,
     ModeResult,
@@ -37,6 +36,7 @@ from rl_engine.diagnostics.report import (
     write_report,
 )
 from rl_engine.envs.files import parse_episode_rollouts
+from rl_engine.logprobs.packing import plan_micro_batches
 from rl_engine.logprobs.parity import (
     THRESHOLDS,
     mismatch_by_position,

@@ -2,6 +2,8 @@
 
 - `teacher_forced`: `token_logprobs` / `score_targets` (padded) and their packed forms, through
   the model's hidden states and the fused `linear_logp` op.
+- `packing`: the packed layout (`PackedBatch`: sequences concatenated in rows, positions
+  restarting at 0) and micro-batch plans under a token budget;
 - `parity`: the one definition of the mismatch between two logprob sets (the worker's
   `parity/*` step metrics and the diagnostics both use it).
 """

@@ -47,7 +47,7 @@ def test_engine_refuses_to_release_a_tensor_a_sync_writes_in_part():
     from rl_engine.models import load_model
     from rl_engine.rollout import RolloutEngine
     from rl_engine.rollout.weight_receiver import WeightReleaseError
-    from tests.rollout.weight_sync_procs import PROMPTS, manifest_of, sampling
+    from tests.helpers.rollout.weight_sync_procs import PROMPTS, manifest_of, sampling
 
     model = load_model("tiny-llama", dtype=torch.float32, seed=0)[0]
     engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)

@@ -12,7 +12,7 @@ import torch
 import rl_engine
 from rl_engine.config import AlgorithmConfig, RolloutConfig, RunConfig, TrainerConfig
 from rl_engine.rollout.sampling import SamplingKeys, SamplingParams
-from tests.test_layering import _imports
+from tests.helpers.imports import forbidden_imports
 
 
 def test_defaults():
@@ -259,7 +259,7 @@ def test_the_config_imports_only_downward():
     the estimator names) and below executors/, diagnostics/, benchmarks/ and cli.py."""
     files = sorted((PACKAGE / "config").rglob("*.py"))
     assert any(f.name == "run.py" for f in files)
-    offenders = [hit for path in files for hit in _imports(path, ABOVE_CONFIG)]
+    offenders = [hit for path in files for hit in forbidden_imports(path, ABOVE_CONFIG)]
     assert not offenders, "rl_engine/config imports a layer above it:\n" + "\n".join(offenders)
 
 
@@ -267,6 +267,6 @@ def test_nothing_below_the_config_imports_it():
     """The layers the config imports never import it back (rl_engine.base.fields is plain Python)."""
     files = [p for name in BELOW_CONFIG for p in sorted((PACKAGE / name).rglob("*.py"))]
     assert all(f.is_file() for f in files) and len(files) > len(BELOW_CONFIG)
-    offenders = [hit for path in files for hit in _imports(path, ("rl_engine.config",))]
-    offenders += _imports(PACKAGE / "base" / "fields.py", ("rl_engine",))
+    offenders = [hit for path in files for hit in forbidden_imports(path, ("rl_engine.config",))]
+    offenders += forbidden_imports(PACKAGE / "base" / "fields.py", ("rl_engine",))
     assert not offenders, "a layer below the config imports it:\n" + "\n".join(offenders)

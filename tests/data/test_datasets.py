@@ -9,28 +9,8 @@ import pytest
 
 from rl_engine.config import DataConfig, RunConfig
 from rl_engine.data import DataFileError, PromptStream, check_dataset, load_dataset
-from tests.chat_model import build_tokenizer
-
-
-def verl_rows(count: int, source: str = "toy/add") -> list[dict]:
-    """Rows as verl's preprocessing scripts write them (gsm8k.py, math_dataset.py)."""
-    return [
-        {
-            "data_source": source,
-            "prompt": [{"role": "user", "content": f"what is {i} plus {i + 1} ?"}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(2 * i + 1)},
-            "extra_info": {"split": "train", "index": i},
-        }
-        for i in range(count)
-    ]
-
-
-def write_parquet(path, rows):
-    import datasets
-
-    datasets.Dataset.from_list(rows).to_parquet(str(path))
-    return str(path)
+from tests.helpers.chat_model import build_tokenizer
+from tests.helpers.data import verl_rows, write_parquet
 
 
 def test_verl_parquet_is_read_as_it_is(tmp_path):

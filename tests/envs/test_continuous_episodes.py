@@ -11,7 +11,7 @@ continued while others were decoding, so the layout the contract is about really
 Each turn draws from the generator of (seed, episode, turn): the same episodes (tokens, masks,
 logprobs) with 2 slots and with 8, played by one engine or split over two, and through the
 whole-transcript path (`run_episodes` + `transcript_turns`: every turn a fresh prompt).
-Observations of 1 id and of 6 in the same run (tests/envs/scripted.py's Mixed). Negative
+Observations of 1 id and of 6 in the same run (tests/helpers/envs/scripted.py's Mixed). Negative
 control: the plain (unpatched) engine's continued episodes differ from the recompute.
 """
 
@@ -29,10 +29,10 @@ from rl_engine.envs import (
     transcript_turns,
 )
 from rl_engine.rollout import RolloutEngine, SamplingParams
-from tests.envs.scripted import Mixed
-from tests.envs.test_engine_parity import PROMPT_LENGTHS, _policy_logprobs
-from tests.invariance import run_with_threads
-from tests.rollout.helpers import DENSE_FAMILIES, fresh_model, patched_model, random_prompts
+from tests.helpers.envs.scripted import Mixed
+from tests.helpers.envs.transcripts import PROMPT_LENGTHS, policy_logprobs
+from tests.helpers.invariance import run_with_threads
+from tests.helpers.rollout.common import DENSE_FAMILIES, fresh_model, patched_model, random_prompts
 
 # turns end at a stop token about one time in six: of different lengths, so episodes continue
 # while others decode
@@ -89,7 +89,7 @@ def test_continued_episodes_equal_the_recompute_of_the_whole_transcript(name, dt
     }  # observation lengths that ran
     assert {1, 6} <= lengths, lengths
     for e in episodes:
-        trainer, sampled = _policy_logprobs(model, e)
+        trainer, sampled = policy_logprobs(model, e)
         assert trainer.dtype == sampled.dtype == torch.float32
         assert torch.equal(trainer, sampled), (name, dtype, e.prompt_index, e.sample_index)
         assert bool((e.logprobs[~torch.tensor(e.policy_mask)] == 0).all())
@@ -146,7 +146,7 @@ def test_negative_control_the_plain_engine_differs():
     episodes, stats = _play(plain, episode_tasks(_records(plain.config.vocab_size), 2))
     assert stats.continued_while_running > 0
     trainer_model = patched_model("tiny-llama", torch.float32)
-    pairs = [_policy_logprobs(trainer_model, e) for e in episodes]
+    pairs = [policy_logprobs(trainer_model, e) for e in episodes]
     trainer = torch.cat([t for t, _ in pairs])
     sampled = torch.cat([s for _, s in pairs])
     fraction = (trainer == sampled).float().mean().item()
@@ -157,7 +157,7 @@ def test_negative_control_the_plain_engine_differs():
 THREADS_SNIPPET = """
 from rl_engine.envs import episode_tasks
 from tests.envs.test_continuous_episodes import _play, _records
-from tests.rollout.helpers import patched_model
+from tests.helpers.rollout.common import patched_model
 import torch
 
 model = patched_model("{name}", torch.{dtype})

@@ -23,11 +23,11 @@ import torch
 from rl_engine.envs import EpisodeLimits, TurnCodec, run_episodes
 from rl_engine.logprobs import token_logprobs
 from rl_engine.rollout import RolloutEngine, SamplingParams
-from tests.envs.scripted import Answer, engine_turns
-from tests.invariance import run_with_threads
-from tests.rollout.helpers import DENSE_FAMILIES, fresh_model, patched_model, random_prompts
+from tests.helpers.envs.scripted import Answer, engine_turns
+from tests.helpers.envs.transcripts import PROMPT_LENGTHS, policy_logprobs
+from tests.helpers.invariance import run_with_threads
+from tests.helpers.rollout.common import DENSE_FAMILIES, fresh_model, patched_model, random_prompts
 
-PROMPT_LENGTHS = (5, 11, 3, 8)
 FAMILIES = (*DENSE_FAMILIES, "tiny-qwen3-moe")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 OBSERVATION_LENGTHS = {"1-token": 1, "6-token": 6}
@@ -46,15 +46,6 @@ def _episodes(model, observation_length: int, *, seed: int = 7):
         codec=TurnCodec(None, vocab),
         limits=EpisodeLimits(max_turns=4, max_total_tokens=80, timeout_s=10.0),
     )
-
-
-def _policy_logprobs(model, episode) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the trainer's recompute of the whole transcript, the engine's) at the policy's tokens."""
-    ids = torch.tensor([episode.prompt_ids + episode.token_ids])
-    with torch.no_grad():
-        trainer = token_logprobs(model, ids)[0, len(episode.prompt_ids) - 1 :]  # (len(tokens),)
-    mask = torch.tensor(episode.policy_mask)
-    return trainer[mask], episode.logprobs[mask]
 
 
 def sampled_episodes(name: str, dtype: str, observation_length: int) -> list[tuple]:
@@ -77,7 +68,7 @@ def test_every_sampled_logprob_equals_the_recompute_of_the_whole_transcript(
     for e in multi_turn:  # observations sit between turns, where the mask says
         assert not all(e.policy_mask) and e.policy_mask[0]
     for e in episodes:
-        trainer, engine = _policy_logprobs(model, e)
+        trainer, engine = policy_logprobs(model, e)
         assert trainer.dtype == engine.dtype == torch.float32
         assert torch.equal(trainer, engine), (e.prompt_index, e.sample_index)
         observed = ~torch.tensor(e.policy_mask)
@@ -132,7 +123,7 @@ def test_episodes_sampled_at_one_and_two_threads_equal_the_recompute(
 def test_a_moe_family_is_exact_too():
     model = patched_model("tiny-qwen3-moe", torch.float32)
     for e in _episodes(model, 3):
-        trainer, engine = _policy_logprobs(model, e)
+        trainer, engine = policy_logprobs(model, e)
         assert torch.equal(trainer, engine)
 
 
@@ -149,7 +140,7 @@ def test_negative_control_the_plain_engine_differs(name, dtype):
     trainer's recompute on every token."""
     plain = fresh_model(name, DTYPES[dtype], patched=False)
     trainer_model = patched_model(name, DTYPES[dtype])
-    pairs = [_policy_logprobs(trainer_model, e) for e in _episodes(plain, 6)]
+    pairs = [policy_logprobs(trainer_model, e) for e in _episodes(plain, 6)]
     trainer = torch.cat([t for t, _ in pairs])
     engine = torch.cat([r for _, r in pairs])
     fraction = (trainer == engine).float().mean().item()

@@ -27,34 +27,18 @@ from rl_engine.exact.canonical_sum import (
 )
 from rl_engine.exact.row_partial import RowPartial
 from rl_engine.exact.sequence_gradients import SequenceGradients
+from tests.helpers.canonical_sums import (
+    adversarial_leaves,
+    assert_same_bits,
+    bits_of,
+    reference_sum,
+)
 
 DTYPES = [torch.float32, torch.bfloat16]
-INT_OF = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}
-LEAF_SHAPE = (5, 53)  # 265 elements: a SIMD body and a scalar tail in every add
 NS = [1, 2, 3, 5, 7, 8, 13, 16, 24, 31, 32, 33, 48, 64, 70]
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(INT_OF[t.dtype])
-
-
-def _assert_same_bits(got: torch.Tensor, want: torch.Tensor) -> None:
-    assert got.dtype == want.dtype and got.shape == want.shape
-    assert torch.equal(_bits(got), _bits(want))
-
-
 # ----------------------------------------------------------------------------- the reference
-
-
-def _reference(leaves: list[torch.Tensor], lo: int, hi: int) -> torch.Tensor:
-    """The canonical tree over leaves[lo:hi], written out: split at the largest power of two
-    below the length, left + right out of place."""
-    if hi - lo == 1:
-        return leaves[lo].clone()
-    p = 1
-    while 2 * p < hi - lo:
-        p *= 2
-    return _reference(leaves, lo, lo + p) + _reference(leaves, lo + p, hi)
 
 
 def _canonical(t: torch.Tensor) -> torch.Tensor:
@@ -67,44 +51,10 @@ def _canonical(t: torch.Tensor) -> torch.Tensor:
 
 
 def _expected(leaves: list[torch.Tensor]) -> torch.Tensor:
-    return _canonical(_reference(leaves, 0, len(leaves)))
+    return _canonical(reference_sum(leaves, 0, len(leaves)))
 
 
 # ----------------------------------------------------------------------------- adversarial leaves
-
-
-def _adversarial(n: int, dtype: torch.dtype, seed: int, shape=LEAF_SHAPE) -> list[torch.Tensor]:
-    """n leaves of `shape`; element e holds kind e % 8 in every leaf (each kind in the body and
-    the tail of an add): cancellation (terms of +-1e30 that cancel over the leaves, and 1e-3
-    ones), subnormals, a 2^60 range, all -0.0, mixed zeros, +inf and -inf in two leaves, NaN
-    (two payloads, either sign) in one leaf, inf in one leaf."""
-    g = torch.Generator().manual_seed(seed)
-    numel = math.prod(shape)
-    sign = torch.where(torch.rand(n, numel, generator=g) < 0.5, -1.0, 1.0).double()
-    u = 1 + torch.rand(n, numel, generator=g, dtype=torch.float64)
-    perm = torch.randperm(n, generator=g)  # +-1e30 terms that cancel over the leaves
-    cancel = 1e30 * (u - u[perm]) + sign * u * 1e-3
-    subnormal = sign * torch.randint(1, 2**20, (n, numel), generator=g).double() * 2.0**-149
-    wide = sign * u * torch.exp2(torch.randint(-30, 31, (n, numel), generator=g).double())
-    kinds = [cancel, subnormal, wide, torch.full((n, numel), -0.0, dtype=torch.float64)]
-    kinds.append(sign * 0.0)
-    kinds += [torch.zeros(n, numel, dtype=torch.float64) + sign for _ in range(3)]
-    kind = torch.arange(numel) % len(kinds)
-    values = torch.stack(kinds)[kind, :, torch.arange(numel)].T.contiguous()  # (n, numel)
-    first = torch.randint(0, n, (numel,), generator=g)
-    other = (first + 1 + torch.randint(0, max(n - 1, 1), (numel,), generator=g)) % n
-    pick = torch.stack([first, other], 1)  # two different leaves where n > 1
-    cols = torch.arange(numel)
-    values[pick[:, 0], cols] = torch.where(kind == 5, math.inf, values[pick[:, 0], cols])
-    values[pick[:, 1], cols] = torch.where(kind == 5, -math.inf, values[pick[:, 1], cols])
-    values[pick[:, 0], cols] = torch.where(kind == 7, math.inf, values[pick[:, 0], cols])
-    out = values.to(dtype)
-    nan_bits = {torch.float32: (0x7FC01234, -0x003FFFBE), torch.bfloat16: (0x7FC1, -0x003D)}
-    bits = out.view(INT_OF[dtype])
-    payload = torch.tensor(nan_bits[dtype], dtype=INT_OF[dtype])
-    is_nan_kind = kind == 6
-    bits[pick[:, 0][is_nan_kind], cols[is_nan_kind]] = payload[(cols[is_nan_kind] // 8) % 2]
-    return list(out.view(n, *shape).unbind(0))
 
 
 def _clone(leaves):
@@ -158,12 +108,12 @@ def _sum_split(n: int, leaves, split, rng: random.Random):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", NS)
 def test_every_split_gives_the_canonical_trees_bits(n, dtype):
-    leaves = _adversarial(n, dtype, seed=n)
+    leaves = adversarial_leaves(n, dtype, seed=n)
     want = _expected(leaves)
     rng = random.Random(n)
     for _ in range(10):
         split = _random_split(n, rng)
-        _assert_same_bits(_sum_split(n, _clone(leaves), split, rng), want)
+        assert_same_bits(_sum_split(n, _clone(leaves), split, rng), want)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -171,9 +121,9 @@ def test_the_adversarial_values_are_in_the_sum(dtype):
     """The kinds reach the root: all -0.0 sums to -0.0, inf + -inf to NaN, NaN stays, the
     cancellation column ends far below its 1e30 terms and is not one value."""
     n = 24
-    leaves = _adversarial(n, dtype, seed=3)
+    leaves = adversarial_leaves(n, dtype, seed=3)
     root, kind = _expected(leaves).flatten(), torch.arange(leaves[0].numel()) % 8
-    assert torch.equal(_bits(root[kind == 3]), _bits(torch.full_like(root[kind == 3], -0.0)))
+    assert torch.equal(bits_of(root[kind == 3]), bits_of(torch.full_like(root[kind == 3], -0.0)))
     assert root[kind == 5].isnan().all() and root[kind == 6].isnan().all()
     assert root[kind == 7].isinf().all()
     assert (root[kind == 1] != 0).any()
@@ -187,7 +137,7 @@ def test_the_bits_do_not_depend_on_the_thread_count(dtype):
     """Leaves of 70k elements: torch splits each add between threads (and a bf16 NaN's bits
     follow its place in a thread's chunk); 1 and 2 threads, dense and row partials, agree."""
     n, shape = 5, (350, 200)
-    values = _adversarial(n, dtype, seed=11, shape=shape)
+    values = adversarial_leaves(n, dtype, seed=11, shape=shape)
     rows = [torch.arange(s, shape[0], 1 + s) for s in range(n)]  # every row in leaf 0
     leaves = [RowPartial(r, v[r]).densify(shape) for r, v in zip(rows, values)]
     before = torch.get_num_threads()
@@ -203,7 +153,7 @@ def test_the_bits_do_not_depend_on_the_thread_count(dtype):
     finally:
         torch.set_num_threads(before)
     for other in got[1:]:
-        _assert_same_bits(other, got[0])
+        assert_same_bits(other, got[0])
     assert got[0].isnan().any()
 
 
@@ -211,7 +161,7 @@ def test_the_negative_control_plain_accumulation_depends_on_the_split():
     """What gradient accumulation does today: each micro-batch summed left to right, the
     micro-batch sums added in order. On the cancellation values its bits follow the split."""
     n = 32
-    leaves = _adversarial(n, torch.float32, seed=7)
+    leaves = adversarial_leaves(n, torch.float32, seed=7)
     sums = set()
     for size in (1, 2, 3, 8, 32):
         total = None
@@ -220,13 +170,15 @@ def test_the_negative_control_plain_accumulation_depends_on_the_split():
             for leaf in leaves[lo + 1 : lo + size]:
                 batch = batch + leaf
             total = batch if total is None else total + batch
-        sums.add(tuple(_bits(total).flatten().tolist()))
+        sums.add(tuple(bits_of(total).flatten().tolist()))
     assert len(sums) > 1
     tree = set()
     for size in (1, 2, 3, 8, 32):
         split = [[(lo, min(lo + size, n)) for lo in range(0, n, size)]]
         tree.add(
-            tuple(_bits(_sum_split(n, _clone(leaves), split, random.Random(0))).flatten().tolist())
+            tuple(
+                bits_of(_sum_split(n, _clone(leaves), split, random.Random(0))).flatten().tolist()
+            )
         )
     assert len(tree) == 1
 
@@ -239,7 +191,7 @@ def _row_leaves(n: int, dtype, seed: int, rows_total: int = 40, width: int = 9):
     forms. Rows 0..7 are each held by one leaf only (left and right children alike: such a row
     meets +0.0 at every add); the others by each leaf with chance 0, 0.2, 0.6 or 1 (s % 4)."""
     g = torch.Generator().manual_seed(seed + 1)
-    values = _adversarial(n, dtype, seed, shape=(rows_total, width))
+    values = adversarial_leaves(n, dtype, seed, shape=(rows_total, width))
     solo = torch.arange(8) * n // 8  # the leaf of each solo row
     partials, dense = [], []
     for s in range(n):
@@ -260,14 +212,14 @@ def test_row_partials_sum_as_their_dense_forms(n, dtype):
     for _ in range(6):
         split = _random_split(n, rng)
         got = _sum_split(n, [RowPartial(p.rows, p.values.clone()) for p in partials], split, rng)
-        _assert_same_bits(got.densify(want.shape), want)
+        assert_same_bits(got.densify(want.shape), want)
         mixed = [p if s % 3 else d.clone() for s, (p, d) in enumerate(zip(partials, dense))]
         mixed = [
             RowPartial(m.rows, m.values.clone()) if isinstance(m, RowPartial) else m for m in mixed
         ]
         got = _sum_split(n, mixed, split, rng)
         got = got.densify(want.shape) if isinstance(got, RowPartial) else got
-        _assert_same_bits(got, want)
+        assert_same_bits(got, want)
 
 
 def test_a_row_in_one_child_gets_its_plus_zero():
@@ -278,7 +230,7 @@ def test_a_row_in_one_child_gets_its_plus_zero():
     total.push(0, left)
     total.push(1, right)
     got = total.result().densify((4, 1))
-    _assert_same_bits(got, torch.tensor([[0.0], [0.0], [math.inf], [0.0]]))
+    assert_same_bits(got, torch.tensor([[0.0], [0.0], [math.inf], [0.0]]))
 
 
 # ----------------------------------------------------------------------------- the tree's shape
@@ -372,8 +324,8 @@ def test_sequence_gradients_split_over_ranks_equal_one_holder_and_the_trees():
     n, shape = 13, (40, 9)
     tied, other = torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(3, 2)
     rows, dense_rows = _row_leaves(n, torch.float32, seed=5)
-    heads = _adversarial(n, torch.float32, seed=6, shape=shape)
-    others = _adversarial(n, torch.float32, seed=8, shape=(3, 2))
+    heads = adversarial_leaves(n, torch.float32, seed=6, shape=shape)
+    others = adversarial_leaves(n, torch.float32, seed=8, shape=(3, 2))
 
     def holder(lo, hi):
         sink = SequenceGradients(n, lo, hi)
@@ -386,15 +338,15 @@ def test_sequence_gradients_split_over_ranks_equal_one_holder_and_the_trees():
     whole = holder(0, n)
     assert [id(p) for p in whole.params()] == [id(tied), id(other)]
     assert whole.roles(tied) == ["embedding", "lm_head"]
-    want = _reference(dense_rows, 0, n) + _reference(heads, 0, n)
-    _assert_same_bits(whole.result(tied), want)
-    _assert_same_bits(whole.result(other), _reference(others, 0, n))
+    want = reference_sum(dense_rows, 0, n) + reference_sum(heads, 0, n)
+    assert_same_bits(whole.result(tied), want)
+    assert_same_bits(whole.result(other), reference_sum(others, 0, n))
     ranks = [holder(0, 5), holder(5, 6), holder(6, 13)]
     assert sum(rank.held() for rank in ranks) <= 3 * 3 * (2 * depth(n) + 1)
-    for param, expected in ((tied, want), (other, _reference(others, 0, n))):
+    for param, expected in ((tied, want), (other, reference_sum(others, 0, n))):
         covers = [rank.nodes(param) for rank in ranks]
         roots = {role: combine(n, [nd for c in covers for nd in c[role]]) for role in covers[0]}
-        _assert_same_bits(sum_roles(param.shape, roots), expected)
+        assert_same_bits(sum_roles(param.shape, roots), expected)
 
 
 def test_sequence_gradients_errors():

@@ -1,6 +1,6 @@
 """The Triton kernels compiled for a GPU target on this CPU machine: one binary per batch, checked code.
 
-`rl_engine.benchmarks.gpu_compile` over `rl_engine.kernels.triton.aot` (the check behind `scripts/compile_gpu_kernels.py`), called
+`rl_engine.diagnostics.gpu_compile` over `rl_engine.kernels.triton.aot` (the check behind `scripts/compile_gpu_kernels.py`), called
 with `--targets sm_90 --cases ci`, runs every op of the registry in fp32 and bf16 through the
 JIT's own specialisation (a documented subset of the launch cases, at least 2 per group; the
 script's default runs them all, for every target). This test re-derives checks a-c from the
@@ -48,7 +48,7 @@ def _in_compiled_process(fn, *args):
 
 
 def _compile_check(argv: list[str]) -> int:
-    from rl_engine.benchmarks import gpu_compile
+    from rl_engine.diagnostics import gpu_compile
 
     return gpu_compile.main(argv)
 
@@ -201,7 +201,7 @@ def test_negative_control_default_specialisation_splits_a_batch_from_a_view():
 
 def test_the_check_refuses_interpreted_kernels(tmp_path, capsys):
     """Fail closed: kernels decorated under the interpreter have no binaries to check."""
-    from rl_engine.benchmarks import gpu_compile
+    from rl_engine.diagnostics import gpu_compile
     from rl_engine.kernels.triton import INTERPRET
 
     if not INTERPRET:

@@ -24,12 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from rl_engine.kernels import get_op
-from tests.invariance import (
+from tests.helpers.invariance import (
     assert_equal_across_threads,
     garbage_like,
     probe_batches,
     skip_if_refused,
 )
+from tests.helpers.kernels.moe import hf_eager_experts
 
 BACKENDS = ["cpp", "native"]
 DTYPES = [torch.float32, torch.bfloat16]
@@ -46,19 +47,6 @@ def _experts_weights(dtype, experts=EXPERTS, hidden=HIDDEN, width=WIDTH, seed=1)
     gate_up = _randn(experts, 2 * width, hidden, dtype=dtype, seed=seed, scale=hidden**-0.5)
     down = _randn(experts, hidden, width, dtype=dtype, seed=seed + 1, scale=width**-0.5)
     return gate_up, down
-
-
-def hf_eager_experts(hidden, gate_up, down, indices, weights, linear=F.linear, act=F.silu):
-    """Hugging Face's eager `*Experts.forward` (transformers 5.24), with its linear and act swappable."""
-    final = torch.zeros_like(hidden)
-    mask = F.one_hot(indices, num_classes=gate_up.shape[0] + 1).permute(2, 1, 0)
-    for expert in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero():
-        expert = expert[0]
-        slot, token = torch.where(mask[expert])
-        gate, up = linear(hidden[token], gate_up[expert]).chunk(2, dim=-1)
-        current = linear(act(gate) * up, down[expert]) * weights[token, slot, None]
-        final.index_add_(0, token, current.to(final.dtype))
-    return final
 
 
 # ----------------------------------------------------------------------------- router

@@ -14,20 +14,17 @@ from rl_engine.kernels.common.linear import linear_backward
 from rl_engine.kernels.common.linear_logp import chunked_logp_backward
 from rl_engine.kernels.common.sequence_spans import SequenceSpans
 from rl_engine.kernels.cpp.linear_logp import _chunk_logprobs, chunk_rows_for
-from tests.invariance import assert_equal_across_threads, skip_if_refused
-from tests.kernels.test_sequence_backward import (
+from tests.helpers.invariance import assert_equal_across_threads, skip_if_refused
+from tests.helpers.kernels.sequence_backward import (
     DTYPES,
     HEAD_DIM,
     HEADS,
     IGNORE,
-    INDICES,
     KV_HEADS,
     LAYOUTS,
-    OPS,
     Call,
     RecordingSink,
-    _params,
-    device_of,
+    check_a_sequence_without_rows_reports_zeros,
     gather,
     per_sequence,
     scatter,
@@ -37,23 +34,7 @@ from tests.kernels.test_sequence_backward import (
 @pytest.mark.parametrize("backend", ["cpp", "native"])
 @pytest.mark.parametrize("op", ["linear", "lm_head", "rms_norm", "embedding"])
 def test_a_sequence_without_rows_reports_zeros(op, backend):
-    """An all-padding batch row (a dummy sequence) is reported, with +0 partials / no rows."""
-    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])  # sequence 1's first two tokens; 3: none
-    spans = SequenceSpans.from_padding_mask(mask, [INDICES[1], INDICES[3]])
-    call = Call((2, 3), [1, 3], [torch.arange(2), torch.zeros(0, dtype=torch.long)], spans)
-    run, shapes = OPS[op]
-    sink = RecordingSink()
-    params = _params(shapes, torch.float32, 10, device_of(backend))
-    run(call, torch.float32, params, sink, "garbage", backend)
-    for (_, index), value in sink.records.items():
-        if index != INDICES[3]:
-            continue
-        if isinstance(value, tuple):
-            assert value[0].numel() == 0 and value[1].shape[0] == 0
-        else:
-            assert torch.equal(value, torch.zeros_like(value))
-            assert not torch.signbit(value).any()  # +0, not -0
-    assert {index for _, index in sink.records} == {INDICES[1], INDICES[3]}
+    check_a_sequence_without_rows_reports_zeros(op, backend)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -163,7 +144,7 @@ def test_partials_and_input_grads_do_not_depend_on_the_thread_count(op, backend)
     skip_if_refused(backend, torch.bfloat16)
     code = f"""
         import torch
-        from tests.kernels.test_sequence_backward import run_layout
+        from tests.helpers.kernels.sequence_backward import run_layout
         records, grads, _ = run_layout(
             {op!r}, "packed", torch.bfloat16, sink=True, fill="garbage", backend={backend!r}
         )

@@ -10,7 +10,7 @@ from rl_engine.kernels import SequenceSpans, get_op
 from rl_engine.kernels.common.linear import linear_op, projection
 from rl_engine.kernels.cpp._serving import GEMM
 from rl_engine.kernels.cpp.linear import linear_forward
-from tests.kernels.test_sequence_backward import RecordingSink
+from tests.helpers.kernels.sequence_backward import RecordingSink
 
 
 def test_spans_from_a_padding_mask_and_from_segments():

@@ -26,9 +26,8 @@ import pytest
 import torch
 
 from rl_engine.kernels.triton._matmul import exact_gemm
-from tests.kernels import test_sequence_backward as harness
-from tests.kernels import test_sequence_backward_edges as edges
-from tests.triton_marks import DEVICE, TRITON_MARKS, dtypes_keeping
+from tests.helpers.kernels import sequence_backward as harness
+from tests.helpers.triton_marks import DEVICE, TRITON_MARKS, dtypes_keeping
 
 pytestmark = TRITON_MARKS
 
@@ -65,7 +64,7 @@ def test_partials_and_input_grads_do_not_depend_on_the_layout(op, dtype):
         records, grads, _ = run(layout, fill="garbage")
         assert records.keys() == reference.keys(), layout
         for key, partial in reference.items():
-            assert harness._equal(records[key], partial), (layout, key)
+            assert harness.same_partial(records[key], partial), (layout, key)
         for i, grad in ref_grads.items():
             assert torch.equal(grads[i], grad), (layout, i)
 
@@ -85,7 +84,7 @@ def test_partials_and_input_grads_match_the_cpp_backend(op):
         value, want = _cpu(value), cpp_records[key]
         # common row sums over the same upstream values (linear_logp's bias: its own softmax)
         if key[0] == "embedding" or (key[0] == "bias" and op in ("linear", "lm_head")):
-            assert harness._equal(value, want), key
+            assert harness.same_partial(value, want), key
         elif isinstance(value, tuple):  # add_rows: the same rows, values to rounding
             assert torch.equal(value[0], want[0]), key
             torch.testing.assert_close(value[1], want[1], rtol=1e-4, atol=1e-5)
@@ -146,4 +145,4 @@ def test_exact_gemm_empty_chains_are_plus_zero():
 
 @pytest.mark.parametrize("op", ["linear", "lm_head", "rms_norm", "embedding"])
 def test_a_sequence_without_rows_reports_zeros(op):
-    edges.test_a_sequence_without_rows_reports_zeros(op, "triton")
+    harness.check_a_sequence_without_rows_reports_zeros(op, "triton")

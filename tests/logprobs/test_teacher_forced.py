@@ -5,7 +5,6 @@ the input errors. Negative control: the unpatched model's padded batch differs f
 import pytest
 import torch
 
-from rl_engine.data.packing import right_padded
 from rl_engine.kernels import get_op
 from rl_engine.logprobs import (
     final_hidden_states,
@@ -13,6 +12,7 @@ from rl_engine.logprobs import (
     scored_targets,
     token_logprobs,
 )
+from rl_engine.logprobs.packing import right_padded
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant
 

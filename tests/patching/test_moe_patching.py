@@ -17,8 +17,9 @@ from rl_engine.logprobs import token_logprobs
 from rl_engine.models import load_model
 from rl_engine.patching import RoutingRecorder, apply_batch_invariant, moe_layers
 from rl_engine.patching.moe import InvariantMoeExperts, InvariantMoeRouter
-from tests.invariance import assert_equal_across_threads
-from tests.patching.test_patching import _pad, _sequences, _unpad
+from tests.helpers.invariance import assert_equal_across_threads
+from tests.helpers.moe_routers import twin_experts
+from tests.helpers.padding import pad_sequences, random_sequences, unpad_logprobs
 
 MOE_FAMILIES = ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-olmoe"]
 DTYPES = [torch.float32, torch.bfloat16]
@@ -41,7 +42,7 @@ def _sparse_layers(config) -> list[int]:
 
 def _routing_by_sequence(model, seqs, side):
     """token_logprobs of one padded batch, and per layer each sequence's (T, k) expert lists."""
-    ids, mask = _pad(seqs, side)
+    ids, mask = pad_sequences(seqs, side)
     with torch.no_grad(), RoutingRecorder(model) as rec:
         lp = token_logprobs(model, ids, mask)
     width = ids.shape[1]
@@ -52,7 +53,7 @@ def _routing_by_sequence(model, seqs, side):
         for i, s in enumerate(seqs):
             start = width - len(s) if side == "left" else 0
             routing[layer].append(per_row[i, start : start + len(s)])
-    return _unpad(lp, seqs, side), routing
+    return unpad_logprobs(lp, seqs, side), routing
 
 
 @pytest.mark.parametrize("name", MOE_FAMILIES)
@@ -106,7 +107,7 @@ def test_patched_logits_match_hf_and_revert_restores_it(name):
 @pytest.mark.parametrize("name", MOE_FAMILIES)
 def test_logprobs_and_routing_independent_of_batch_and_padding(name, dtype):
     model = _model(name, dtype)
-    seqs = _sequences(model.config.vocab_size, LENGTHS, seed=1)
+    seqs = random_sequences(model.config.vocab_size, LENGTHS, seed=1)
     alone = [_routing_by_sequence(model, [s], "right") for s in seqs]
     for side in ("left", "right"):
         logps, routing = _routing_by_sequence(model, seqs, side)
@@ -121,7 +122,7 @@ def test_negative_control_unpatched_moe_differs_and_its_routing_disagrees(dtype)
     fractions = {}
     for name in MOE_FAMILIES:
         model = _model(name, dtype, patched=False)
-        seqs = _sequences(model.config.vocab_size, (13, 2, 17, 5, 9, 15), seed=2)
+        seqs = random_sequences(model.config.vocab_size, (13, 2, 17, 5, 9, 15), seed=2)
         alone = [_routing_by_sequence(model, [s], "right") for s in seqs]
         logps, routing = _routing_by_sequence(model, seqs, "left")
         exact = torch.cat([a[0][0] == b for a, b in zip(alone, logps)]).float().mean().item()
@@ -139,28 +140,15 @@ def test_negative_control_unpatched_moe_differs_and_its_routing_disagrees(dtype)
     assert all(exact < 1.0 for exact, _ in fractions.values())
 
 
-def _twin_experts(model, scale: float = 0.0):
-    """Experts 1 and 5 of every router get (nearly) the same weight row, which wins often:
-    scale 0 gives exact ties, a tiny scale ties up to the rounding of the logits."""
-    g = torch.Generator().manual_seed(4)
-    for name in moe_layers(model):
-        router = model.get_submodule(name)
-        with torch.no_grad():
-            row = router.weight[1] + 0.3 * router.weight.norm(dim=1).mean()
-            router.weight[1] = row
-            router.weight[5] = row * (1 + scale * torch.randn(row.shape, generator=g))
-    return model
-
-
 def test_negative_control_near_tie_routers_flip_unpatched_routing_with_the_batch():
     """Twins that differ by ~1e-6: the plain router's rounding decides between them, and it
     follows the batch; the patched router decides the same way in every layout."""
     agreement = {}
     for patched in (False, True):
-        model = _twin_experts(_model("tiny-qwen3-moe", patched=False), scale=1e-6)
+        model = twin_experts(_model("tiny-qwen3-moe", patched=False), scale=1e-6)
         if patched:
             apply_batch_invariant(model)
-        seqs = _sequences(model.config.vocab_size, (13, 2, 17, 5, 9, 15), seed=5)
+        seqs = random_sequences(model.config.vocab_size, (13, 2, 17, 5, 9, 15), seed=5)
         alone = [_routing_by_sequence(model, [s], "right")[1] for s in seqs]
         _, routing = _routing_by_sequence(model, seqs, "left")
         same = [
@@ -176,9 +164,9 @@ def test_negative_control_near_tie_routers_flip_unpatched_routing_with_the_batch
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 def test_router_with_two_identical_expert_rows_keeps_every_tie_invariant(dtype):
     """Experts 1 and 5 of every router share their weight row: each token's logits tie exactly."""
-    model = _twin_experts(_model("tiny-qwen3-moe", patched=False)).to(dtype)
+    model = twin_experts(_model("tiny-qwen3-moe", patched=False)).to(dtype)
     apply_batch_invariant(model)
-    seqs = _sequences(model.config.vocab_size, LENGTHS, seed=3)
+    seqs = random_sequences(model.config.vocab_size, LENGTHS, seed=3)
     alone = [_routing_by_sequence(model, [s], "right") for s in seqs]
     logps, routing = _routing_by_sequence(model, seqs, "left")
     picked_twin = 0
@@ -199,13 +187,13 @@ import torch
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.logprobs import token_logprobs
-from tests.patching.test_patching import _pad, _sequences
+from tests.helpers.padding import pad_sequences, random_sequences
 result = {}
 for name in ("tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-olmoe"):
     for dtype in (torch.float32, torch.bfloat16):
         model, _ = load_model(name, dtype=dtype)
         apply_batch_invariant(model)
-        ids, mask = _pad(_sequences(model.config.vocab_size, (9, 3, 14)), "left")
+        ids, mask = pad_sequences(random_sequences(model.config.vocab_size, (9, 3, 14)), "left")
         with torch.no_grad():
             result[f"{name} {dtype}"] = token_logprobs(model, ids, mask)
 """

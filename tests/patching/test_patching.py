@@ -13,7 +13,8 @@ from rl_engine.kernels import OP_NAMES, get_op
 from rl_engine.logprobs import token_logprobs
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, attention_name, is_patched, model_op
-from tests.invariance import assert_equal_across_threads
+from tests.helpers.invariance import assert_equal_across_threads
+from tests.helpers.padding import pad_sequences, random_sequences, unpad_logprobs
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral"]
 
@@ -23,31 +24,6 @@ def _model(name, dtype=torch.float32, patched=True):
     if patched:
         apply_batch_invariant(model)
     return model
-
-
-def _sequences(vocab, lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab, (n,), generator=g) for n in lengths]
-
-
-def _pad(seqs, side, pad_id=0):
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        cols = slice(width - len(s), width) if side == "left" else slice(0, len(s))
-        ids[i, cols], mask[i, cols] = s, 1
-    return ids, mask
-
-
-def _unpad(logps, seqs, side):
-    """Each sequence's own (len-1) logprobs out of a padded (B, T-1) result."""
-    width = logps.shape[1] + 1
-    out = []
-    for i, s in enumerate(seqs):
-        start = width - len(s) if side == "left" else 0
-        out.append(logps[i, start : start + len(s) - 1])
-    return out
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -158,13 +134,15 @@ def test_sliding_window_is_rejected():
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_token_logprobs_independent_of_batch_and_padding(name, dtype, temperature):
     model = _model(name, dtype)
-    seqs = _sequences(model.config.vocab_size, [23, 5, 17, 40, 2, 31])
+    seqs = random_sequences(model.config.vocab_size, [23, 5, 17, 40, 2, 31])
     with torch.no_grad():
         alone = [token_logprobs(model, s[None], temperature=temperature)[0] for s in seqs]
         for side in ("left", "right"):
             for group in (seqs, seqs[2:5], seqs[::-1]):
-                ids, mask = _pad(group, side)
-                got = _unpad(token_logprobs(model, ids, mask, temperature=temperature), group, side)
+                ids, mask = pad_sequences(group, side)
+                got = unpad_logprobs(
+                    token_logprobs(model, ids, mask, temperature=temperature), group, side
+                )
                 for s, lp in zip(group, got):
                     ref = alone[next(i for i, t in enumerate(seqs) if t is s)]
                     assert torch.equal(lp, ref), f"{side} padding, batch of {len(group)}"
@@ -173,8 +151,8 @@ def test_token_logprobs_independent_of_batch_and_padding(name, dtype, temperatur
 def test_token_logprobs_shape_masking_and_accuracy():
     model = _model("tiny-llama")
     plain = _model("tiny-llama", patched=False)
-    seqs = _sequences(1000, [12, 7])
-    ids, mask = _pad(seqs, "left")
+    seqs = random_sequences(1000, [12, 7])
+    ids, mask = pad_sequences(seqs, "left")
     with torch.no_grad():
         ours = token_logprobs(model, ids, mask)
         logits = plain(
@@ -265,11 +243,11 @@ def test_token_logprobs_bad_input():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_negative_control_unpatched_model_depends_on_the_batch(dtype, capsys):
     plain = _model("tiny-llama", dtype, patched=False)
-    seqs = _sequences(1000, [23, 5, 17, 40, 2, 31])
+    seqs = random_sequences(1000, [23, 5, 17, 40, 2, 31])
     with torch.no_grad():
         alone = [token_logprobs(plain, s[None])[0] for s in seqs]
-        ids, mask = _pad(seqs, "left")
-        batched = _unpad(token_logprobs(plain, ids, mask), seqs, "left")
+        ids, mask = pad_sequences(seqs, "left")
+        batched = unpad_logprobs(token_logprobs(plain, ids, mask), seqs, "left")
     same = sum(int((a == b).sum()) for a, b in zip(alone, batched))
     total = sum(a.numel() for a in alone)
     with capsys.disabled():

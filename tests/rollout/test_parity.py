@@ -15,7 +15,7 @@ import torch
 
 from rl_engine.patching import RoutingRecorder, apply_batch_invariant
 from rl_engine.rollout import RolloutEngine, SamplingParams
-from tests.rollout.helpers import (
+from tests.helpers.rollout.common import (
     DENSE_FAMILIES,
     DTYPES,
     MOE_FAMILIES,
@@ -113,9 +113,9 @@ def test_stop_and_length_both_occur_in_the_parity_run():
 def test_engine_parity_when_every_token_meets_an_exact_router_tie(dtype):
     """Experts 1 and 5 of every router share one weight row (which wins often): every token's
     logits tie exactly, decode and recompute must break every tie the same way (lowest index)."""
-    from tests.patching.test_moe_patching import _twin_experts
+    from tests.helpers.moe_routers import twin_experts
 
-    model = _twin_experts(fresh_model("tiny-qwen3-moe", dtype, patched=False))
+    model = twin_experts(fresh_model("tiny-qwen3-moe", dtype, patched=False))
     apply_batch_invariant(model)
     _, completions = _generate(model, 1.0)
     with RoutingRecorder(model) as routing:

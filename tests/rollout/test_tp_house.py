@@ -3,7 +3,7 @@
 No module of rl_engine/rollout/tp/ may call a collective that sums across ranks
 (all_reduce, reduce, reduce_scatter and their variants): the order of such a sum
 changes with the TP degree, and so do the bits. Gathers and broadcasts copy bits.
-Negative control: the tests' own Megatron row-parallel layer (tests/rollout/tp_procs.py)
+Negative control: the tests' own Megatron row-parallel layer (tests/helpers/rollout/tp_procs.py)
 and a snippet are caught.
 """
 
@@ -43,7 +43,7 @@ def test_tp_modules_never_sum_across_ranks():
 
 
 def test_the_check_catches_row_parallel_layers():
-    control = Path(__file__).with_name("tp_procs.py").read_text()
+    control = (Path(__file__).parents[1] / "helpers" / "rollout" / "tp_procs.py").read_text()
     assert any(hit.startswith("all_reduce") for hit in summing_collectives(control))
     snippets = [
         "import torch.distributed as d\nd.reduce_scatter_tensor(out, x)",

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from rl_engine.rollout.tp import launch
-from tests.rollout import tp_lora_procs
+from tests.helpers.rollout import tp_lora_procs
 
 pytestmark = [pytest.mark.multiprocess]
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rl_engine.rollout.tp import launch
-from tests.rollout import tp_procs
+from tests.helpers.rollout import tp_procs
 
 pytestmark = [pytest.mark.multiprocess]
 

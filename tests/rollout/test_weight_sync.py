@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from rl_engine.executors.worker.distributed import free_port
-from tests.rollout import weight_sync_procs as procs
+from tests.helpers.rollout import weight_sync_procs as procs
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # 4 processes: 20-60 s
 
@@ -45,7 +45,7 @@ def results(tmp_path_factory):
             [
                 sys.executable,
                 "-m",
-                "tests.rollout.weight_sync_procs",
+                "tests.helpers.rollout.weight_sync_procs",
                 r[0],
                 str(r[1]),
                 str(port),

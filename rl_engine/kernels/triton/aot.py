@@ -1,7 +1,7 @@
 """Compile every Triton launch of the backend for NVIDIA targets, without a GPU, and check the binaries.
 
 The kernels' side: capture, compile, launch. The command line (arguments, the manifest written
-atomically, the checks' verdict) is `rl_engine/benchmarks/gpu_compile.py`:
+atomically, the checks' verdict) is `rl_engine/diagnostics/gpu_compile.py`:
 
     python scripts/compile_gpu_kernels.py [--targets sm_80,sm_90,sm_100] [--out DIR] [--cases all|ci]
     python scripts/compile_gpu_kernels.py --launch --compare AOT/manifest.json --out DIR   (on a GPU)

@@ -16,7 +16,7 @@ from rl_engine.algorithms import compute_advantages
 from rl_engine.config import RunConfig
 from rl_engine.executors import BatchError
 from rl_engine.executors.worker.batch import TrainBatch
-from tests.executors.worker.test_batch import completion, two_groups
+from tests.helpers.worker.completions import completion, two_groups
 
 # ------------------------------------------------------------------ config
 
@@ -152,14 +152,14 @@ def test_unknown_group_sizes_still_raise():
 
 @pytest.fixture(scope="module")
 def cell_batch():
-    from tests.executors.worker.cell import cached_completions, to_batch
+    from tests.helpers.worker.cell import cached_completions, to_batch
 
     return to_batch(cached_completions("float32"))
 
 
 def _worker(**overrides):
     from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
-    from tests.executors.worker.cell import cell_config
+    from tests.helpers.worker.cell import cell_config
 
     algorithm = {"kl_coef": 0.0, **overrides.pop("algorithm", {})}
     return DeepSpeedTrainingWorker(

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.executors.worker.test_layout_invariance import (
+from tests.helpers.worker.layout_runs import (
     PACKED_ONE,
     PADDED_TWO,
-    _run,
-    _same_metrics,
-    _same_state,
+    run_layout,
+    same_metrics,
+    same_state,
 )
 
 GSPO = {"ratio_level": "sequence", "loss_aggregation": "seq-mean-token-mean"}
@@ -32,15 +32,15 @@ ACTS = {  # mode -> the metric that shows it did something
 
 def _pair(tmp_path, completions, *, invariant=True, **extra):
     return [
-        _run(tmp_path, completions, layout, "bfloat16", invariant=invariant, **extra)
+        run_layout(tmp_path, completions, layout, "bfloat16", invariant=invariant, **extra)
         for layout in (PACKED_ONE, PADDED_TWO)
     ]
 
 
 def test_gspo_takes_the_same_steps_in_two_layouts(tmp_path, completions):
     one, two = _pair(tmp_path, completions, algorithm=GSPO)
-    assert _same_state(one["state"], two["state"]) == []
-    assert _same_metrics(one["metrics"], two["metrics"]) == []
+    assert same_state(one["state"], two["state"]) == []
+    assert same_metrics(one["metrics"], two["metrics"]) == []
     assert int(one["state"]["step"]) == 3
 
 
@@ -53,8 +53,8 @@ def test_each_rollout_correction_takes_the_same_steps_in_two_layouts(
 ):
     algorithm = {"rollout_correction": mode, "correction_threshold": THRESHOLD}
     one, two = _pair(tmp_path, completions, algorithm=algorithm)
-    assert _same_state(one["state"], two["state"]) == []
-    assert _same_metrics(one["metrics"], two["metrics"]) == []
+    assert same_state(one["state"], two["state"]) == []
+    assert same_metrics(one["metrics"], two["metrics"]) == []
     _assert_acts(one["metrics"], mode)
 
 
@@ -62,8 +62,8 @@ def test_each_rollout_correction_takes_the_same_steps_in_two_layouts(
 def test_a_sequence_mask_correction_under_gspo_takes_the_same_steps(tmp_path, completions):
     algorithm = {**GSPO, "rollout_correction": "sequence_mask", "correction_threshold": THRESHOLD}
     one, two = _pair(tmp_path, completions, algorithm=algorithm)
-    assert _same_state(one["state"], two["state"]) == []
-    assert _same_metrics(one["metrics"], two["metrics"]) == []
+    assert same_state(one["state"], two["state"]) == []
+    assert same_metrics(one["metrics"], two["metrics"]) == []
     _assert_acts(one["metrics"], "sequence_mask")
 
 
@@ -73,7 +73,7 @@ def test_negative_control_gspo_with_a_correction_differs_with_the_flag_off(
 ):
     algorithm = {**GSPO, "rollout_correction": "token_truncate", "correction_threshold": THRESHOLD}
     one, two = _pair(tmp_path, completions, invariant=False, algorithm=algorithm)
-    assert _same_state(one["state"], two["state"]) != []
+    assert same_state(one["state"], two["state"]) != []
 
 
 def _assert_acts(metrics: list[dict], mode: str) -> None:

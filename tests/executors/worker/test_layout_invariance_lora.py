@@ -12,20 +12,20 @@ import pytest
 
 from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
 from rl_engine.patching.lora import is_adapter_name
-from tests.executors.worker.cell import cached_completions, cell_config, to_batch
-from tests.executors.worker.test_layout_invariance import (
+from tests.helpers.worker.cell import cached_completions, cell_config, to_batch
+from tests.helpers.worker.layout_runs import (
     PACKED_ONE,
     PADDED_TWO,
-    _run,
-    _same_metrics,
-    _same_state,
+    run_layout,
+    same_metrics,
+    same_state,
 )
 
 LORA = {"rank": 4, "alpha": 8, "target_modules": "all-linear"}
 
 
 def _lora_run(tmp_path, completions, layout, dtype, **extra):
-    return _run(tmp_path, completions, layout, dtype, lora=LORA, **extra)
+    return run_layout(tmp_path, completions, layout, dtype, lora=LORA, **extra)
 
 
 def _check_adapters_trained(state: dict) -> None:
@@ -43,8 +43,8 @@ def test_two_layouts_take_the_same_lora_steps(tmp_path, completions, dtype):
     one = _lora_run(tmp_path, completions, PACKED_ONE, dtype)
     two = _lora_run(tmp_path, completions, PADDED_TWO, dtype)
     _check_adapters_trained(one["state"])
-    assert _same_state(one["state"], two["state"]) == []
-    assert _same_metrics(one["metrics"], two["metrics"]) == []
+    assert same_state(one["state"], two["state"]) == []
+    assert same_metrics(one["metrics"], two["metrics"]) == []
     assert int(one["state"]["step"]) == 3
 
 
@@ -52,7 +52,7 @@ def test_two_layouts_take_the_same_lora_steps(tmp_path, completions, dtype):
 def test_negative_control_the_plain_lora_update_differs_between_layouts(tmp_path, completions):
     one = _lora_run(tmp_path, completions, PACKED_ONE, "float32", invariant=False)
     two = _lora_run(tmp_path, completions, PADDED_TWO, "float32", invariant=False)
-    assert _same_state(one["state"], two["state"]) != []
+    assert same_state(one["state"], two["state"]) != []
 
 
 @pytest.mark.exhaustive
@@ -63,8 +63,8 @@ def test_a_lora_checkpoint_saved_on_one_layout_resumes_on_another(tmp_path, comp
         tmp_path, completions, PADDED_TWO, "float32", steps=1, save_checkpoint=ckpt, save_after=1
     )
     resumed = _lora_run(tmp_path, completions, PACKED_ONE, "float32", steps=2, load_checkpoint=ckpt)
-    assert _same_state(whole["state"], resumed["state"]) == []
-    assert _same_metrics(whole["metrics"][1:], resumed["metrics"]) == []
+    assert same_state(whole["state"], resumed["state"]) == []
+    assert same_metrics(whole["metrics"][1:], resumed["metrics"]) == []
 
 
 def _worker(seed: int) -> DeepSpeedTrainingWorker:

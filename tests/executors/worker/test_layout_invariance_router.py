@@ -22,12 +22,12 @@ from rl_engine.executors.worker.router_balance import (
 )
 from rl_engine.kernels import SequenceSpans
 from rl_engine.kernels.common.moe_router import select_top_k
-from tests.executors.worker.cell import cached_completions, cell_config
-from tests.executors.worker.test_layout_invariance import (
+from tests.helpers.worker.cell import cached_completions, cell_config
+from tests.helpers.worker.layout_runs import (
     PACKED_ONE,
-    _run,
-    _same_metrics,
-    _same_state,
+    run_layout,
+    same_metrics,
+    same_state,
 )
 
 K, LAYERS, N_A, N_B = 2, 2, 7, 5
@@ -147,7 +147,7 @@ def moe_completions(tmp_path_factory):
 
 def _moe(tmp_path, completions, layout, invariant=True, coef=0.01):
     algorithm = {"router_aux_loss_coef": coef}
-    return _run(
+    return run_layout(
         tmp_path,
         completions,
         layout,
@@ -173,12 +173,12 @@ def test_the_mode_accepts_the_aux_loss():
 @pytest.mark.exhaustive  # ~4 min on 2 cores: three runs
 def test_a_moe_policy_with_the_aux_loss_takes_the_same_steps(tmp_path, moe_completions):
     one, two = (_moe(tmp_path, moe_completions, layout) for layout in (PACKED_ONE, SINGLES_TWO))
-    assert _same_state(one["state"], two["state"]) == []
-    assert _same_metrics(one["metrics"], two["metrics"]) == []
+    assert same_state(one["state"], two["state"]) == []
+    assert same_metrics(one["metrics"], two["metrics"]) == []
     assert one["metrics"][0]["router/aux_loss"] > 0
     assert one["metrics"][0]["router/max_load_share"] > 0
     without = _moe(tmp_path, moe_completions, PACKED_ONE, coef=0.0)
-    assert _same_state(one["state"], without["state"]) != []  # the aux loss moved the weights
+    assert same_state(one["state"], without["state"]) != []  # the aux loss moved the weights
 
 
 @pytest.mark.exhaustive  # make test: the policy's negative control (test_layout_invariance.py)
@@ -187,4 +187,4 @@ def test_negative_control_the_plain_aux_loss_differs_between_layouts(tmp_path, m
         _moe(tmp_path, moe_completions, layout, invariant=False)
         for layout in (PACKED_ONE, SINGLES_TWO)
     )
-    assert _same_state(one["state"], two["state"]) != []
+    assert same_state(one["state"], two["state"]) != []

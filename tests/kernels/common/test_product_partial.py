@@ -22,7 +22,7 @@ from rl_engine.kernels.common.product_partial import (
     is_deferred,
 )
 from rl_engine.kernels.cpp.linear import exact_gemm
-from tests.exact.test_canonical_sum import _adversarial, _assert_same_bits, _reference
+from tests.helpers.canonical_sums import adversarial_leaves, assert_same_bits, reference_sum
 
 M, N = 37, 11  # a block of 3 rows leaves a short last block
 
@@ -49,7 +49,7 @@ def test_a_product_evaluated_in_blocks_is_the_whole_gemm(small_blocks, dtype):
     want = _gemm(*terms[0])
     for a, b in terms[1:]:
         want.add_(_gemm(a, b))
-    _assert_same_bits(densify(ProductPartial(_gemm, tuple(terms))), want)
+    assert_same_bits(densify(ProductPartial(_gemm, tuple(terms))), want)
 
 
 def _leaf(values: torch.Tensor) -> ProductPartial:
@@ -76,11 +76,11 @@ def test_deferred_leaves_in_every_split_give_the_dense_trees_bits(small_blocks, 
     canonical tree's over the dense leaves."""
     values = [
         v.reshape(M, 1).expand(M, N).contiguous()
-        for v in _adversarial(n, torch.float32, seed=n, shape=(M,))
+        for v in adversarial_leaves(n, torch.float32, seed=n, shape=(M,))
     ]
     deferred = [_leaf(v) for v in values]
     dense = [_dense_leaf(leaf) for leaf in deferred]
-    want = _reference(dense, 0, n)
+    want = reference_sum(dense, 0, n)
     rng = random.Random(n)
     for _ in range(6):
         leaves = [d if rng.random() < 0.6 else x.clone() for d, x in zip(deferred, dense)]
@@ -91,13 +91,13 @@ def test_deferred_leaves_in_every_split_give_the_dense_trees_bits(small_blocks, 
             for s in range(lo, hi):
                 holder.push(s, leaves[s])
             nodes += holder.nodes()
-        _assert_same_bits(pp.dense(combine(n, nodes)), want)
+        assert_same_bits(pp.dense(combine(n, nodes)), want)
 
 
 def test_negative_control_one_gemm_over_every_sequence_differs():
     """The plain LM-head backward: one GEMM over all sequences' rows, not a tree of theirs."""
     terms = [_operands(96, torch.bfloat16, seed=s) for s in range(4)]
-    tree = _reference([_gemm(a, b) for a, b in terms], 0, len(terms))
+    tree = reference_sum([_gemm(a, b) for a, b in terms], 0, len(terms))
     whole = _gemm(torch.cat([a for a, _ in terms], 1), torch.cat([b for _, b in terms], 1))
     assert not torch.equal(tree, whole)
 
@@ -105,9 +105,9 @@ def test_negative_control_one_gemm_over_every_sequence_differs():
 def test_the_blockwise_adds_are_the_dense_adds(small_blocks):
     left, right = (ProductPartial(_gemm, (_operands(9, torch.float32, s),)) for s in (1, 2))
     want = _dense_leaf_sum(left, right)
-    _assert_same_bits(add_into(densify(left), right), want)
-    _assert_same_bits(add_before(left, densify(right)), want)
-    _assert_same_bits(pp.dense(add_deferred(left, right)), want)
+    assert_same_bits(add_into(densify(left), right), want)
+    assert_same_bits(add_before(left, densify(right)), want)
+    assert_same_bits(pp.dense(add_deferred(left, right)), want)
 
 
 def _dense_leaf_sum(left, right):
@@ -120,7 +120,7 @@ def test_a_sum_stays_deferred_only_while_its_operands_are_smaller(small_blocks):
     big = [ProductPartial(_gemm, (_operands(40, torch.bfloat16, s),)) for s in range(2)]
     total = add_deferred(*big)
     assert isinstance(total, torch.Tensor) and not is_deferred(total)
-    _assert_same_bits(total, _dense_leaf_sum(*big))
+    assert_same_bits(total, _dense_leaf_sum(*big))
 
 
 def test_a_malformed_product_names_the_term():

@@ -14,9 +14,9 @@ import dataclasses
 
 import torch
 
-from rl_engine.data.packing import plan_micro_batches
 from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker, ParityError
-from tests.executors.worker.cell import cell_config, to_batch
+from rl_engine.logprobs.packing import plan_micro_batches
+from tests.helpers.worker.cell import cell_config, to_batch
 
 
 def _budget(batch, world: int) -> int:

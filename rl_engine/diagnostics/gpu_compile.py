@@ -2,7 +2,7 @@
 targets without a GPU (or launch them on one), write the manifest atomically, run the checks.
 
 The kernels' side (capture, compile, launch; the manifest's format and checks a-d) is
-`rl_engine/kernels/triton/aot.py` and `aot_manifest.py`; this module adds the files and the verdict.
+`rl_engine/kernels/compile_check.py` (over the Triton backend's aot.py and aot_manifest.py); this module adds the files and the verdict.
 """
 
 from __future__ import annotations
@@ -16,14 +16,17 @@ from pathlib import Path
 import torch
 
 from rl_engine.base.io import write_json_atomic, write_text_atomic
-from rl_engine.kernels.registry import OP_NAMES
-from rl_engine.kernels.triton.aot import (
+from rl_engine.kernels.compile_check import (
     CASES,
+    SHARED_LIMITS,
+    check,
+    compare,
     compile_targets,
     launch_on_gpu,
     require_compiled_kernels,
+    summary,
 )
-from rl_engine.kernels.triton.aot_manifest import SHARED_LIMITS, check, compare, summary
+from rl_engine.kernels.registry import OP_NAMES
 
 
 def build_parser() -> argparse.ArgumentParser:

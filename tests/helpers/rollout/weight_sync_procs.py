@@ -1,4 +1,4 @@
-"""One process of the weight-sync test: `python -m tests.rollout.weight_sync_procs ROLE INDEX PORT OUT`.
+"""One process of the weight-sync test: `python -m tests.helpers.rollout.weight_sync_procs ROLE INDEX PORT OUT`.
 
 Two senders (group ranks 0, 1: every tensor split evenly between them, as ranks that
 hold the whole model send) and two receivers (ranks 2, 3) run three syncs over one real
@@ -166,6 +166,6 @@ def main(role: str, index: int, port: int, out: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
     role, index, port, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     sys.exit(main(role, index, port, out))
