@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rl_engine.config import DataConfig, RunConfig
+from rl_engine.config import DataConfig
 from rl_engine.data import DataFileError, PromptStream, check_dataset, load_dataset
 from tests.chat_model import build_tokenizer
 
@@ -155,30 +155,3 @@ def test_prompt_stream_is_a_seeded_shuffle_per_epoch(tmp_path):
     assert whole == [*epochs[0], *epochs[1], *epochs[2][:3]]
     assert [r.row for r in stream.take(5, 4)] == whole[5:9]
     assert PromptStream(dataset, seed=5, shuffle=False).rows(5, 4) == [5, 6, 0, 1]
-
-
-def test_config_keys_and_conflicts():
-    config = RunConfig.from_dict({"data": {"train_files": "a.parquet"}})
-    assert config.data.train_files == ["a.parquet"] and config.data.max_prompt_length == 1024
-    bad = [
-        ({"data": {"train_files": []}}, "data.train_files must be a path or a non-empty list"),
-        ({"data": {"truncation": "middle"}}, "data.truncation must be one of"),
-        ({"data": {"max_prompt_length": 0}}, "data.max_prompt_length must be an int >= 1"),
-        ({"reward": {"num_workers": -1}}, "reward.num_workers must be an int >= 0"),
-        ({"reward": {"on_error": "skip"}}, "reward.on_error must be one of"),
-        ({"eval": {"samples_per_prompt": 0}}, "eval.samples_per_prompt must be an int >= 1"),
-        ({"eval": {"every": 2}}, "eval.every needs data.val_files"),
-        ({"logging": {"backends": ["jsonl", "comet"]}}, "logging.backends must be one of"),
-        ({"logging": {"backends": ["tensorboard"]}}, "that includes 'jsonl'"),
-        (
-            {"data": {"train_files": "a.parquet"}, "rollout": {"task": "arithmetic"}},
-            r"data\.train_files and rollout\.task 'arithmetic'",
-        ),
-        (
-            {"reward": {"function": "math"}, "rollout": {"task": "jsonl:p.jsonl"}},
-            r"reward\.function and rollout\.task 'jsonl:p\.jsonl'",
-        ),
-    ]
-    for data, message in bad:
-        with pytest.raises(ValueError, match=message):
-            RunConfig.from_dict(data)
