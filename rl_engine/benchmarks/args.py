@@ -15,7 +15,8 @@ TINY_HELP = "smoke run: tiny random model and shapes, one repetition (the figure
 
 def bench_parser(doc: str | None, *, quick: str) -> argparse.ArgumentParser:
     """A benchmark's parser: the first line of its docstring, `--quick` (what `quick` says) and `--tiny`."""
-    parser = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0])
+    first_line = next(iter((doc or "").strip().splitlines()), "")  # None under python -OO
+    parser = argparse.ArgumentParser(description=first_line)
     parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--tiny", action="store_true", help=TINY_HELP)
     return parser

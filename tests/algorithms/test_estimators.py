@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from rl_engine.algorithms import ADVANTAGE_ESTIMATORS, compute_advantages, overlong_penalty
+from rl_engine.algorithms import ADVANTAGE_ESTIMATORS, compute_advantages
 
 # Three prompts, interleaved, of sizes 3, 2 and 2: group 7 -> [1, 2, 6], group 3 -> [4, 4]
 # (all equal), group 5 -> [0, 1].
@@ -152,17 +152,6 @@ def test_errors_name_the_argument():
         compute_advantages("grpo", REWARDS, GROUPS.float())
     with pytest.raises(ValueError, match="gamma must be in"):
         compute_advantages("gae", REWARDS, GROUPS, mask=MASK, values=torch.zeros(7, 4), gamma=2)
-
-
-def test_overlong_penalty_hand_computed():
-    # L = 20, buffer 4: no penalty up to 16 tokens, then -factor * (|y| - 16) / 4, -factor at 20.
-    lengths = torch.tensor([10, 16, 17, 18, 20])
-    penalty = overlong_penalty(lengths, max_length=20, buffer=4, factor=1.0)
-    torch.testing.assert_close(penalty, torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0]))
-    half = overlong_penalty(lengths, max_length=20, buffer=4, factor=0.5)
-    torch.testing.assert_close(half, torch.tensor([0.0, 0.0, -0.125, -0.25, -0.5]))
-    with pytest.raises(ValueError, match="buffer must be"):
-        overlong_penalty(lengths, max_length=20, buffer=21, factor=1.0)
 
 
 def _grouped_arithmetic(rewards, size, normalize_std=True, eps=1e-6):

@@ -1,4 +1,5 @@
-"""The `critic:` section and `algorithm.name: ppo`: defaults, and errors that name their key."""
+"""The `critic:` section (rl_engine/config/critic.py) and `algorithm.name: ppo`: defaults, the
+critic's view of the trainer section, and errors that name their key."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import re
 
 import pytest
 
-from rl_engine.config import RunConfig
+from rl_engine.config import CriticConfig, RunConfig
 
 PPO = {"algorithm": {"name": "ppo"}}
 
@@ -60,3 +61,13 @@ def test_bad_critic_keys_name_themselves(data, message):
 def test_the_critic_section_is_ignored_without_ppo():
     config = RunConfig.from_dict({"critic": {"num_ranks": 3, "warmup_steps": 2}})
     assert config.algorithm.name == "grpo" and config.critic.num_ranks == 3
+
+
+def test_the_section_alone_checks_its_own_keys():
+    assert CriticConfig(model="tiny-qwen3", num_ranks=2, zero_stage=3).zero_stage == 3
+    with pytest.raises(
+        ValueError, match=r"^critic\.zero_stage must be null or one of 0, 1, 2, 3, got 5"
+    ):
+        CriticConfig(zero_stage=5)
+    with pytest.raises(ValueError, match=r"^critic\.lr must be"):
+        CriticConfig(lr=float("inf"))

@@ -1,22 +1,26 @@
-"""verl-style reward functions: files loaded by path, the built-ins, one sample's time limit,
-and the Ray worker pool that kills and replaces a worker whose reward never returns."""
+"""Scoring one sample (rl_engine/rewards/scoring.py): a verl reward file runs unchanged, its
+result forms normalised to a score and numeric extras, a raise, a bad result or a timeout is a
+score of zero counted in the metrics (or a RewardFailure under on_error 'fail'); and the Ray
+worker pool that kills and replaces a worker whose reward never returns."""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
+import numpy as np
 import pytest
 
 from rl_engine.rewards import (
     RewardFailure,
     RewardSample,
-    RewardSpecError,
     call_score,
     check_scores,
     load_reward_function,
     score_metrics,
 )
+from rl_engine.rewards.scoring import Score, normalize, time_limit
 
 VERL_FILE = """
 import re
@@ -66,48 +70,6 @@ def test_a_verl_reward_file_runs_unchanged(verl_file):
     assert (wrong.value, wrong.extras) == (0.0, {"acc": 0.0})
     metrics = score_metrics([right, wrong])
     assert metrics == {"reward/errors": 0.0, "reward/timeouts": 0.0, "reward/extra/acc": 0.5}
-
-
-def test_module_function_and_spec_errors(verl_file):
-    fn = load_reward_function("rl_engine.rewards.gsm8k:compute_score")
-    assert fn("openai/gsm8k", "#### 7", "7") == 1.0
-    bad = [
-        (f"{verl_file}:nope", "has no function 'nope'"),
-        ("/no/such/reward.py:compute_score", "does not exist"),
-        ("no_such_module_xyz:compute_score", "cannot import module 'no_such_module_xyz'"),
-        (f"{verl_file}:two_args", r"cannot be called as compute_score\(data_source"),
-    ]
-    for spec, message in bad:
-        with pytest.raises(RewardSpecError, match=message):
-            load_reward_function(spec)
-    with pytest.raises(RewardSpecError, match="unexpected keyword argument 'scale'"):
-        load_reward_function(f"{verl_file}:compute_score", {"scale": 2})
-
-
-@pytest.mark.parametrize(
-    ("solution", "truth", "score"),
-    [
-        ("7 + 5 = 12", "12", 1.0),
-        ("The answer is \\boxed{12}.", "12", 1.0),
-        ("The answer is \\boxed{13}.", "12", 0.0),
-        ("so x = \\frac{1}{2}", "0.5", 1.0),
-        ("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}", 1.0),
-        ("no idea", "3", 0.0),
-    ],
-)
-def test_builtin_math_verifies_boxed_latex_and_numbers(solution, truth, score):
-    assert load_reward_function("math")("lighteval/MATH", solution, truth) == score
-
-
-def test_builtin_gsm8k_uses_the_hash_convention():
-    fn = load_reward_function("gsm8k")
-    assert fn("openai/gsm8k", "3 + 4 = 7 #### 7", "7") == 1.0
-    assert fn("openai/gsm8k", "so #### 1,000", "Janet ... #### 1000") == 1.0  # a whole solution
-    assert fn("openai/gsm8k", "the answer is 7", "7") == 0.0  # strict: no '####'
-    assert fn("openai/gsm8k", "the answer is 7", "7", method="flexible") == 1.0
-    assert fn("openai/gsm8k", "#### 8", "7", format_score=0.1) == 0.1
-    auto = load_reward_function(None)  # by data_source, as verl's default_compute_score
-    assert auto("openai/gsm8k", "7", "7") == 0.0 and auto("lighteval/MATH", "7", "7") == 1.0
 
 
 def test_raises_bad_results_and_timeouts_are_scores_of_zero(verl_file):
@@ -160,3 +122,60 @@ def test_ray_pool_scores_in_order_and_replaces_a_stuck_worker(verl_file):
         pool.close()
     finally:
         ray.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        (True, (1.0, {})),
+        (3, (3.0, {})),
+        (np.float32(0.5), (0.5, {})),
+        (np.bool_(False), (0.0, {})),
+        ({"score": 1, "acc": True, "pred": "7", "bad": float("inf")}, (1.0, {"acc": 1.0})),
+    ],
+)
+def test_normalize_reads_verls_result_forms(result, expected):
+    assert normalize(result) == expected
+
+
+@pytest.mark.parametrize(
+    ("result", "error", "message"),
+    [
+        ({"acc": 1.0}, ValueError, r"without a 'score' key: \['acc'\]"),
+        ("1.0", TypeError, "returned str '1.0', not a number"),
+        (None, TypeError, "returned NoneType None"),
+        (float("-inf"), ValueError, "non-finite score -inf"),
+    ],
+)
+def test_normalize_names_what_is_wrong_with_a_result(result, error, message):
+    with pytest.raises(error, match=message):
+        normalize(result)
+
+
+def test_score_metrics_count_errors_and_timeouts_apart_under_a_prefix():
+    scores = [
+        Score(0.0, error="E"),
+        Score(0.0, timed_out=True, error="T"),
+        Score(1.0, {"acc": 1.0}),
+    ]
+    assert score_metrics(scores, prefix="val/") == {
+        "val/errors": 1.0,
+        "val/timeouts": 1.0,
+        "val/extra/acc": 1.0,
+    }
+    assert score_metrics([]) == {"reward/errors": 0.0, "reward/timeouts": 0.0}
+
+
+def test_the_time_limit_is_off_outside_the_main_thread():
+    """Signals reach only the main thread: a worker thread's reward runs without a limit."""
+    done = []
+
+    def run():
+        with time_limit(0.01):
+            time.sleep(0.1)
+        done.append(True)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert done == [True]

@@ -1,10 +1,11 @@
-"""The `lora:` section: its defaults and the errors that name the key."""
+"""The `lora:` section (rl_engine/config/lora.py): its defaults, its scale, the errors that name
+the key, and the targets checked against the model before Ray starts."""
 
 from __future__ import annotations
 
 import pytest
 
-from rl_engine.config import RunConfig
+from rl_engine.config import ALL_LINEAR, LoraConfig, RunConfig
 from rl_engine.executors.job.preflight import check_lora_targets, validate_before_start
 from rl_engine.executors.worker.critic import critic_adapter_seed
 
@@ -77,3 +78,10 @@ def test_a_target_that_matches_no_module_is_caught_before_ray_listing_the_linear
     ):
         check_lora_targets(config)
     check_lora_targets(RunConfig.from_dict({"model": "tiny-mixtral", "lora": {"rank": 4}}))
+
+
+def test_the_section_alone_knows_whether_an_adapter_is_on_and_its_scale():
+    assert not LoraConfig().enabled and LoraConfig().target_modules == ALL_LINEAR
+    assert LoraConfig(rank=8, alpha=4).scale == 0.5
+    with pytest.raises(ValueError, match=r"^lora\.target_modules\[\] must be"):
+        LoraConfig(rank=4, target_modules=["q_proj", ""])
