@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker, ParityError
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker, ParityError
 from rl_engine.packing import plan_micro_batches
 from tests.executors.worker.cell import cell_config, to_batch
 

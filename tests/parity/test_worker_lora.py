@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from rl_engine.config import LoraConfig
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.patching import apply_batch_invariant
 from tests.executors.worker.cell import generate, to_batch
 from tests.executors.worker.launch import run_ranks

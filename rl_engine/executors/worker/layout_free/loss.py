@@ -36,7 +36,7 @@ import torch
 from rl_engine.algorithms import kl_k3, policy_loss_terms
 from rl_engine.config import AlgorithmConfig
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.step_loss import Corrected, LossSums
+from rl_engine.executors.worker.policy.step_loss import Corrected, LossSums
 from rl_engine.sums import SequenceRecords
 
 
@@ -51,7 +51,7 @@ def token_weights(mask: torch.Tensor, aggregation: str, units: float) -> torch.T
     return torch.where(keep, inverse, 0.0)
 
 
-def invariant_micro_loss(
+def layout_free_micro_loss(
     algo: AlgorithmConfig,
     mb: TrainBatch,
     logp: torch.Tensor,

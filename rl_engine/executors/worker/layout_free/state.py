@@ -5,7 +5,7 @@ DeepSpeed keeps these cut into partitions whose shape depends on the rank count 
 its fragment accessors gather a parameter's whole tensor from them (a collective under ZeRO-3:
 every rank calls in the same order) and write one back into whatever partition a rank holds.
 So a state gathered on N ranks at one stage restores on M ranks at another, and since the
-optimizer is elementwise (`InvariantAdamW`) the run continues as it would have.
+optimizer is elementwise (`LayoutFreeAdamW`) the run continues as it would have.
 
 ZeRO-0 has no fragments: in fp32 the module's parameters are the masters (no DeepSpeed wrapper),
 in bf16 DeepSpeed's unfused optimizer keeps an fp32 master beside each parameter
@@ -32,7 +32,7 @@ from deepspeed.utils import (
     safe_set_full_optimizer_state,
 )
 
-from rl_engine.executors.worker.lora_base import LORA_BASE_FILE, check_base
+from rl_engine.executors.worker.weights.lora_base import LORA_BASE_FILE, check_base
 from rl_engine.io import write_text_atomic
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
