@@ -5,7 +5,7 @@ terms over U, the mini-batch's completion tokens on every rank), rescaled by `sc
 DeepSpeed's averaging, with one `ValueLossSums` record per micro-batch.
 
 Layout-invariant path (`trainer.layout_invariant`): each token's term times the weight 1 / U
-that its sequence and the exact global count alone define (`layout_free_loss.token_weights`,
+that its sequence and the exact global count alone define (`layout_free.loss.token_weights`,
 token-mean), so the gradient reaching a token is that weight whatever else the micro-batch
 holds; the metrics are one record per sequence (`SequenceRecords`), totalled exactly.
 """

@@ -12,7 +12,7 @@ in bf16 DeepSpeed's unfused optimizer keeps an fp32 master beside each parameter
 (`fp32_groups` beside `fp16_groups`); the torch optimizer's state is keyed by the master.
 
 Only trainable parameters are held: for a LoRA policy the adapters alone. Their checkpoint
-records the frozen base as the plain LoRA checkpoint does (`lora_base.LORA_BASE_FILE`: the
+records the frozen base as the plain LoRA checkpoint does (`weights.lora_base.LORA_BASE_FILE`: the
 model spec and its content hash), checked before anything is restored.
 """
 
