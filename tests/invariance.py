@@ -70,12 +70,12 @@ def garbage_like(t: torch.Tensor, seed: int = 1) -> torch.Tensor:
 
 
 class _ThreadWorker:
-    """One `tests.thread_worker` process at a fixed thread count, kept for the whole session."""
+    """One `tests.helpers.thread_worker` process at a fixed thread count, kept for the whole session."""
 
     def __init__(self, threads: int):
         self.threads = threads
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.thread_worker", str(threads)],
+            [sys.executable, "-m", "tests.helpers.thread_worker", str(threads)],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
             stdin=subprocess.PIPE,
@@ -119,7 +119,7 @@ def _close_workers() -> None:
 def run_with_threads(code: str, threads: int, timeout: float = 300, *, fresh: bool = False):
     """Run `code` (which must assign `result`) in an interpreter with `threads` intra-op threads.
 
-    By default in this session's worker at that thread count (tests/thread_worker.py: a new
+    By default in this session's worker at that thread count (tests/helpers/thread_worker.py: a new
     namespace and torch's RNG seeded to 0 per snippet, the imports already done); `fresh=True`
     starts a new interpreter, for code whose environment must be read at import (an ISA override).
     """

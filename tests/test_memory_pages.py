@@ -1,4 +1,4 @@
-"""`release_pages` (rl_engine/memory_pages.py) on real mappings: an anonymous tensor's released
+"""`release_pages` (rl_engine/base/memory_pages.py) on real mappings: an anonymous tensor's released
 pages read zeros, a private file mapping's read the file again; its ends keep their bytes;
 and an engine refuses to release a tensor its syncs would not rewrite whole."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_engine.memory_pages import anonymous_private, page_size, release_pages
+from rl_engine.base.memory_pages import anonymous_private, page_size, release_pages
 
 
 def _resident_kib() -> int:
@@ -47,7 +47,7 @@ def test_engine_refuses_to_release_a_tensor_a_sync_writes_in_part():
     from rl_engine.models import load_model
     from rl_engine.rollout import RolloutEngine
     from rl_engine.rollout.weight_receiver import WeightReleaseError
-    from tests.rollout.weight_sync_procs import PROMPTS, manifest_of, sampling
+    from tests.helpers.rollout.weight_sync_procs import PROMPTS, manifest_of, sampling
 
     model = load_model("tiny-llama", dtype=torch.float32, seed=0)[0]
     engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)

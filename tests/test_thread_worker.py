@@ -1,11 +1,11 @@
-"""The thread-count workers behind tests.invariance.run_with_threads compute what a fresh
+"""The thread-count workers behind tests.helpers.invariance.run_with_threads compute what a fresh
 interpreter at that thread count computes: the thread count, a namespace of its own per snippet
 (and torch's global RNG seeded to 0 for each), and a failing snippet's traceback."""
 
 import pytest
 import torch
 
-from tests.invariance import run_with_threads
+from tests.helpers.invariance import run_with_threads
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.threads]
 

@@ -1,6 +1,6 @@
-"""A long-lived interpreter at one intra-op thread count, for `tests.invariance.run_with_threads`.
+"""A long-lived interpreter at one intra-op thread count, for `tests.helpers.invariance.run_with_threads`.
 
-`python -m tests.thread_worker N` sets N threads once, then runs snippets sent on stdin, one at
+`python -m tests.helpers.thread_worker N` sets N threads once, then runs snippets sent on stdin, one at
 a time, each in a namespace of its own with torch's global RNG seeded to 0 (the same in every
 worker; a fresh interpreter seeds it at random): what a `python -c` at N threads computes, without paying the interpreter's start and the imports
 (torch, transformers, the C++ kernels: 3-6 s a process) for every snippet.

@@ -235,7 +235,7 @@ def render(result: dict[str, dict], case: Case, threads: int, steps: int = 1) ->
 
 def packed_count(case: Case = FULL) -> int:
     """The packed layout's micro-batches (rows under the token budget)."""
-    from rl_engine.packing import plan_micro_batches
+    from rl_engine.logprobs.packing import plan_micro_batches
 
     lengths = [case.prompt + n for n in completion_lengths(case)]
     return len(plan_micro_batches(lengths, max_sequences=case.seqs, max_tokens=case.budget))

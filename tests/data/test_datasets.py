@@ -9,7 +9,7 @@ import pytest
 
 from rl_engine.config import DataConfig, RunConfig
 from rl_engine.data import DataFileError, PromptStream, check_dataset, load_dataset
-from tests.chat_model import build_tokenizer
+from tests.helpers.chat_model import build_tokenizer
 
 
 def verl_rows(count: int, source: str = "toy/add") -> list[dict]:

@@ -26,7 +26,7 @@ from rl_engine.patching import apply_batch_invariant
 from rl_engine.patching.lora import is_adapter_name
 from rl_engine.patching.lora_adapter import load_adapter
 from rl_engine.rollout import RolloutEngine, SamplingParams, write_rollouts
-from tests.lora_policy import perturb_adapters
+from tests.helpers.lora_policy import perturb_adapters
 
 MODEL = "tiny-llama"  # seed 0: the base `diagnose --model tiny-llama` loads
 RUN = {"model": MODEL, "dtype": "float32", "seed": 0, "lora": {"rank": 4, "alpha": 8}}

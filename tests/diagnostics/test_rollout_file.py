@@ -19,7 +19,7 @@ from rl_engine.diagnostics.rollout_file import recompute
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.rollout import RolloutEngine, SamplingParams, read_rollouts, write_rollouts
-from tests.foreign_engine import hf_completions
+from tests.helpers.foreign_engine import hf_completions
 
 MODEL, TEMPERATURE = "tiny-llama", 0.8
 
@@ -138,7 +138,7 @@ def test_multi_turn_records_compare_only_the_policys_tokens(tmp_path):
     token_ids); without the mask the observations are compared too, and differ."""
     from rl_engine.envs import EpisodeLimits, TurnCodec, run_episodes
     from rl_engine.envs.files import write_episodes
-    from tests.envs.scripted import Answer, engine_turns
+    from tests.helpers.envs.scripted import Answer, engine_turns
 
     model, _ = load_model(MODEL, dtype=torch.float32)
     apply_batch_invariant(model)

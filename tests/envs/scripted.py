@@ -1,7 +1,7 @@
 """Scripted environments on token ids (the tiny models have no tokenizer) and a real engine's
 turns: what the envs tests and the job tests run episodes with.
 
-The job loads this file by path (`rollout.env: tests/envs/scripted.py:Faulty`), as a user's
+The job loads this file by path (`rollout.env: tests/helpers/envs/scripted.py:Faulty`), as a user's
 file would be; its classes keep no state outside the instance except `Faulty`'s episode
 counter (one per process that plays episodes).
 """

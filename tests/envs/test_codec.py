@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rl_engine.envs import ObservationError, TurnCodec
-from tests.chat_model import build_tokenizer
+from tests.helpers.chat_model import build_tokenizer
 
 
 @pytest.fixture(scope="module")

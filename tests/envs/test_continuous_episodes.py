@@ -11,7 +11,7 @@ continued while others were decoding, so the layout the contract is about really
 Each turn draws from the generator of (seed, episode, turn): the same episodes (tokens, masks,
 logprobs) with 2 slots and with 8, played by one engine or split over two, and through the
 whole-transcript path (`run_episodes` + `transcript_turns`: every turn a fresh prompt).
-Observations of 1 id and of 6 in the same run (tests/envs/scripted.py's Mixed). Negative
+Observations of 1 id and of 6 in the same run (tests/helpers/envs/scripted.py's Mixed). Negative
 control: the plain (unpatched) engine's continued episodes differ from the recompute.
 """
 
@@ -29,10 +29,10 @@ from rl_engine.envs import (
     transcript_turns,
 )
 from rl_engine.rollout import RolloutEngine, SamplingParams
-from tests.envs.scripted import Mixed
+from tests.helpers.envs.scripted import Mixed
 from tests.envs.test_engine_parity import PROMPT_LENGTHS, _policy_logprobs
-from tests.invariance import run_with_threads
-from tests.rollout.helpers import DENSE_FAMILIES, fresh_model, patched_model, random_prompts
+from tests.helpers.invariance import run_with_threads
+from tests.helpers.rollout.common import DENSE_FAMILIES, fresh_model, patched_model, random_prompts
 
 # turns end at a stop token about one time in six: of different lengths, so episodes continue
 # while others decode
@@ -157,7 +157,7 @@ def test_negative_control_the_plain_engine_differs():
 THREADS_SNIPPET = """
 from rl_engine.envs import episode_tasks
 from tests.envs.test_continuous_episodes import _play, _records
-from tests.rollout.helpers import patched_model
+from tests.helpers.rollout.common import patched_model
 import torch
 
 model = patched_model("{name}", torch.{dtype})

@@ -23,9 +23,9 @@ import torch
 from rl_engine.envs import EpisodeLimits, TurnCodec, run_episodes
 from rl_engine.logprobs import token_logprobs
 from rl_engine.rollout import RolloutEngine, SamplingParams
-from tests.envs.scripted import Answer, engine_turns
-from tests.invariance import run_with_threads
-from tests.rollout.helpers import DENSE_FAMILIES, fresh_model, patched_model, random_prompts
+from tests.helpers.envs.scripted import Answer, engine_turns
+from tests.helpers.invariance import run_with_threads
+from tests.helpers.rollout.common import DENSE_FAMILIES, fresh_model, patched_model, random_prompts
 
 PROMPT_LENGTHS = (5, 11, 3, 8)
 FAMILIES = (*DENSE_FAMILIES, "tiny-qwen3-moe")

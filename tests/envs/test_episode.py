@@ -10,8 +10,8 @@ import pytest
 
 from rl_engine.envs import EpisodeLimits, TurnCodec, episode_metrics, run_episodes
 from rl_engine.rollout import RolloutEngine, SamplingParams
-from tests.envs.scripted import Answer, engine_turns
-from tests.rollout.helpers import patched_model
+from tests.helpers.envs.scripted import Answer, engine_turns
+from tests.helpers.rollout.common import patched_model
 
 VOCAB = 1000
 PROMPTS = [[5, 6, 7, 8], [9, 10], [11, 12, 13]]
@@ -170,7 +170,7 @@ def test_the_guessing_game_with_text_feedback(engine):
     from itertools import groupby
 
     from rl_engine.envs.guess_number import GuessNumber
-    from tests.chat_model import build_tokenizer
+    from tests.helpers.chat_model import build_tokenizer
 
     tok = build_tokenizer()
     codec = TurnCodec(tok, VOCAB)

@@ -224,7 +224,7 @@ def _realistic(family: str):
 def test_rollout_logprobs_equal_recompute_on_a_realistic_model(family):
     from rl_engine.patching import apply_batch_invariant
     from rl_engine.rollout import RolloutEngine, SamplingParams
-    from tests.rollout.helpers import assert_parity, random_prompts, recompute_padded
+    from tests.helpers.rollout.common import assert_parity, random_prompts, recompute_padded
 
     model = _realistic(family)  # on the GPU first, then patched: ops resolved for cuda
     handle = apply_batch_invariant(model)

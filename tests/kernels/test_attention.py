@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from rl_engine.kernels import get_op
 from rl_engine.kernels.native.attention import BLOCK_K, BLOCK_Q
-from tests.invariance import assert_equal_across_threads
+from tests.helpers.invariance import assert_equal_across_threads
 
 DTYPES = [torch.float32, torch.bfloat16]
 HEADS = [(4, 2), (3, 1), (2, 2)]  # (Hq, Hkv)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from rl_engine.kernels import get_op, kernel_facts
 from rl_engine.kernels.cpp import _extension
-from tests.invariance import run_with_threads
+from tests.helpers.invariance import run_with_threads
 
 ISAS = list(_extension.ISA_PATHS)
 

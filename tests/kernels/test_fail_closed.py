@@ -29,7 +29,7 @@ from rl_engine.kernels import (
     PlatformInvarianceError,
     get_op,
 )
-from tests.triton_marks import TRITON_MARKS
+from tests.helpers.triton_marks import TRITON_MARKS
 
 DTYPES = {
     "fp32": torch.float32,

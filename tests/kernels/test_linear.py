@@ -5,7 +5,7 @@ row, next to any rows, garbage included) == op(probe) with 1, 2 or 3 threads.
 Negative control: plain F.linear breaks the first equality on this CPU.
 The invariance tests run on both CPU backends: cpp (the default) and native;
 native tests skip with the platform probe's reason where it refuses the dtype
-(tests/invariance.py::skip_if_refused). The native tile scheme's own tests are in
+(tests/helpers/invariance.py::skip_if_refused). The native tile scheme's own tests are in
 test_native_gemm.py.
 """
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from rl_engine.kernels import get_op
-from tests.invariance import (
+from tests.helpers.invariance import (
     assert_equal_across_threads,
     garbage_like,
     probe_batches,

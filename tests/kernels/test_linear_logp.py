@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rl_engine.kernels import get_op
-from tests.invariance import skip_if_refused
+from tests.helpers.invariance import skip_if_refused
 
 BACKENDS = ["cpp", "native"]
 

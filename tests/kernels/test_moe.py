@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from rl_engine.kernels import get_op
-from tests.invariance import (
+from tests.helpers.invariance import (
     assert_equal_across_threads,
     garbage_like,
     probe_batches,

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from rl_engine.kernels import PlatformInvarianceError, get_op, kernel_facts
-from tests.invariance import garbage_like, probe_batches, skip_if_refused
+from tests.helpers.invariance import garbage_like, probe_batches, skip_if_refused
 
 probe_module = importlib.import_module("rl_engine.kernels.native.platform_probe")
 

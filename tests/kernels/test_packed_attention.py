@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from rl_engine.kernels import get_op
 from rl_engine.kernels.native.attention import BLOCK_K, BLOCK_Q
-from tests.invariance import assert_equal_across_threads
-from tests.triton_marks import TRITON_MARKS, dtypes_keeping
+from tests.helpers.invariance import assert_equal_across_threads
+from tests.helpers.triton_marks import TRITON_MARKS, dtypes_keeping
 
 DTYPES = [torch.float32, torch.bfloat16]
 LENGTHS = [1, 5, BLOCK_Q + 1, 63, BLOCK_K, BLOCK_K + 2, 2 * BLOCK_K + 3, 16, 33, 2]
@@ -105,7 +105,7 @@ CPU_HEADS = ((4, 2), (3, 1), (2, 2))  # (query heads, kv heads)
 def _cases(triton_keeps: torch.dtype, *, heads: bool = False) -> list:
     """(backend, dtype), or (backend, heads, dtype), parameters: every CPU backend in both
     dtypes; the Triton interpreter (5-20 s a case) in `triton_keeps` in make test and the other
-    dtype in the exhaustive tier (tests/triton_marks.py: dtypes_keeping)."""
+    dtype in the exhaustive tier (tests/helpers/triton_marks.py: dtypes_keeping)."""
     per_backend = {b: [pytest.param(d) for d in DTYPES] for b in CPU_BACKENDS}
     per_backend["triton"] = dtypes_keeping(triton_keeps)
     cases = []

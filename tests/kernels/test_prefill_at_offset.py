@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from rl_engine.kernels import get_op
-from tests.triton_marks import DEVICE as TRITON_DEVICE
-from tests.triton_marks import TRITON_MARKS
+from tests.helpers.triton_marks import DEVICE as TRITON_DEVICE
+from tests.helpers.triton_marks import TRITON_MARKS
 
 HQ, HKV, D = 4, 2, 24
 CAP, SLOTS = 256, 5  # an fp32 cache of whole 128-position blocks, as the engine allocates

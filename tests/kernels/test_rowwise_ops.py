@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from rl_engine.kernels import get_op
-from tests.invariance import assert_equal_across_threads, garbage_like, probe_batches
+from tests.helpers.invariance import assert_equal_across_threads, garbage_like, probe_batches
 
 DTYPES = [torch.float32, torch.bfloat16]
 BATCH_SIZES = [1, 2, 3, 8, 33, 128, 1000, 4096]

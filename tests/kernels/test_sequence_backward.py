@@ -30,7 +30,7 @@ from rl_engine.kernels.common.sequence_spans import SequenceSpans
 from rl_engine.kernels.cpp._serving import GEMM
 from rl_engine.kernels.cpp.linear import exact_gemm
 from rl_engine.kernels.cpp.linear_logp import _chunk_logprobs
-from tests.invariance import skip_if_refused
+from tests.helpers.invariance import skip_if_refused
 
 DTYPES = [torch.float32, torch.bfloat16]
 LENGTHS = (70, 5, 33, 1, 64)

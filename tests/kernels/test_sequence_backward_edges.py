@@ -14,7 +14,7 @@ from rl_engine.kernels.common.linear import linear_backward
 from rl_engine.kernels.common.linear_logp import chunked_logp_backward
 from rl_engine.kernels.common.sequence_spans import SequenceSpans
 from rl_engine.kernels.cpp.linear_logp import _chunk_logprobs, chunk_rows_for
-from tests.invariance import assert_equal_across_threads, skip_if_refused
+from tests.helpers.invariance import assert_equal_across_threads, skip_if_refused
 from tests.kernels.test_sequence_backward import (
     DTYPES,
     HEAD_DIM,

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from rl_engine.kernels import get_op
-from tests.triton_marks import DEVICE, TRITON_MARKS, dtypes_keeping
+from tests.helpers.triton_marks import DEVICE, TRITON_MARKS, dtypes_keeping
 
 pytestmark = TRITON_MARKS
 DTYPES = [torch.float32, torch.bfloat16]

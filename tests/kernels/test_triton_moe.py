@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from rl_engine.kernels import get_op
-from tests.invariance import garbage_like, probe_batches
+from tests.helpers.invariance import garbage_like, probe_batches
 from tests.kernels.test_moe import hf_eager_experts
-from tests.triton_marks import DEVICE, TRITON_MARKS
+from tests.helpers.triton_marks import DEVICE, TRITON_MARKS
 
 pytestmark = TRITON_MARKS
 DTYPES = [torch.float32, torch.bfloat16]

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from rl_engine.kernels import get_op
-from tests.invariance import garbage_like, probe_batches
-from tests.triton_marks import DEVICE, TRITON_MARKS
+from tests.helpers.invariance import garbage_like, probe_batches
+from tests.helpers.triton_marks import DEVICE, TRITON_MARKS
 
 pytestmark = TRITON_MARKS
 DTYPES = [torch.float32, torch.bfloat16]

@@ -28,7 +28,7 @@ import torch
 from rl_engine.kernels.triton._matmul import exact_gemm
 from tests.kernels import test_sequence_backward as harness
 from tests.kernels import test_sequence_backward_edges as edges
-from tests.triton_marks import DEVICE, TRITON_MARKS, dtypes_keeping
+from tests.helpers.triton_marks import DEVICE, TRITON_MARKS, dtypes_keeping
 
 pytestmark = TRITON_MARKS
 

@@ -20,8 +20,8 @@ from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.patching.lora import is_adapter_name
 from rl_engine.rollout import RolloutEngine
-from tests.executors.worker.cell import cell_config, generate, to_batch
-from tests.lora_policy import perturb_adapters
+from tests.helpers.worker.cell import cell_config, generate, to_batch
+from tests.helpers.lora_policy import perturb_adapters
 
 RANK, ALPHA = 4, 8
 

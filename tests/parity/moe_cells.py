@@ -1,6 +1,6 @@
 """The worker matrix's cells on mixture-of-experts models, as one named session of ds_runner.py.
 
-`run(spec, out_dir, rank)` runs tests/executors/worker/cell.py's `run_cell` for each
+`run(spec, out_dir, rank)` runs tests/helpers/worker/cell.py's `run_cell` for each
 [stage, dtype] of spec["cells"] on the MoE model of that dtype (`MODELS`),
 with the router's auxiliary loss on, and returns {cell name: result}.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from tests.executors.worker.cell import cell_name, run_cell
+from tests.helpers.worker.cell import cell_name, run_cell
 
 # fp32: a dense middle layer and an expert width of 44; bf16: a shared expert behind a sigmoid
 # gate, every other layer dense, width 36 (grouped_mm cannot run it).

@@ -15,8 +15,8 @@ import dataclasses
 import torch
 
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker, ParityError
-from rl_engine.packing import plan_micro_batches
-from tests.executors.worker.cell import cell_config, to_batch
+from rl_engine.logprobs.packing import plan_micro_batches
+from tests.helpers.worker.cell import cell_config, to_batch
 
 
 def _budget(batch, world: int) -> int:

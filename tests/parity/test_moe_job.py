@@ -17,7 +17,7 @@ import torch
 from rl_engine.cli import main
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
-from tests.executors.job.jobs import job_config, private_ray
+from tests.helpers.job.jobs import job_config, private_ray
 
 pytestmark = pytest.mark.multiprocess
 

@@ -25,9 +25,9 @@ from rl_engine.config import RunConfig
 from rl_engine.executors.worker.batch_checks import micro_batches
 from rl_engine.executors.worker.ds_config import build_deepspeed_config
 from rl_engine.executors.worker.policy.worker import BatchError, DeepSpeedTrainingWorker
-from rl_engine.packing import plan_micro_batches
-from tests.executors.worker.cell import cell_config, generate, rollout_engine, to_batch
-from tests.executors.worker.launch import run_ranks
+from rl_engine.logprobs.packing import plan_micro_batches
+from tests.helpers.worker.cell import cell_config, generate, rollout_engine, to_batch
+from tests.helpers.worker.launch import run_ranks
 
 FAMILIES = ("tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral") + (
     "tiny-qwen3-moe",  # mixture of experts: routed tokens of a packed row, as of a padded one
@@ -47,7 +47,7 @@ def _completions(model: str, dtype: str):
 
 
 def _config(model="tiny-llama", dtype="float32", **trainer) -> RunConfig:
-    # max_new_tokens as the cells generate (tests/executors/worker/cell.py)
+    # max_new_tokens as the cells generate (tests/helpers/worker/cell.py)
     return cell_config(0, 1, dtype, model=model, trainer=trainer, rollout={"max_new_tokens": 6})
 
 
@@ -248,7 +248,7 @@ def test_two_ranks_zero3_with_different_micro_batch_counts(tmp_path):
     path = tmp_path / "completions.pt"
     torch.save(completions, path)
     ranks, error = run_ranks(
-        {"job": "tests.parity.packing_job", "completions": {"float32": str(path)}},
+        {"job": "tests.helpers.parity.packing_job", "completions": {"float32": str(path)}},
         2,
         tmp_path,
         timeout=300,

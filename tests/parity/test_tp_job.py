@@ -18,7 +18,7 @@ import pytest
 from rl_engine.config import RunConfig
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.models import build_tiny_model
-from tests.executors.job.jobs import job_config, without_timings
+from tests.helpers.job.jobs import job_config, without_timings
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 

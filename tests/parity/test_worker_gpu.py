@@ -21,7 +21,7 @@ def test_worker_on_cuda_has_bitwise_parity_with_the_cuda_engine():
     from rl_engine.models import load_model
     from rl_engine.patching import apply_batch_invariant, patch_handle
     from rl_engine.rollout import RolloutEngine
-    from tests.executors.worker.cell import cell_config, generate, to_batch
+    from tests.helpers.worker.cell import cell_config, generate, to_batch
 
     config = cell_config(0, 1, "bfloat16", device="cuda")
     model, _ = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)

@@ -21,10 +21,10 @@ import torch
 from rl_engine.config import LoraConfig
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.patching import apply_batch_invariant
-from tests.executors.worker.cell import generate, to_batch
-from tests.executors.worker.launch import run_ranks
-from tests.lora_policy import merge_adapters, unpatch_adapters
-from tests.parity.lora_cells import (
+from tests.helpers.worker.cell import generate, to_batch
+from tests.helpers.worker.launch import run_ranks
+from tests.helpers.lora_policy import merge_adapters, unpatch_adapters
+from tests.helpers.parity.lora_cells import (
     cell_key,
     lora_cell_config,
     lora_completions,
@@ -84,7 +84,7 @@ def _two_rank_cells(cells, tmp_path: Path) -> None:
         config = lora_cell_config(cell[0], 2, *cell[1:])
         files[cell_key(*cell)] = str(tmp_path / f"{cell_key(*cell)}.pt")
         torch.save(lora_completions(config), files[cell_key(*cell)])
-    spec = {"job": "tests.parity.lora_cells", "cells": cells, "completions": files}
+    spec = {"job": "tests.helpers.parity.lora_cells", "cells": cells, "completions": files}
     ranks, error = run_ranks(spec, 2, Path(tmp_path) / "world2", timeout=420)
     assert error is None, error
     for cell in cells:

@@ -1,6 +1,6 @@
 """The worker on real DeepSpeed: ZeRO 0/1/2/3 x world size 1/2 x fp32/bf16, tiny Llama / Qwen2 / Qwen3.
 
-Every cell (see tests/executors/worker/cell.py) checks, on each rank: bitwise parity with
+Every cell (see tests/helpers/worker/cell.py) checks, on each rank: bitwise parity with
 the RolloutEngine's logprobs of a batch it generated (batch_invariant on, strict
 mode), the loss decreasing on that fixed batch, KL to the reference starting at
 0, exported weights loaded into a RolloutEngine giving the worker's logprobs on
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.executors.worker.cell import cached_completions, cell_config, cell_name, run_cell
-from tests.executors.worker.launch import run_ranks
+from tests.helpers.worker.cell import cached_completions, cell_config, cell_name, run_cell
+from tests.helpers.worker.launch import run_ranks
 
 STAGES = (0, 1, 2, 3)
 DTYPES = ("float32", "bfloat16")

@@ -1,6 +1,6 @@
 """The worker on real DeepSpeed with mixture-of-experts policies: ZeRO 0/1/2/3 x 1/2 ranks x fp32/bf16.
 
-Each cell is tests/executors/worker/cell.py's (strict parity with the RolloutEngine
+Each cell is tests/helpers/worker/cell.py's (strict parity with the RolloutEngine
 before the step, loss decreasing, KL, exported weights reproducing the
 worker's logprobs on NEW rollouts, resume == uninterrupted, a nudged logprob
 raising on every rank), on Qwen3-MoE (fp32: a dense middle layer, expert width
@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from rl_engine.executors.deepspeed_trainer import DeepSpeedTrainingWorker
-from tests.executors.worker.cell import cached_completions, cell_config, cell_name
-from tests.executors.worker.launch import run_ranks
-from tests.parity.moe_cells import AUX, MODELS, run_moe_cell
+from tests.helpers.worker.cell import cached_completions, cell_config, cell_name
+from tests.helpers.worker.launch import run_ranks
+from tests.helpers.parity.moe_cells import AUX, MODELS, run_moe_cell
 from tests.parity.test_worker_matrix import check_cell
 
 STAGES = (0, 1, 2, 3)
@@ -50,7 +50,7 @@ def _two_ranks(cells: tuple, root: str):
         files[dtype] = str(Path(root) / f"completions-{dtype}.pt")
         torch.save(cached_completions(dtype, MODELS[dtype]), files[dtype])
     spec = {
-        "job": "tests.parity.moe_cells",
+        "job": "tests.helpers.parity.moe_cells",
         "cells": [list(c) for c in cells],
         "completions": files,
     }

@@ -13,7 +13,7 @@ from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.patching.lora import add_lora, linear_names, lora_layers, resolve_targets
 from rl_engine.patching.modules import InvariantLinear
-from tests.lora_policy import lora_model, merge_adapters, unpatch_adapters
+from tests.helpers.lora_policy import lora_model, merge_adapters, unpatch_adapters
 
 CASES = [("tiny-llama", torch.float32), ("tiny-qwen3", torch.bfloat16)]
 EXHAUSTIVE = [

@@ -17,7 +17,7 @@ from rl_engine.logprobs import token_logprobs
 from rl_engine.models import load_model
 from rl_engine.patching import RoutingRecorder, apply_batch_invariant, moe_layers
 from rl_engine.patching.moe import InvariantMoeExperts, InvariantMoeRouter
-from tests.invariance import assert_equal_across_threads
+from tests.helpers.invariance import assert_equal_across_threads
 from tests.patching.test_patching import _pad, _sequences, _unpad
 
 MOE_FAMILIES = ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-olmoe"]

@@ -13,7 +13,7 @@ from rl_engine.kernels import OP_NAMES, get_op
 from rl_engine.logprobs import token_logprobs
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, attention_name, is_patched, model_op
-from tests.invariance import assert_equal_across_threads
+from tests.helpers.invariance import assert_equal_across_threads
 
 FAMILIES = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-mistral"]
 

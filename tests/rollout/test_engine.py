@@ -9,7 +9,7 @@ from rl_engine.patching import attention_name, is_patched
 from rl_engine.patching.attention import PLAIN_CACHED_NAME
 from rl_engine.rollout import RolloutEngine, SamplingParams, SlotKVCache
 from rl_engine.rollout import engine as engine_module
-from tests.rollout.helpers import fresh_model, patched_model, random_prompts
+from tests.helpers.rollout.common import fresh_model, patched_model, random_prompts
 
 VOCAB = 1000  # tiny-llama
 

@@ -24,7 +24,7 @@ import torch
 
 from rl_engine.patching import fast_decoder
 from rl_engine.rollout import RolloutEngine, SamplingParams, stepper
-from tests.rollout.helpers import DENSE_FAMILIES, DTYPES, fresh_model, random_prompts, stop_ids
+from tests.helpers.rollout.common import DENSE_FAMILIES, DTYPES, fresh_model, random_prompts, stop_ids
 
 PROMPT_LENGTHS = (5, 11, 1, 17, 3, 8, 26)  # 7 requests, ragged
 MAX_NEW = 20

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rl_engine.rollout import RolloutEngine, SamplingParams
-from tests.rollout.helpers import fresh_model, pad_batch, random_prompts
+from tests.helpers.rollout.common import fresh_model, pad_batch, random_prompts
 
 PROMPT_LENGTHS = (5, 11, 3, 8, 14, 6)
 NEW = 16

@@ -19,7 +19,7 @@ import torch
 
 from rl_engine.patching.packed_weights import PackedWeights
 from rl_engine.rollout import RolloutEngine, SamplingParams, stepper
-from tests.rollout.helpers import fresh_model, random_prompts
+from tests.helpers.rollout.common import fresh_model, random_prompts
 
 PROMPT_LENGTHS = (5, 11, 1, 17)
 

@@ -15,7 +15,7 @@ import torch
 
 from rl_engine.patching import RoutingRecorder, apply_batch_invariant
 from rl_engine.rollout import RolloutEngine, SamplingParams
-from tests.rollout.helpers import (
+from tests.helpers.rollout.common import (
     DENSE_FAMILIES,
     DTYPES,
     MOE_FAMILIES,

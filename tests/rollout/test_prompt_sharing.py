@@ -23,9 +23,9 @@ from rl_engine.config import RunConfig
 from rl_engine.rollout import RolloutEngine, SamplingParams, SlotKVCache
 from rl_engine.rollout.completion import Request
 from rl_engine.rollout.prompt_sharing import PromptSharing
-from tests.invariance import run_with_threads
+from tests.helpers.invariance import run_with_threads
 from tests.rollout import tp_procs
-from tests.rollout.helpers import (
+from tests.helpers.rollout.common import (
     DENSE_FAMILIES,
     SHARING_SLOTS,
     assert_same_completions,
@@ -92,7 +92,7 @@ def test_negative_control_an_unpatched_model_changes_its_bits_when_it_shares():
 
 THREADS_SNIPPET = """
 import torch
-from tests.rollout.helpers import generate_sharing_scenario, patched_model
+from tests.helpers.rollout.common import generate_sharing_scenario, patched_model
 
 result = {}
 for dtype in (torch.float32, torch.bfloat16):

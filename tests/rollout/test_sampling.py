@@ -7,7 +7,7 @@ import torch
 
 from rl_engine.rollout import RolloutEngine, SamplingParams
 from rl_engine.rollout.sampling import candidates, draw, request_generator
-from tests.rollout.helpers import assert_same_completions, patched_model, random_prompts
+from tests.helpers.rollout.common import assert_same_completions, patched_model, random_prompts
 
 VOCAB = 1000  # tiny-llama
 

@@ -11,7 +11,7 @@ import torch
 from rl_engine.models import SMOLLM2_NAME, load_model
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.rollout import RolloutEngine, SamplingParams
-from tests.rollout.helpers import assert_parity, recompute_alone, recompute_padded
+from tests.helpers.rollout.common import assert_parity, recompute_alone, recompute_padded
 
 pytestmark = [
     pytest.mark.slow,

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.invariance import run_with_threads
+from tests.helpers.invariance import run_with_threads
 
 GENERATE = """
 import torch
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.rollout import RolloutEngine, SamplingParams
-from tests.rollout.helpers import random_prompts, stop_ids
+from tests.helpers.rollout.common import random_prompts, stop_ids
 
 result = {}
 for dtype in (torch.float32, torch.bfloat16):
@@ -30,7 +30,7 @@ import torch
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.logprobs import token_logprobs
-from tests.rollout.helpers import pad_batch
+from tests.helpers.rollout.common import pad_batch
 
 generated = {generated!r}
 result = {{}}

@@ -3,7 +3,7 @@
 No module of rl_engine/rollout/tp/ may call a collective that sums across ranks
 (all_reduce, reduce, reduce_scatter and their variants): the order of such a sum
 changes with the TP degree, and so do the bits. Gathers and broadcasts copy bits.
-Negative control: the tests' own Megatron row-parallel layer (tests/rollout/tp_procs.py)
+Negative control: the tests' own Megatron row-parallel layer (tests/helpers/rollout/tp_procs.py)
 and a snippet are caught.
 """
 

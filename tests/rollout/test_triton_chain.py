@@ -21,8 +21,8 @@ from rl_engine.logprobs import final_hidden_states, scored_targets
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, lm_head_parameters, patch_handle
 from rl_engine.rollout import RolloutEngine, SamplingParams
-from tests.invariance import skip_if_refused
-from tests.rollout.helpers import (
+from tests.helpers.invariance import skip_if_refused
+from tests.helpers.rollout.common import (
     assert_parity,
     completion_slice,
     full_ids,
@@ -31,7 +31,7 @@ from tests.rollout.helpers import (
     recompute_padded,
     stop_ids,
 )
-from tests.triton_marks import DEVICE, TRITON_MARKS
+from tests.helpers.triton_marks import DEVICE, TRITON_MARKS
 
 pytestmark = TRITON_MARKS
 CASES = [

@@ -19,7 +19,7 @@ from rl_engine.logprobs import token_logprobs
 from rl_engine.rollout import RolloutEngine, SamplingParams
 from rl_engine.rollout.tp import TensorParallelEngine
 from rl_engine.rollout.turns import Continuation, TurnStart
-from tests.rollout.helpers import patched_model, random_prompts
+from tests.helpers.rollout.common import patched_model, random_prompts
 
 SAMPLING = SamplingParams(max_new_tokens=6, temperature=1.0, seed=5, eos_token_id=None)
 

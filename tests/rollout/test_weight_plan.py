@@ -16,7 +16,7 @@ import torch
 from rl_engine.rollout.weight_pieces import plan_pieces, source_elements, target_view
 from rl_engine.rollout.weight_plan import DimSlice, TensorSpec, WeightManifest, WeightPlan
 from rl_engine.rollout.weight_receiver import WeightReceiver
-from tests.rollout.helpers import fresh_model
+from tests.helpers.rollout.common import fresh_model
 
 
 def _shard(full: torch.Tensor, piece: DimSlice | None) -> torch.Tensor:

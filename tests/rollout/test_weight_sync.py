@@ -45,7 +45,7 @@ def results(tmp_path_factory):
             [
                 sys.executable,
                 "-m",
-                "tests.rollout.weight_sync_procs",
+                "tests.helpers.rollout.weight_sync_procs",
                 r[0],
                 str(r[1]),
                 str(port),

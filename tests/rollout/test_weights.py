@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rl_engine.rollout import RolloutEngine, SamplingParams
-from tests.rollout.helpers import assert_parity, fresh_model, random_prompts, recompute_padded
+from tests.helpers.rollout.common import assert_parity, fresh_model, random_prompts, recompute_padded
 
 PROMPTS = random_prompts(999, (4, 7, 2), seed=6)
 SAMPLING = SamplingParams(max_new_tokens=6, temperature=0.8, seed=2)

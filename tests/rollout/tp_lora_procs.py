@@ -9,7 +9,7 @@ cuts each rank's rows) and generates again.
 
 from __future__ import annotations
 
-from tests.rollout.tp_procs import MAX_BATCH, PROMPTS, build_unpatched, record, sampling
+from tests.helpers.rollout.tp_procs import MAX_BATCH, PROMPTS, build_unpatched, record, sampling
 
 RANK = 4
 
@@ -18,7 +18,7 @@ def build_lora(key: str, dtype: str, *, seed: int = 7, merged: bool = False):
     """The patched LoRA policy of `key`; `merged`: its adapters folded into W (the negative control)."""
     from rl_engine.patching import apply_batch_invariant
     from rl_engine.patching.lora import add_lora
-    from tests.lora_policy import merge_adapters, perturb_adapters
+    from tests.helpers.lora_policy import merge_adapters, perturb_adapters
 
     model = build_unpatched(key, dtype)
     add_lora(model, rank=RANK, alpha=2 * RANK, target_modules="all-linear", seed=0)

@@ -80,7 +80,7 @@ def generate_sharing(key: str, dtype: str, *, share: bool, tp_engine: bool = Fal
     or, `tp_engine`, on this rank of a TP engine; its record and its prefill counts."""
     from rl_engine.rollout import RolloutEngine
     from rl_engine.rollout.tp import TensorParallelEngine
-    from tests.rollout.helpers import (
+    from tests.helpers.rollout.common import (
         SHARING_SLOTS,
         sharing_scenario_prompts,
         sharing_scenario_sampling,

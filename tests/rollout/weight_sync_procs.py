@@ -1,4 +1,4 @@
-"""One process of the weight-sync test: `python -m tests.rollout.weight_sync_procs ROLE INDEX PORT OUT`.
+"""One process of the weight-sync test: `python -m tests.helpers.rollout.weight_sync_procs ROLE INDEX PORT OUT`.
 
 Two senders (group ranks 0, 1: every tensor split evenly between them, as ranks that
 hold the whole model send) and two receivers (ranks 2, 3) run three syncs over one real

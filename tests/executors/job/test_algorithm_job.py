@@ -9,7 +9,7 @@ holds on every sequence.
 import pytest
 
 from rl_engine.executors.job.ray_job import run_job
-from tests.executors.job.jobs import job_config
+from tests.helpers.job.jobs import job_config
 
 
 @pytest.mark.multiprocess

@@ -11,8 +11,8 @@ import pytest
 from rl_engine.config import RunConfig
 from rl_engine.executors.job.prompts import prompt_key
 from rl_engine.executors.job.rollouts import StepRollouts, step_sampling
-from rl_engine.tasks import CountTask
-from tests.executors.worker.cell import rollout_engine
+from rl_engine.data.tasks import CountTask
+from tests.helpers.worker.cell import rollout_engine
 
 
 def _config(max_new_tokens=1, **rollout_and_algorithm):

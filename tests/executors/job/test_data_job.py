@@ -2,7 +2,7 @@
 TensorBoard / W&B / MLflow, eval on == eval off, resume, and config errors before Ray.
 
 The model is a tiny real Llama saved with a word-level tokenizer and a chat template
-(tests/chat_model.py); the parquet files are written by HF `datasets` as verl's
+(tests/helpers/chat_model.py); the parquet files are written by HF `datasets` as verl's
 preprocessing scripts write them.
 """
 
@@ -17,9 +17,9 @@ from rl_engine.config import RunConfig
 from rl_engine.executors.job.faults import JobStopped
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import resume_config
-from tests.chat_model import save_chat_model
+from tests.helpers.chat_model import save_chat_model
 from tests.data.test_datasets import verl_rows, write_parquet
-from tests.executors.job.jobs import private_ray, without_timings, write_config
+from tests.helpers.job.jobs import private_ray, without_timings, write_config
 
 REWARD_FILE = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):

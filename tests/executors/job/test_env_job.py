@@ -2,7 +2,7 @@
 environments that fail without stopping the job.
 
 The tiny models have no tokenizer, so the environment answers in token ids
-(tests/envs/scripted.py:Faulty, loaded by path as a user's file would be). Its episodes cycle
+(tests/helpers/envs/scripted.py:Faulty, loaded by path as a user's file would be). Its episodes cycle
 through four kinds: one that answers every turn (2 ids) to rollout.max_turns, one whose step
 raises, one whose step hangs past rollout.env_timeout_s, one whose observation is larger than
 rollout.max_total_tokens. Every step holds two of each.
@@ -17,7 +17,7 @@ import pytest
 from rl_engine.envs.files import parse_episode_rollouts
 from rl_engine.executors.job.preflight import validate_before_start
 from rl_engine.executors.job.ray_job import run_job
-from tests.executors.job.jobs import REPO, job_config
+from tests.helpers.job.jobs import REPO, job_config
 
 SCRIPTED = str(REPO / "tests" / "envs" / "scripted.py")
 
@@ -81,13 +81,13 @@ def test_multi_turn_job_on_two_zero3_ranks_with_failing_environments(tmp_path):
 @pytest.mark.multiprocess
 def test_the_calculator_job_on_two_zero3_ranks_trains_and_validates_on_its_data(tmp_path):
     """The calculator on its data files, with text: a tiny Llama with a word-level tokenizer
-    and chat template (tests/chat_model.py), 3 steps on 2 ZeRO-3 ranks, strict parity. A random
+    and chat template (tests/helpers/chat_model.py), 3 steps on 2 ZeRO-3 ranks, strict parity. A random
     tiny model never writes `<calc>...</calc>`, so the environment is the shipped Calculator
     whose first turn always counts as a call of the question's expression (CalledCalculator):
     its result comes back as a tool message of the chat template, then the model answers.
     Validation plays the same episodes (eval/* in the last row)."""
     from rl_engine.config import RunConfig
-    from tests.chat_model import save_chat_model
+    from tests.helpers.chat_model import save_chat_model
 
     data = REPO / "configs" / "data"
     config = RunConfig.from_dict(
@@ -142,7 +142,7 @@ def test_a_tp2_engines_whole_transcript_episodes_equal_a_tp1_engines_continued_o
     every key but the wall-clock `time/` ones."""
     from rl_engine.config import RunConfig
     from rl_engine.models import build_tiny_model
-    from tests.executors.job.jobs import without_timings
+    from tests.helpers.job.jobs import without_timings
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the job sizes its own cluster
     folder = tmp_path / "tiny-llama"

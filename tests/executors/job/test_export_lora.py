@@ -14,7 +14,7 @@ from rl_engine.config import RunConfig
 from rl_engine.executors.job.export_lora import ADAPTER_FILE, write_lora_export
 from rl_engine.executors.worker.policy.setup import load_policy
 from rl_engine.models import load_model
-from tests.lora_policy import perturb_adapters
+from tests.helpers.lora_policy import perturb_adapters
 
 CONFIG = {"model": "tiny-llama", "dtype": "bfloat16", "seed": 3, "lora": {"rank": 4, "alpha": 8}}
 

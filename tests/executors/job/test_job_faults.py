@@ -14,7 +14,7 @@ import pytest
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.faults import KILL_IN_WEIGHT_SYNC_ENV
 from rl_engine.executors.job.run_dir import read_metrics
-from tests.executors.job.jobs import actor_pid, job_config, start_cli, wait_for, write_config
+from tests.helpers.job.jobs import actor_pid, job_config, start_cli, wait_for, write_config
 
 # each test runs `rl-engine train` (its own Ray cluster) once or twice: 35-75 s each
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.deadline]

@@ -13,7 +13,7 @@ from rl_engine.cli import main
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import read_metrics
-from tests.executors.job.jobs import job_config, private_ray, stopped_and_resumed, without_timings
+from tests.helpers.job.jobs import job_config, private_ray, stopped_and_resumed, without_timings
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deadline]  # a 3 s collective timeout
 

@@ -16,7 +16,7 @@ from rl_engine.cli import main
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.models import load_model
-from tests.executors.job.jobs import (
+from tests.helpers.job.jobs import (
     job_config,
     private_ray,
     stopped_and_resumed,

@@ -16,7 +16,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 from rl_engine.executors.job.ray_job import run_job
-from tests.executors.job.jobs import job_config
+from tests.helpers.job.jobs import job_config
 
 # a multi-raylet cluster plus a job: 35-65 s each
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -65,7 +65,7 @@ def test_ray_job_submit_to_an_existing_cluster(tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     from rl_engine.executors.worker.distributed import free_port
-    from tests.executors.job.jobs import REPO, wait_for, write_config
+    from tests.helpers.job.jobs import REPO, wait_for, write_config
 
     os.environ.pop("RAY_ADDRESS", None)
     port = free_port()

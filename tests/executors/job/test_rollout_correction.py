@@ -25,7 +25,7 @@ from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.rollout import read_rollouts, write_rollouts
-from tests.foreign_engine import hf_completions
+from tests.helpers.foreign_engine import hf_completions
 
 MODEL, PROMPTS, GROUP = "tiny-llama", 4, 2
 C = math.exp(0.0015)  # the job test's threshold: about half of the sequences

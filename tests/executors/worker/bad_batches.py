@@ -18,7 +18,7 @@ import torch
 
 from rl_engine.executors import BatchError
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
-from tests.executors.worker.cell import cell_config, to_batch
+from tests.helpers.worker.cell import cell_config, to_batch
 
 
 def _oov_padding(shard, worker):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.executors.worker.cell import cached_completions
+from tests.helpers.worker.cell import cached_completions
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ import torch
 
 from rl_engine.executors.worker.critic.worker import CriticWorker
 from rl_engine.executors.worker.layout_free.state import gather_state
-from tests.executors.worker.cell import to_batch
-from tests.executors.worker.critic_setup import critic_config, gae_returns
+from tests.helpers.worker.cell import to_batch
+from tests.helpers.worker.critic_setup import critic_config, gae_returns
 
 
 def _worker(spec: dict) -> CriticWorker:

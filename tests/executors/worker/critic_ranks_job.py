@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from tests.executors.worker.cell import to_batch
-from tests.executors.worker.critic_setup import critic_config, gae_returns
+from tests.helpers.worker.cell import to_batch
+from tests.helpers.worker.critic_setup import critic_config, gae_returns
 
 
 def run(spec: dict, out_dir: Path, rank: int) -> dict:

@@ -7,7 +7,7 @@ import torch
 from rl_engine.algorithms import compute_advantages
 from rl_engine.config import RunConfig
 from rl_engine.executors.worker.batch import TrainBatch
-from tests.executors.worker.cell import GROUP, cell_config
+from tests.helpers.worker.cell import GROUP, cell_config
 
 
 def critic_config(trainer: dict | None = None, critic: dict | None = None, **top) -> RunConfig:

@@ -28,7 +28,7 @@ def main(spec_path: str) -> int:
     torch.set_num_threads(int(spec.get("threads", 1)))
     if "job" in spec:  # one named session instead of matrix cells
         return _run_job(spec, out_dir, rank)
-    from tests.executors.worker.cell import cell_name, run_cell
+    from tests.helpers.worker.cell import cell_name, run_cell
 
     results = {}
     for stage, dtype in spec["cells"]:
@@ -46,7 +46,7 @@ def main(spec_path: str) -> int:
 def _run_job(spec: dict, out_dir: Path, rank: int) -> int:
     import importlib
 
-    module = importlib.import_module(spec["job"])  # a dotted name: tests.parity.packing_job
+    module = importlib.import_module(spec["job"])  # a dotted name: tests.helpers.parity.packing_job
     try:
         result = module.run(spec, out_dir, rank)
     except Exception:

@@ -13,7 +13,7 @@ import torch
 
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.executors.worker.step.gradient_pages import release_gradient_partitions
-from tests.executors.worker.cell import cell_config, to_batch
+from tests.helpers.worker.cell import cell_config, to_batch
 
 STEPS = 3
 

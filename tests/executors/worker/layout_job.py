@@ -16,7 +16,7 @@ import torch
 
 from rl_engine.executors.worker.layout_free.state import gather_state, restore_state
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
-from tests.executors.worker.cell import cell_config, to_batch
+from tests.helpers.worker.cell import cell_config, to_batch
 
 
 def _worker(spec: dict) -> DeepSpeedTrainingWorker:

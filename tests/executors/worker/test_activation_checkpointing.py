@@ -14,8 +14,8 @@ import torch
 from rl_engine.config import RunConfig
 from rl_engine.executors.worker.critic.worker import CriticWorker
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
-from tests.executors.worker.cell import cached_completions, cell_config, to_batch
-from tests.executors.worker.critic_setup import critic_config, gae_returns
+from tests.helpers.worker.cell import cached_completions, cell_config, to_batch
+from tests.helpers.worker.critic_setup import critic_config, gae_returns
 
 CELLS = [(0, "float32"), (3, "float32"), (0, "bfloat16"), (3, "bfloat16")]
 

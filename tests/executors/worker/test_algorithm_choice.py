@@ -152,14 +152,14 @@ def test_unknown_group_sizes_still_raise():
 
 @pytest.fixture(scope="module")
 def cell_batch():
-    from tests.executors.worker.cell import cached_completions, to_batch
+    from tests.helpers.worker.cell import cached_completions, to_batch
 
     return to_batch(cached_completions("float32"))
 
 
 def _worker(**overrides):
     from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
-    from tests.executors.worker.cell import cell_config
+    from tests.helpers.worker.cell import cell_config
 
     algorithm = {"kl_coef": 0.0, **overrides.pop("algorithm", {})}
     return DeepSpeedTrainingWorker(

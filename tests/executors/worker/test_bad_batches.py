@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.executors.worker.bad_batches import CASES
-from tests.executors.worker.cell import cached_completions
-from tests.executors.worker.launch import run_ranks
+from tests.helpers.worker.bad_batches import CASES
+from tests.helpers.worker.cell import cached_completions
+from tests.helpers.worker.launch import run_ranks
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.deadline]  # every rank errs within 30 s
 WORLD = 2
@@ -31,7 +31,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     completions = workdir / "completions-float32.pt"
     torch.save(cached_completions("float32"), completions)
     spec = {
-        "job": "tests.executors.worker.bad_batches",
+        "job": "tests.helpers.worker.bad_batches",
         "completions": {"float32": str(completions)},
     }
     results, error = run_ranks(spec, WORLD, workdir / "world2", timeout=240)

@@ -17,8 +17,8 @@ from rl_engine.executors.worker.errors import BatchError
 from rl_engine.executors.worker.policy.setup import load_policy
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.patching.lora import base_fingerprint, is_adapter_name
-from tests.executors.worker.cell import cached_completions, to_batch
-from tests.executors.worker.critic_setup import critic_config, gae_returns
+from tests.helpers.worker.cell import cached_completions, to_batch
+from tests.helpers.worker.critic_setup import critic_config, gae_returns
 
 
 def _config(**trainer):
@@ -152,11 +152,11 @@ def test_two_ranks_zero3_values_equal_one_ranks_and_resume(batch, tmp_path):
     """Two critic ranks under ZeRO-3: after one update both ranks hold the same critic, whose
     values of the batch (partitioned parameters, each rank all rows) == one ZeRO-0 rank's with
     the gathered weights; a checkpoint restores it; shard values before it == one rank's."""
-    from tests.executors.worker.launch import run_ranks
+    from tests.helpers.worker.launch import run_ranks
 
     path = tmp_path / "completions.pt"
     torch.save(cached_completions("float32"), path)
-    spec = {"job": "tests.executors.worker.critic_ranks_job", "completions": {"float32": str(path)}}
+    spec = {"job": "tests.helpers.worker.critic_ranks_job", "completions": {"float32": str(path)}}
     ranks, error = run_ranks(spec, 2, tmp_path, timeout=300)
     assert error is None, error
     results = [r["critic_ranks_job"] for r in ranks]

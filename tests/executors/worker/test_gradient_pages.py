@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.executors.worker.cell import cached_completions
-from tests.executors.worker.launch import run_ranks
+from tests.helpers.worker.cell import cached_completions
+from tests.helpers.worker.launch import run_ranks
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
@@ -20,7 +20,7 @@ def test_released_gradient_buffer_keeps_the_steps_bits(tmp_path):
     torch.save(cached_completions("bfloat16"), path)
     ranks, error = run_ranks(
         {
-            "job": "tests.executors.worker.gradient_pages_job",
+            "job": "tests.helpers.worker.gradient_pages_job",
             "completions": {"bfloat16": str(path)},
         },
         2,

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.executors.worker.launch import run_ranks
+from tests.helpers.worker.launch import run_ranks
 
-JOB = "tests.executors.worker.layout_free_job"
+JOB = "tests.helpers.worker.layout_free_job"
 LAYOUTS = [(1, 0), (2, 3), (4, 1), (2, 2)]  # (ranks, ZeRO stage)
 
 

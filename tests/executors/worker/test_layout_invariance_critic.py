@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.executors.worker.cell import cached_completions
-from tests.executors.worker.launch import run_ranks
+from tests.helpers.worker.cell import cached_completions
+from tests.helpers.worker.launch import run_ranks
 
-JOB = "tests.executors.worker.critic_layout_job"
+JOB = "tests.helpers.worker.critic_layout_job"
 # (critic ranks, critic ZeRO stage, trainer keys: the critic's micro-batching is the trainer's)
 PACKED_ONE = (1, 0, {"micro_batch_size": 8, "packing": True})
 PADDED_TWO = (2, 3, {"micro_batch_size": 2, "packing": False})

@@ -12,7 +12,7 @@ import pytest
 
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.patching.lora import is_adapter_name
-from tests.executors.worker.cell import cached_completions, cell_config, to_batch
+from tests.helpers.worker.cell import cached_completions, cell_config, to_batch
 from tests.executors.worker.test_layout_invariance import (
     PACKED_ONE,
     PADDED_TWO,

@@ -22,7 +22,7 @@ from rl_engine.executors.worker.layout_free.router_balance import (
 )
 from rl_engine.kernels import SequenceSpans
 from rl_engine.kernels.common.moe_router import select_top_k
-from tests.executors.worker.cell import cached_completions, cell_config
+from tests.helpers.worker.cell import cached_completions, cell_config
 from tests.executors.worker.test_layout_invariance import (
     PACKED_ONE,
     _run,

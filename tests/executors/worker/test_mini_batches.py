@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker, ParityError
-from tests.executors.worker.cell import cached_completions, cell_config, to_batch
+from tests.helpers.worker.cell import cached_completions, cell_config, to_batch
 
 SEQS = 8  # the cell's batch: 2 prompts x 4 samples
 
@@ -119,12 +119,12 @@ def test_token_budget_and_packing_inside_mini_batches(batch):
 def test_two_ranks_zero3_scoring_pass_and_updates(tmp_path):
     """Two ranks: the scoring pass is a collective (a mismatch on one rank raises on both, before
     any update), and 2 mini-batches x 2 epochs equal four plain steps bit for bit."""
-    from tests.executors.worker.launch import run_ranks
+    from tests.helpers.worker.launch import run_ranks
 
     path = tmp_path / "completions.pt"
     torch.save(cached_completions("float32"), path)
     ranks, error = run_ranks(
-        {"job": "tests.executors.worker.mini_batch_job", "completions": {"float32": str(path)}},
+        {"job": "tests.helpers.worker.mini_batch_job", "completions": {"float32": str(path)}},
         2,
         tmp_path,
         timeout=300,

@@ -23,8 +23,8 @@ from rl_engine.executors.worker.micro_batches import plan
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.logprobs import IGNORE_INDEX
 from rl_engine.rollout import SamplingParams
-from tests.envs.scripted import Answer, engine_turns
-from tests.executors.worker.cell import GROUP, cell_config, prompts, rollout_engine
+from tests.helpers.envs.scripted import Answer, engine_turns
+from tests.helpers.worker.cell import GROUP, cell_config, prompts, rollout_engine
 
 CONFIG = cell_config(0, 1, "float32")
 

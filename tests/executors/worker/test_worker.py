@@ -18,7 +18,7 @@ from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker, ParityError
 from rl_engine.models import load_model
 from rl_engine.patching import is_patched
-from tests.executors.worker.cell import (
+from tests.helpers.worker.cell import (
     cached_completions,
     cell_config,
     generate,

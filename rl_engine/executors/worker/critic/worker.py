@@ -43,7 +43,7 @@ from torch import nn
 
 from rl_engine.algorithms import aggregation_units
 from rl_engine.config import RunConfig
-from rl_engine.devices import check_device
+from rl_engine.kernels.devices import check_device
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.batch_checks import agree_on_batch, plan_scoring, plan_step
 from rl_engine.executors.worker.critic.value_loss import ValueLossSums, value_micro_loss

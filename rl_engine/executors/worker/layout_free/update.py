@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import time
 
-from rl_engine.canonical_sum import value_tensors
+from rl_engine.exact.canonical_sum import value_tensors
 from rl_engine.executors.worker.layout_free.exact_sum import exact_sum
 from rl_engine.executors.worker.layout_free.grads import (
     clip_coefficient,
@@ -46,9 +46,9 @@ from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.executors.worker.optim.layout_free_adamw import LayoutFreeAdamW
 from rl_engine.kernels import SequenceSpans
 from rl_engine.patching.gradient_route import GradientRoute, bind_gradient_route
-from rl_engine.sequence_gradients import SequenceGradients
-from rl_engine.slab_arena import SLAB_BYTES
-from rl_engine.sums import SequenceRecords, Sums
+from rl_engine.exact.sequence_gradients import SequenceGradients
+from rl_engine.base.slab_arena import SLAB_BYTES
+from rl_engine.exact.records import SequenceRecords, Sums
 
 PARTS = ("forward_backward", "whole_gradients", "norm", "inject", "deepspeed_step")
 

@@ -34,7 +34,7 @@ from rl_engine.executors.worker.layout_free.router_balance import AuxSums, seque
 from rl_engine.executors.worker.layout_free.update import micro_batch_spans
 from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.patching import RoutingRecorder, moe_layers, router_settings
-from rl_engine.sums import SequenceRecords
+from rl_engine.exact.records import SequenceRecords
 
 
 class RouterTerms:

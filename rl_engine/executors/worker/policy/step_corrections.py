@@ -26,8 +26,8 @@ from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.executors.worker.policy.parity_check import ParityCheck
 from rl_engine.executors.worker.policy.step_loss import Corrected
-from rl_engine.parity import CorrectionSums, ParitySums, correction_sums
-from rl_engine.sums import AllReduce, SequenceRecords
+from rl_engine.logprobs.parity import CorrectionSums, ParitySums, correction_sums
+from rl_engine.exact.records import AllReduce, SequenceRecords
 
 
 def needs_scoring_pass(algo: AlgorithmConfig, mini: int) -> bool:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from rl_engine.config import RunConfig
-from rl_engine.devices import check_device
+from rl_engine.kernels.devices import check_device
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.batch_checks import agree_on_batch, plan_scoring, plan_step
 from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_deepspeed
@@ -55,7 +55,7 @@ from rl_engine.executors.worker.step.loop import StepLoop, build_training_engine
 from rl_engine.executors.worker.step.update import update_kind
 from rl_engine.executors.worker.weights import checkpoints
 from rl_engine.executors.worker.weights.engine_sync import EngineWeightSync
-from rl_engine.parity import ParitySums
+from rl_engine.logprobs.parity import ParitySums
 
 __all__ = ["BatchError", "DeepSpeedTrainingWorker", "ParityError", "build_deepspeed_config"]
 

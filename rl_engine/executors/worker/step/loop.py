@@ -18,7 +18,7 @@ from rl_engine.executors.worker.micro_batches import MicroBatch, MicroSlot
 from rl_engine.executors.worker.step.guard import StepGuard
 from rl_engine.executors.worker.step.recovery import MidStepFailures
 from rl_engine.executors.worker.step.update import Update
-from rl_engine.sums import SequenceRecords, Sums
+from rl_engine.exact.records import SequenceRecords, Sums
 
 MicroLoss = Callable[[MicroSlot, MicroBatch | None], tuple[torch.Tensor, Sums | SequenceRecords]]
 """(slot, micro-batch or None) -> (loss to backpropagate, its records): a worker's loss."""

@@ -21,7 +21,7 @@ from rl_engine.config import RunConfig
 from rl_engine.executors.worker.layout_free.update import LayoutFreeUpdate
 from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.executors.worker.optim.adamw import adamw
-from rl_engine.sums import SequenceRecords, Sums
+from rl_engine.exact.records import SequenceRecords, Sums
 
 
 class Update(Protocol):

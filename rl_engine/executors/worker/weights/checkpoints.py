@@ -21,7 +21,7 @@ from rl_engine.executors.worker.layout_free.state import (
 from rl_engine.executors.worker.weights.lora_base import LORA_BASE_FILE, check_base
 from rl_engine.executors.worker.weights.weight_transport import full_shape, policy_tensors
 from rl_engine.executors.worker.weights.weights_file import WeightsFileWriter
-from rl_engine.io import write_text_atomic
+from rl_engine.base.io import write_text_atomic
 
 
 def gathered_buckets(policy: nn.Module, *, zero3: bool, deepspeed, bucket_bytes: int):

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from rl_engine.executors import CriticWorker
-from tests.executors.worker.cell import cached_completions, to_batch
-from tests.executors.worker.critic_setup import critic_config, gae_returns
+from tests.helpers.worker.cell import cached_completions, to_batch
+from tests.helpers.worker.critic_setup import critic_config, gae_returns
 
 
 def _fail_forward(worker: CriticWorker, call: int) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rl_engine.executors import DeepSpeedTrainingWorker
-from tests.executors.worker.cell import cached_completions, cell_config, to_batch
+from tests.helpers.worker.cell import cached_completions, cell_config, to_batch
 
 
 def _infinite_loss(batch):

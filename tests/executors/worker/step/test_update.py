@@ -9,7 +9,7 @@ from rl_engine.executors.worker.layout_free.update import LayoutFreeUpdate
 from rl_engine.executors.worker.optim.adamw import adamw
 from rl_engine.executors.worker.optim.layout_free_adamw import LayoutFreeAdamW
 from rl_engine.executors.worker.step.update import PlainUpdate, Update, update_kind
-from tests.executors.worker.cell import cell_config
+from tests.helpers.worker.cell import cell_config
 
 
 def test_the_config_key_picks_the_update_and_its_optimizer():
