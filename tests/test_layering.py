@@ -92,7 +92,7 @@ def test_public_executor_names_import():
     """The names DESIGN.md and users rely on stay where they were."""
     import rl_engine.executors as executors
     from rl_engine.executors.deepspeed_trainer import DeepSpeedTrainingWorker
-    from rl_engine.executors.worker import deepspeed_trainer
+    from rl_engine.executors.worker.policy import worker as deepspeed_trainer
 
     for name in ("DeepSpeedTrainingWorker", "TrainBatch", "BatchError", "ParityError"):
         assert getattr(executors, name).__name__ == name

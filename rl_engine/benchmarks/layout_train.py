@@ -15,7 +15,7 @@ not), and the two ranks' sum; the ratios use the sum. The rollout logprobs are t
 without a rollout engine.
 
 The layout-invariant step's parts (rank 0, those of its median step): the timings of
-`LayoutInvariantUpdate` (forward + backward with the partials into the sink, whole_gradients,
+`LayoutFreeUpdate` (forward + backward with the partials into the sink, whole_gradients,
 norm, inject, DeepSpeed's step) and the sink's partial tensors and bytes.
 `--tiny`: tiny-llama, 8 x 12 tokens, fp32, one timed step.
 """
@@ -81,7 +81,7 @@ def make_batch(vocab: int, case: Case, seed: int = 0):
 
 def _worker(layout_invariant: bool, dtype: str, case: Case):
     from rl_engine.config import RunConfig
-    from rl_engine.executors.worker.policy.setup.worker import DeepSpeedTrainingWorker
+    from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 
     config = RunConfig.from_dict(
         {
@@ -124,8 +124,8 @@ def serve_steps(layout_invariant: bool, dtype: str, case: Case) -> None:
             start, cpu = time.perf_counter(), time.process_time()
             worker.train_step(shard)
             reply = {"seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu}
-            if worker.layout is not None:
-                reply |= {"parts": worker.layout.timings, "held": worker.layout.held}
+            if worker.update.layout_free:
+                reply |= {"parts": worker.update.timings, "held": worker.update.held}
         elif command == "reset":
             reset_peak_rss()
             before = current_rss_bytes()

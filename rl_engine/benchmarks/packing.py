@@ -132,7 +132,7 @@ def _batch(vocab: int, case: Case):
 
 def _worker(packed: bool, case: Case):
     from rl_engine.config import RunConfig
-    from rl_engine.executors.worker.policy.setup.worker import DeepSpeedTrainingWorker
+    from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 
     trainer = (
         {"packing": True, "max_tokens_per_micro_batch": case.budget, "micro_batch_size": case.seqs}

@@ -1,4 +1,4 @@
-"""The `critic:` section: PPO's value model (executors/worker/critic.py), its own DeepSpeed ranks.
+"""The `critic:` section: PPO's value model (executors/worker/critic/worker.py), its own DeepSpeed ranks.
 
 How the critic's ranks split a step is a check across sections (cross_checks.py); what the
 critic's worker reads as its trainer section is `RunConfig.critic_view` (run.py).

@@ -165,7 +165,7 @@ def check_env(config: RunConfig) -> None:
 
 def check_lora(config: RunConfig) -> None:
     """A LoRA policy (lora.rank > 0) runs patched, with every algorithm: PPO's critic carries
-    an adapter of its own (executors/worker/critic.py); tensor-parallel engines split the
+    an adapter of its own (executors/worker/critic/worker.py); tensor-parallel engines split the
     policy's adapters (rl_engine/rollout/tp/shard_lora.py)."""
     if not config.lora.enabled:
         return

@@ -1,6 +1,6 @@
 """The `lora:` section: a LoRA adapter on the policy (rl_engine/patching/lora.py builds it with PEFT).
 
-PPO's critic carries an adapter of its own with the same keys (executors/worker/critic.py).
+PPO's critic carries an adapter of its own with the same keys (executors/worker/critic/worker.py).
 
 Whether a listed target exists needs the model, so that check runs where the model is
 loaded (`rl_engine.patching.lora.resolve_targets`, called before Ray starts by the job's

@@ -19,7 +19,7 @@ _EXPORTS = {
     "TrainBatch": "rl_engine.executors.worker.batch",
     "BatchError": "rl_engine.executors.worker.errors",
     "ParityError": "rl_engine.executors.worker.errors",
-    "DeepSpeedTrainingWorker": "rl_engine.executors.worker.policy.setup.worker",
+    "DeepSpeedTrainingWorker": "rl_engine.executors.worker.policy.worker",
     "build_deepspeed_config": "rl_engine.executors.worker.ds_config",
     "CriticWorker": "rl_engine.executors.worker.critic.worker",
 }

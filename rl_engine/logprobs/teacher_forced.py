@@ -63,7 +63,7 @@ def score_targets(
     op the model computes with (`model_op`: its patch's backend, or its device's default)
     -> the entry of targets[:, t]. Used by `token_logprobs`,
     the DeepSpeed worker's module and the diagnostics. `deferred_weight_grad`: linear_logp's
-    (the worker's tied LM-head gradient, `executors/worker/tied_gradient.py`).
+    (the worker's tied LM-head gradient, `executors/worker/policy/tied_gradient.py`).
     """
     hidden = final_hidden_states(model, input_ids, attention_mask)  # (B, T, H)
     weight, bias = lm_head_parameters(model)  # (V, H), (V,) | None

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from rl_engine.executors.worker.policy.setup.step_loss import LossSums
+from rl_engine.executors.worker.policy.step_loss import LossSums
 from rl_engine.logprobs.parity import CorrectionSums, ParitySums, parity_sums
 
 

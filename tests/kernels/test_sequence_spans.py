@@ -56,3 +56,34 @@ def test_the_mode_fails_closed():
     half = SequenceSpans.from_padding_mask(torch.tensor([[1, 1, 1], [0, 0, 0]]))
     with pytest.raises(ValueError, match="row 3 .* has a live target but lies in no sequence"):
         get_op("linear_logp", "cpu")(x, w, targets, spans=half, sink=RecordingSink())
+
+
+class _SinkWithoutPlaceholders:
+    """A sink that forgets to declare `placeholder_grads`."""
+
+    def add(self, param, role, index, partial):
+        pass
+
+    def add_rows(self, param, role, index, rows, values):
+        pass
+
+
+@pytest.mark.parametrize("placeholders", [False, True])
+def test_the_sink_says_whether_a_parameter_gets_a_placeholder_gradient(placeholders):
+    x, w = torch.randn(2, 3, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
+    spans = SequenceSpans.from_padding_mask(torch.ones(2, 3))
+    sink = RecordingSink()
+    sink.placeholder_grads = placeholders
+    get_op("linear", "cpu")(x, w, spans=spans, sink=sink).sum().backward()
+    if placeholders:
+        assert torch.equal(w.grad, torch.zeros_like(w))
+    else:
+        assert w.grad is None
+
+
+def test_a_sink_that_does_not_declare_placeholder_grads_fails_the_backward():
+    x, w = torch.randn(2, 3, 8, requires_grad=True), torch.randn(4, 8, requires_grad=True)
+    spans = SequenceSpans.from_padding_mask(torch.ones(2, 3))
+    out = get_op("linear", "cpu")(x, w, spans=spans, sink=_SinkWithoutPlaceholders())
+    with pytest.raises(AttributeError, match="placeholder_grads"):
+        out.sum().backward()

@@ -17,9 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.parity.worker_cell_checks import (
-    check_cell,
-)
+from tests.helpers.parity.worker_cell_checks import check_cell
 from tests.helpers.worker.cell import cached_completions, cell_name, run_cell
 from tests.helpers.worker.launch import run_ranks
 

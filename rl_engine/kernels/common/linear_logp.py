@@ -293,7 +293,7 @@ def linear_logp_op(chunk_logprobs, chunk_rows_for, serving: Serving, module: str
             spans (a SequenceSpans over hidden's flattened rows) and sink: the layout-invariant
             backward (common/linear_logp_sequences.py).
             `deferred_weight_grad` (a list, for a caller that adds the weight's gradient in
-            later: a tied embedding's, `executors/worker/tied_gradient.py`): the backward may
+            later: a tied embedding's, `executors/worker/policy/tied_gradient.py`): the backward may
             then give the weight no gradient and append to the list a callable that returns
             it, bit for bit. Not with spans / sink (the sink takes the weight's partials).
             """

@@ -32,6 +32,10 @@ class GradientSink(Protocol):
     (zeros, or no rows), so the set of (parameter, role, index) does not depend on the layout.
     """
 
+    placeholder_grads: bool
+    """Whether the op's backward also returns a zero gradient for each parameter (a caller whose
+    optimizer only steps parameters that received one, as DeepSpeed's ZeRO-1/2 do)."""
+
     def add(self, param: torch.Tensor, role: str, index: int, partial: torch.Tensor) -> None:
         """partial: param's shape, fp32 (fp64 for an fp64 parameter); a dense tensor, or a
         `ProductPartial` (kernels/common/product_partial.py) standing for one: the LM head's,
@@ -223,8 +227,8 @@ def _shape_of(t) -> str:
 
 def placeholder_grad(sink, param: torch.Tensor | None, needed: bool) -> torch.Tensor | None:
     """What the backward returns to autograd for a parameter whose partials went to the sink:
-    None, or zeros when the sink asks for them (`sink.placeholder_grads`: a caller whose
-    optimizer only steps parameters that received a gradient, as DeepSpeed's ZeRO-1/2 do)."""
-    if param is None or not needed or not getattr(sink, "placeholder_grads", False):
+    None, or zeros when the sink asks for them (`GradientSink.placeholder_grads`, which every
+    sink declares)."""
+    if param is None or not needed or not sink.placeholder_grads:
         return None
     return torch.zeros_like(param)

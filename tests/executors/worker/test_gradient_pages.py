@@ -1,4 +1,4 @@
-"""Releasing ZeRO-3's flat gradient buffer between steps (executors/worker/gradient_pages.py)
+"""Releasing ZeRO-3's flat gradient buffer between steps (executors/worker/step/gradient_pages.py)
 keeps every bit of the steps: 2 real DeepSpeed ranks (gloo, CPU accelerator), bf16, three
 steps with the buffer released after each against three with it kept, from the same weights.
 The negative control: the released buffer did change (it held the last step's gradients and

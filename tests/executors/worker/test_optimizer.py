@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_engine.executors.worker import optimizer as blockwise
+from rl_engine.executors.worker.optim import adamw as blockwise
 
 
 def _pair(shape, monkeypatch, block: int = 64, weight_decay: float = 0.1):

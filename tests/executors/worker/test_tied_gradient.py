@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rl_engine.executors.worker import policy as policy_module
-from rl_engine.executors.worker import tied_gradient
-from rl_engine.executors.worker.policy.setup import LogprobModule
+from rl_engine.executors.worker.policy import logprob_module as policy_module
+from rl_engine.executors.worker.policy import tied_gradient
+from rl_engine.executors.worker.policy.logprob_module import LogprobModule
 from rl_engine.kernels.common.embedding import add_embedding_grad_
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant

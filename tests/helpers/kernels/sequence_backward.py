@@ -26,6 +26,8 @@ class RecordingSink:
     """What the sink protocol receives, keyed by (role, index); each key arrives once, and a
     role's sequences in increasing index (what the canonical tree's holder requires)."""
 
+    placeholder_grads = False
+
     def __init__(self):
         self.records = {}
         self.last = {}

@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from rl_engine.executors.worker.policy.setup.worker import DeepSpeedTrainingWorker, ParityError
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker, ParityError
 from rl_engine.logprobs.packing import plan_micro_batches
 from tests.helpers.worker.cell import cell_config, to_batch
 

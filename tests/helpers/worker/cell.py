@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.policy.setup.worker import DeepSpeedTrainingWorker, ParityError
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker, ParityError
 from rl_engine.executors.worker.weights.weights_file import read_weights_file
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.executors.worker.policy.setup.worker import DeepSpeedTrainingWorker
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.executors.worker.step.gradient_pages import release_gradient_partitions
 from tests.helpers.worker.cell import cell_config, to_batch
 

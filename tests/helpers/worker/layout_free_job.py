@@ -4,7 +4,7 @@ A small model (an embedding and projections of odd sizes, so ZeRO cuts parameter
 places) is built on every rank from one seed, stepped `spec["steps"]` times with the same whole
 gradients on every layout (drawn from a seed per step, with a scale that makes the clip act),
 then its layout-free state is gathered. spec: stage, dtype, steps, first_step (a resumed run's
-first step number), optimizer ("invariant": InvariantAdamW + the layout-free clip; "torch":
+first step number), optimizer ("invariant": LayoutFreeAdamW + the layout-free clip; "torch":
 torch AdamW + DeepSpeed's own clip, the plain path), resume (a state file to restore first).
 """
 
@@ -15,13 +15,13 @@ from pathlib import Path
 import deepspeed
 import torch
 
-from rl_engine.executors.worker.optim.layout_free_adamw import InvariantAdamW
 from rl_engine.executors.worker.layout_free.grads import (
     clip_coefficient,
     global_norm,
     inject_gradients,
 )
 from rl_engine.executors.worker.layout_free.state import gather_state, restore_state
+from rl_engine.executors.worker.optim.layout_free_adamw import LayoutFreeAdamW
 
 MAX_NORM = 1.0
 
@@ -42,7 +42,7 @@ def _engine(spec: dict, world: int):
     torch.manual_seed(0)
     model = Small()
     invariant = spec["optimizer"] == "invariant"
-    make = InvariantAdamW if invariant else torch.optim.AdamW
+    make = LayoutFreeAdamW if invariant else torch.optim.AdamW
     optimizer = make(model.parameters(), lr=1e-2, weight_decay=0.1)
     config = {
         "train_micro_batch_size_per_gpu": 1,

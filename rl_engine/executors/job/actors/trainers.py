@@ -39,7 +39,7 @@ class TrainerActor(_DeepSpeedRank):
 
     def start(self, master_addr: str, master_port: int, resume_from: str | None) -> None:
         _join_process_group(self.config, self.rank, self.world_size, master_addr, master_port)
-        from rl_engine.executors.worker.policy.setup.worker import DeepSpeedTrainingWorker
+        from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 
         self.worker = DeepSpeedTrainingWorker(
             self.config, device=self.config.device

@@ -19,19 +19,21 @@ Per RL step the job calls `values(shard)` (no grad: the rollout-time values V_ol
 GAE reads) and then `train_step(shard, returns, old_values)`: for every epoch and
 mini-batch, the clipped value loss (`rl_engine.algorithms.clipped_value_loss`, a token
 mean over the mini-batch's completion tokens on all ranks) backpropagated per
-micro-batch, one optimizer step per mini-batch. Batch checks, micro-batch planning,
-the all-or-none update guard and checkpoints are the policy worker's own helpers.
+micro-batch, one optimizer step per mini-batch. Batch checks, micro-batch planning, the
+step loop (`step.loop.StepLoop`: the update, the all-or-none guard, the recovery from an
+exception mid-step) and checkpoints are the policy worker's own.
 
 `trainer.layout_invariant`: the update the policy worker takes in that mode
-(`layout_invariant.LayoutInvariantUpdate` bound to the value model, the value head's partials
+(`layout_free.update.LayoutFreeUpdate` bound to the value model, the value head's partials
 included; the loss of `value_loss.value_micro_loss` weighted per token by exact global
-counts; `InvariantAdamW`; per-sequence metric records) and the layout-free checkpoint, so the
+counts; `LayoutFreeAdamW`; per-sequence metric records) and the layout-free checkpoint, so the
 critic's weights, optimizer state and metrics do not depend on `critic.num_ranks`,
 `critic.zero_stage`, the micro-batching or packing, and a run resumes on another critic layout.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from pathlib import Path
@@ -41,25 +43,22 @@ from torch import nn
 
 from rl_engine.algorithms import aggregation_units
 from rl_engine.config import RunConfig
-from rl_engine.exact.records import SequenceRecords
-from rl_engine.executors.worker import checkpoints
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.batch_checks import agree_on_batch, plan_scoring, plan_step
+from rl_engine.executors.worker.critic.value_loss import ValueLossSums, value_micro_loss
+from rl_engine.executors.worker.critic.value_model import ValueModule
 from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_deepspeed
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
 from rl_engine.executors.worker.errors import BatchError
-from rl_engine.executors.worker.invariant_adamw import InvariantAdamW
-from rl_engine.executors.worker.layout_invariant import worker_layout_update
-from rl_engine.executors.worker.micro_batches import MicroBatch
-from rl_engine.executors.worker.optimizer import adamw
-from rl_engine.executors.worker.policy import (
-    StepGuard,
+from rl_engine.executors.worker.micro_batches import MicroBatch, MicroSlot
+from rl_engine.executors.worker.policy.setup import (
     base_record,
     checkpoint_activations,
     prepare_policy,
 )
-from rl_engine.executors.worker.value_loss import ValueLossSums, value_micro_loss
-from rl_engine.executors.worker.value_model import ValueModule
+from rl_engine.executors.worker.step.loop import StepLoop, build_training_engine
+from rl_engine.executors.worker.step.update import update_kind
+from rl_engine.executors.worker.weights import checkpoints
 from rl_engine.kernels.devices import check_device
 
 logger = logging.getLogger(__name__)
@@ -100,16 +99,19 @@ class CriticWorker:
         checkpoint_activations(backbone, self.config)
         self.vocab_size = int(backbone.get_input_embeddings().weight.shape[0])
         self.module = ValueModule(backbone)
-        trainer = self.config.trainer
-        trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: adapter, head
-        make = InvariantAdamW if trainer.layout_invariant else adamw
-        optimizer = make(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
-        self.guard = StepGuard(optimizer, self.comm)
-        self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
-            model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
+        trained = build_training_engine(  # LoRA: the adapter and the value head train
+            update_kind(self.config),
+            self._deepspeed,
+            self.module,
+            self.module,
+            self.config,
+            self.ds_config,
+            self.comm,
+            zero_stage=self.zero_stage,
         )
-        # trainer.layout_invariant: the policy's layout-free update, on the value model
-        self.layout = worker_layout_update(self, self.module, optimizer)
+        self.engine, self.optimizer, self.guard = trained.engine, trained.optimizer, trained.guard
+        self.update, self._mid_step = trained.update, trained.mid_step
+        self._loop = StepLoop(trained, self.config)
         self.updates = 0
         if self.rank == 0:
             logger.info(
@@ -130,6 +132,7 @@ class CriticWorker:
     def values(self, batch: TrainBatch) -> torch.Tensor:
         """fp32 (B, T-1) values of the current critic, aligned with `batch.response_mask`, 0 off
         it. Any number of sequences; collective under ZeRO-3 (every rank calls it)."""
+        self._mid_step.require_usable()
         micro = agree_on_batch(
             self.comm,
             lambda: [
@@ -138,11 +141,12 @@ class CriticWorker:
         )[0]
         self.engine.eval()
         out = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
-        for mb in micro:
-            values = self._forward(mb)  # every rank runs as many forwards (ZeRO-3)
-            if mb is not None:
-                masked = torch.where(mb.batch.response_mask, values, 0.0).cpu()
-                out[list(mb.sequences), : masked.shape[1]] = masked
+        with self._mid_step.recoverable():
+            for mb in micro:
+                values = self._forward(mb)  # every rank runs as many forwards (ZeRO-3)
+                if mb is not None:
+                    masked = torch.where(mb.batch.response_mask, values, 0.0).cpu()
+                    out[list(mb.sequences), : masked.shape[1]] = masked
         return out
 
     # -------------------------------------------------------------- the update
@@ -160,25 +164,20 @@ class CriticWorker:
         error was the larger, over every training forward), critic/updates,
         critic/skipped_update (a non-finite loss or gradient on any rank skips that update
         on every rank).
+
+        After an exception that follows a backward, the worker refuses further calls (its
+        gradients are left inside DeepSpeed), as the policy worker does.
         """
+        self._mid_step.require_usable()
         self._check_targets(batch, returns, old_values)
         minis = agree_on_batch(self.comm, lambda: self._mini_batches(batch))
         units = self._mini_batch_tokens(minis)
-        # engine.backward divides by DeepSpeed's gradient_accumulation_steps: undone here
-        scale = self.engine.gradient_accumulation_steps() * self.world_size
-        if self.layout is not None:
-            scale = None  # the layout-free loss: each token weighted by exact global counts
-            self.layout.new_step()
-        sums, outcomes = self._empty_sums(), []
+        self.update.new_step()
         self.engine.train()
-        for _ in range(self.config.trainer.epochs):
-            for j, micro in enumerate(minis):
-                sums = sums.merge(self._update(j, micro, (returns, old_values), units[j], scale))
-                outcomes.append(self.guard.outcome)
-        if isinstance(sums, SequenceRecords):  # exact sums over every rank's sequences
-            sums = sums.total(self.comm.all_gather)
-        else:
-            sums = sums.all_reduce(self.comm.all_reduce)
+        loss = functools.partial(self._micro_loss, targets=(returns, old_values), units=units)
+        with self._mid_step.recoverable():
+            sums, outcomes = self._loop.run(minis, loss, ValueLossSums)
+        sums = self.update.totals(sums, self.comm)
         skipped = sum(outcome != "stepped" for outcome in outcomes)
         self.updates += len(outcomes) - skipped
         return {
@@ -188,47 +187,28 @@ class CriticWorker:
             "critic/skipped_update": skipped,
         }
 
-    def _update(self, j: int, micro, targets, units: float, scale: int | None):
-        """One optimizer step on mini-batch `j` (its micro-batches' forwards and backwards, the
-        accumulation boundary on the last); returns its loss records. `targets`: (returns,
-        old_values) of the shard."""
-        sums, last = self._empty_sums(), len(micro) - 1
-        if self.layout is not None:
-            self.layout.start(self.config.mini_batch_per_rank)
-        for i, mb in enumerate(micro):
-            self.engine.set_gradient_accumulation_boundary(i == last)
-            if self.layout is not None:
-                self.layout.route_micro_batch(j, mb)
-            loss, record = self._micro_loss(mb, *targets, units, scale)
-            sums = sums.merge(record)
-            self.engine.backward(loss)
-            if i == last and self.layout is not None:  # the whole gradients into DeepSpeed
-                self.layout.finish(self.config.trainer.grad_clip)
-            if i == last:
-                self.guard.arm(force_skip=not sums.finite())
-            self.engine.step()
-            if i == last and self.layout is not None:
-                self.layout.stepped()
-        return sums
-
-    def _micro_loss(self, mb: MicroBatch | None, returns, old_values, units: float, scale):
-        """(loss to backpropagate, its records) of one micro-batch (`value_loss`). An empty
-        micro-batch (None: another rank has more) runs a dummy forward and backpropagates
+    def _micro_loss(self, slot: MicroSlot, mb: MicroBatch | None, targets, units: list[float]):
+        """(loss to backpropagate, its records) of the micro-batch at `slot` (`value_loss`).
+        `targets`: (returns, old_values) of the shard; `units`: each mini-batch's tokens. An
+        empty micro-batch (None: another rank has more) runs a dummy forward and backpropagates
         zero."""
         values = self._forward(mb)
         if mb is None:
-            return values.sum() * 0.0, self._empty_sums()
+            return values.sum() * 0.0, self.update.empty_sums(ValueLossSums)
+        returns, old_values = targets
         mask = mb.batch.response_mask
         rows, width = list(mb.sequences), mask.shape[1]
         target = returns[rows, :width].to(values.device)
         old = old_values[rows, :width].to(values.device)
         return value_micro_loss(
-            values, target, old, mask, clip=self.value_clip, units=units, scale=scale
+            values,
+            target,
+            old,
+            mask,
+            clip=self.value_clip,
+            units=units[slot.mini],
+            scale=self.update.loss_scale,
         )
-
-    def _empty_sums(self) -> ValueLossSums | SequenceRecords:
-        """The start of a step's loss sums: per-sequence records under layout_invariant."""
-        return ValueLossSums() if self.layout is None else SequenceRecords(ValueLossSums)
 
     def _mini_batch_tokens(self, minis) -> list[float]:
         """Each mini-batch's completion tokens over every rank: its token-mean's denominator."""
@@ -273,6 +253,7 @@ class CriticWorker:
         """DeepSpeed checkpoint (value model, optimizer, step) under `directory`; collective,
         atomic. LoRA: the adapter and the value head, and the base's record instead of it.
         Under trainer.layout_invariant: the layout-free state, which any critic layout resumes."""
+        self._mid_step.require_usable()
         state = {"critic_updates": self.updates, "rl_engine_step": int(self.engine.global_steps)}
         checkpoints.save_worker_checkpoint(
             self.engine,
@@ -281,13 +262,13 @@ class CriticWorker:
             tag,
             state,
             self.base,
-            layout_free=self.layout is not None,
+            layout_free=self.update.layout_free,
         )
 
     def load_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
         """Restore what `save_checkpoint` wrote (latest tag by default); collective. LoRA: a
         checkpoint of another base raises before anything is loaded."""
         _, state = checkpoints.load_worker_checkpoint(
-            self.engine, Path(directory), tag, self.base, layout_free=self.layout is not None
+            self.engine, Path(directory), tag, self.base, layout_free=self.update.layout_free
         )
         self.updates = int(state.get("critic_updates", 0))

@@ -4,21 +4,24 @@
 before any forward (`batch_checks`: mini-batches of micro-batches), a no-grad scoring pass
 runs where parity or the rollout correction needs pre-update logprobs of later
 mini-batches, then for every epoch and mini-batch each micro-batch is scored at the batch's
-`logprob_temperature` (`policy.LogprobModule`), checked against the rollout's
+`logprob_temperature` (`policy.logprob_module.LogprobModule`), checked against the rollout's
 logprobs when no update has happened yet (parity), its loss (`step_loss`) backpropagated,
 and DeepSpeed steps at the mini-batch's end with every rank applying the update or none
-(`policy.StepGuard`).
+(`step.guard.StepGuard`).
 The step's parts: `parity_check` (the parity check and its parity/* metrics), `step_loss`
 (a micro-batch's loss and its `LossSums`, the step's metrics), `step_corrections` (rollout
-correction's bookkeeping), `router_terms` (MoE), `recovery` (an exception mid-step).
-Setup: `distributed`, `ds_config`, `policy.prepare_policy`; weights and checkpoints:
-`checkpoints`; weights straight into the rollout engines over a process group of their own:
-`engine_sync` (this class's mixin) over `weight_transport`. `trainer.layout_invariant`: the
-micro-batches' per-sequence gradients, loss and update of `layout_invariant`.
+correction's bookkeeping), `router_terms` (MoE); the loop itself, the update and the recovery
+from an exception mid-step are PPO's critic's too (`worker.step`).
+Setup: `distributed`, `ds_config`, `policy.setup.prepare_policy`; weights and checkpoints:
+`weights.checkpoints`; weights straight into the rollout engines over a process group of their
+own: `weights.engine_sync` (this class's mixin) over `weights.weight_transport`. The update
+(`step.update`): DeepSpeed's own, or under `trainer.layout_invariant` the micro-batches'
+per-sequence gradients, loss and update of `layout_free.update`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -26,39 +29,31 @@ import torch
 from torch import nn
 
 from rl_engine.config import RunConfig
-from rl_engine.exact.records import SequenceRecords
-from rl_engine.executors.worker import checkpoints
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.batch_checks import agree_on_batch, plan_scoring, plan_step
 from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_deepspeed
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
-from rl_engine.executors.worker.engine_sync import EngineWeightSync
 from rl_engine.executors.worker.errors import BatchError, ParityError
-from rl_engine.executors.worker.invariant_adamw import InvariantAdamW
-from rl_engine.executors.worker.layout_free_loss import invariant_micro_loss
-from rl_engine.executors.worker.layout_invariant import worker_layout_update
+from rl_engine.executors.worker.layout_free.loss import layout_free_micro_loss
 from rl_engine.executors.worker.micro_batches import MicroBatch, MicroSlot
-from rl_engine.executors.worker.optimizer import adamw
-from rl_engine.executors.worker.parity_check import ParityCheck
-from rl_engine.executors.worker.policy import (
+from rl_engine.executors.worker.policy.logprob_module import (
     LogprobModule,
-    StepGuard,
-    base_record,
-    checkpoint_activations,
     frozen_copy,
     micro_batch_logprobs,
+)
+from rl_engine.executors.worker.policy.parity_check import ParityCheck
+from rl_engine.executors.worker.policy.router_terms import RouterTerms
+from rl_engine.executors.worker.policy.setup import (
+    base_record,
+    checkpoint_activations,
     prepare_policy,
 )
-from rl_engine.executors.worker.recovery import MidStepFailures
-from rl_engine.executors.worker.router_terms import RouterTerms
-from rl_engine.executors.worker.step_corrections import StepCorrections, scoring_pass
-from rl_engine.executors.worker.step_loss import (
-    LossSums,
-    grad_norm,
-    micro_loss,
-    step_metrics,
-    summary,
-)
+from rl_engine.executors.worker.policy.step_corrections import StepCorrections, scoring_pass
+from rl_engine.executors.worker.policy.step_loss import LossSums, micro_loss, step_metrics, summary
+from rl_engine.executors.worker.step.loop import StepLoop, build_training_engine
+from rl_engine.executors.worker.step.update import update_kind
+from rl_engine.executors.worker.weights import checkpoints
+from rl_engine.executors.worker.weights.engine_sync import EngineWeightSync
 from rl_engine.kernels.devices import check_device
 from rl_engine.logprobs.parity import ParitySums
 
@@ -95,24 +90,27 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         self.base = base_record(policy, config)  # before ZeRO-3 partitions the base
         self.reference = frozen_copy(policy) if config.algorithm.kl_coef > 0 else None
         checkpoint_activations(policy, config)
-        self.router = RouterTerms(policy, config)
+        kind = update_kind(config)  # DeepSpeed's own update, or the layout-free one
+        self.router = RouterTerms(policy, config, layout_free=kind.layout_free)
         self.module = LogprobModule(policy)
         self.vocab_size = int(self.module.head_parameters()[0].shape[0])  # before ZeRO-3 splits it
         if self.zero_stage == 3:
             for param in self.module.head_parameters():  # used outside the LM head's own forward
                 if param is not None:
                     self._deepspeed.zero.register_external_parameter(self.module, param)
-        trainer = config.trainer
-        trainable = [p for p in self.module.parameters() if p.requires_grad]  # LoRA: adapters
-        make = InvariantAdamW if trainer.layout_invariant else adamw
-        optimizer = make(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
-        self.guard = StepGuard(optimizer, self.comm)
-        self.engine, self.optimizer, _, _ = self._deepspeed.initialize(
-            model=self.module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
+        trained = build_training_engine(
+            kind,
+            self._deepspeed,
+            self.module,
+            policy,
+            config,
+            self.ds_config,
+            self.comm,
+            zero_stage=self.zero_stage,
         )
-        # trainer.layout_invariant: the update no layout enters (None otherwise)
-        self.layout = worker_layout_update(self, policy, optimizer)
-        self._mid_step = MidStepFailures(self.engine, zero3=self.zero_stage == 3)
+        self.engine, self.optimizer, self.guard = trained.engine, trained.optimizer, trained.guard
+        self.update, self._mid_step = trained.update, trained.mid_step
+        self._loop = StepLoop(trained, config)
         self.weight_version = 0
         self._weight_sync = None  # (manifest, senders, group) once connect_weight_sync ran
         self._log(
@@ -129,7 +127,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
     )
     # read at each use: `config.parity` may change between steps
     _parity = property(
-        lambda self: ParityCheck(self.config.parity, self.comm, self.layout is not None)
+        lambda self: ParityCheck(self.config.parity, self.comm, self.update.layout_free)
     )
 
     # -------------------------------------------------------------- the step
@@ -152,7 +150,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         masked_sequence_fraction, k3_kl, trainer_ppl, rollout_ppl}: the importance ratio
         trainer / rollout and what `algorithm.rollout_correction` truncated or dropped;
         for a mixture-of-experts policy router/{aux_loss, max_load_share,
-        max_load_share_worst_layer, load_entropy} (rl_engine/executors/worker/router_terms.py).
+        max_load_share_worst_layer, load_entropy} (rl_engine/executors/worker/policy/router_terms.py).
         With several updates, loss, policy_loss, kl and router/aux_loss are means over the
         updates, clip_fraction and entropy over every training forward's tokens, and grad_norm
         is the last update's.
@@ -166,12 +164,8 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         minis = agree_on_batch(self.comm, lambda: self._mini_batches(batch))
         if not update:
             return self._forward_only_step(minis)
-        # engine.backward divides by DeepSpeed's gradient_accumulation_steps: undone here
-        scale = self.engine.gradient_accumulation_steps() * self.world_size
-        sums, parity, norm, outcomes = self._empty_sums(), self._parity.empty(), None, []
-        self._ref_logp = {}
-        if self.layout is not None:
-            self.layout.new_step()
+        self._ref_logp, self._step_parity = {}, self._parity.empty()
+        self.update.new_step()
         self.engine.train()
         with self._mid_step.recoverable():
             # before any update: the pre-update logprobs parity and the rollout correction need
@@ -181,15 +175,16 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
                 [[None if mb is None else mb.batch for mb in micro] for micro in minis],
                 scored,
                 self.comm.all_reduce,
-                self.comm.all_gather if self.layout is not None else None,
+                self.comm.all_gather if self.update.layout_free else None,
             )
             self.router.start(minis, self.comm.all_reduce)
-            for epoch in range(self.config.trainer.epochs):
-                for j, micro in enumerate(minis):
-                    record, norm = self._update(epoch, j, micro, corrections, scale, norm)
-                    sums, parity = sums.merge(record[0]), parity.merge(record[1])
-                    outcomes.append(self.guard.outcome)
-        return self._finish_step(sums, parity, norm, corrections, outcomes)
+            loss = functools.partial(self._micro_loss, corrections=corrections)
+            sums, outcomes = self._loop.run(minis, loss, LossSums)
+        parity = parity.merge(self._step_parity)
+        norm = float("nan") if self.update.norm is None else self.update.norm
+        return self._finish_step(
+            self.update.totals(sums, self.comm), parity, norm, corrections, outcomes
+        )
 
     def _forward_only_step(self, minis) -> dict[str, float]:
         """A step without an update: every sequence scored once, no grad, parity checked."""
@@ -206,37 +201,12 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
                         neg_logp = -float(logp[mask].double().sum())
                         sums = sums.merge(LossSums(neg_logp=neg_logp, tokens=float(mask.sum())))
         no_corrections = StepCorrections(self.config.algorithm, [], {}, self.comm.all_reduce)
+        sums = sums.all_reduce(self.comm.all_reduce)
         return self._finish_step(sums, parity, float("nan"), no_corrections, [])
 
-    def _update(self, epoch: int, j: int, micro, corrections, scale: int, norm):
-        """One optimizer step on mini-batch `j`: its micro-batches' forwards and backwards, the
-        accumulation boundary on its last one. Returns ((LossSums, ParitySums), grad norm)."""
-        sums, parity = self._empty_sums(), self._parity.empty()
-        last = len(micro) - 1
-        if self.layout is not None:
-            self.layout.start(self.config.mini_batch_per_rank)
-        for i, mb in enumerate(micro):
-            # Micro-batch counts vary per mini-batch: DeepSpeed reduces gradients and may update
-            # after its last one only, on every rank at once (the count is agreed).
-            self.engine.set_gradient_accumulation_boundary(i == last)
-            loss, record, mb_parity = self._micro_loss(
-                MicroSlot(epoch, j, i), mb, corrections, scale
-            )
-            sums, parity = sums.merge(record), parity.merge(mb_parity)
-            self._mid_step.backward_taken = True
-            self.engine.backward(loss)
-            if i == last and self.layout is not None:  # the whole gradients into DeepSpeed
-                norm = self.layout.finish(self.config.trainer.grad_clip)
-            elif i == last:  # the accumulation boundary: step() may update
-                norm = self._stage0_grad_norm()  # before step() clips and clears the grads
-                self.guard.arm(force_skip=not sums.finite())
-            self.engine.step()
-            if i == last and self.layout is not None:
-                self.layout.stepped()
-        return (sums, parity), norm
-
-    def _micro_loss(self, slot: MicroSlot, mb: MicroBatch | None, corrections, scale: int):
-        """(loss to backpropagate, LossSums, ParitySums) of the micro-batch at `slot`.
+    def _micro_loss(self, slot: MicroSlot, mb: MicroBatch | None, corrections):
+        """(loss to backpropagate, its LossSums) of the micro-batch at `slot` (its ParitySums
+        into the step's).
 
         Its forward is checked for parity when it is the step's first of these tokens (the
         first mini-batch in the first epoch: no update has happened yet). An empty
@@ -244,42 +214,25 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         backpropagates zero, taking part in every collective of a real one.
         """
         pre_update = slot.epoch == 0 and slot.mini == 0
-        self._route_forward(slot, mb)
         with self.router.recording() as routing:  # MoE policies: router logits, experts
             logp = self._forward(mb)  # (b, T-1) fp32
+        if pre_update:
+            checked = self._parity.check(mb, logp if mb is None else logp.detach())
+            self._step_parity = self._step_parity.merge(checked)
         if mb is None:
-            parity = self._parity.check(None, logp) if pre_update else self._parity.empty()
-            return logp.sum() * 0.0, self._empty_sums(), parity
-        parity = self._parity.check(mb, logp.detach()) if pre_update else self._parity.empty()
+            return logp.sum() * 0.0, self.update.empty_sums(LossSums)
         key = (slot.mini, slot.micro)
         corrected = corrections.take(key, mb.batch, logp if pre_update else None)
         ref_logp = self._reference_logp(key, mb)
         units = corrections.units[slot.mini]
+        scale = self.update.loss_scale
         aux = self.router.loss(routing, mb, scale, slot.mini)  # MoE: the auxiliary loss
-        if self.layout is not None:
-            loss, records = invariant_micro_loss(
-                self.config.algorithm, mb.batch, logp, ref_logp, units, corrected
-            )
-            return (loss if aux is None else loss + aux), records, parity
-        loss, record = micro_loss(
-            self.config.algorithm,
-            mb.batch,
-            logp,
-            ref_logp,
-            units,
-            scale,
-            corrected,
-        )
-        return (loss if aux is None else loss + aux), record, parity
-
-    def _route_forward(self, slot: MicroSlot, mb: MicroBatch | None) -> None:
-        """Layout-invariant steps: point the gradient route at `mb`'s sequences."""
-        if self.layout is not None:
-            self.layout.route_micro_batch(slot.mini, mb)
-
-    def _empty_sums(self) -> LossSums | SequenceRecords:
-        """The start of a step's loss sums: per-sequence records under layout_invariant."""
-        return LossSums() if self.layout is None else SequenceRecords(LossSums)
+        algo = self.config.algorithm
+        if scale is None:  # exact per-token weights, per-sequence records
+            loss, record = layout_free_micro_loss(algo, mb.batch, logp, ref_logp, units, corrected)
+        else:
+            loss, record = micro_loss(algo, mb.batch, logp, ref_logp, units, scale, corrected)
+        return (loss if aux is None else loss + aux), record
 
     def _mini_batches(self, batch) -> list[list[MicroBatch]]:
         strict = self.config.parity == "strict"
@@ -307,40 +260,27 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
                 self._ref_logp[key] = self._forward(mb, self.reference)
         return self._ref_logp[key]
 
-    def _stage0_grad_norm(self) -> float | None:
-        """Plain ZeRO-0 fp32 keeps the averaged grads in .grad and DeepSpeed does not report their norm."""
-        plain = self.zero_stage == 0 and self.config.dtype == "float32"
-        if not plain or not self.engine.is_gradient_accumulation_boundary():
-            return None
-        return grad_norm(self.module)
-
     def _finish_step(
         self,
         sums: LossSums,
         parity: ParitySums,
-        stage0_norm: float | None,
+        norm: float,
         corrections: StepCorrections,
         outcomes: list[str | None],
     ) -> dict[str, float]:
         """The step's metrics over every rank (collective); counts the updates applied."""
-        if isinstance(sums, SequenceRecords):  # exact sums over every rank's sequences
-            sums, stage0_norm = sums.total(self.comm.all_gather), self.layout.norm
-        else:
-            sums = sums.all_reduce(self.comm.all_reduce)
         mismatch = self._parity.metrics(parity)
         correction = corrections.metrics(self.comm.all_reduce)
         # an outcome of None: DeepSpeed skipped that update on every rank
         skipped = sum(outcome != "stepped" for outcome in outcomes)
         self.weight_version += len(outcomes) - skipped
-        norm = self.engine.get_global_grad_norm() if outcomes and not self.layout else None
-        norm = stage0_norm if norm is None else norm
         metrics = step_metrics(
             sums,
             mismatch,
             skipped,
             updates=len(outcomes),
             epochs=self.config.trainer.epochs if outcomes else 1,  # a warm-up scores once
-            grad_norm=float("nan") if norm is None else float(norm),
+            grad_norm=norm,
             lr=float(self.engine.get_lr()[0]),
             step=self.global_step,
             weight_version=self.weight_version,
@@ -413,14 +353,14 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
             tag,
             state,
             self.base,
-            layout_free=self.layout is not None,
+            layout_free=self.update.layout_free,
         )
         self._log(f"saved checkpoint {tag} to {directory}")
 
     def load_checkpoint(self, directory: str | Path, tag: str | None = None) -> None:
         """Restore model, optimizer, step and weight_version (latest tag by default); collective."""
         path, state = checkpoints.load_worker_checkpoint(
-            self.engine, Path(directory), tag, self.base, layout_free=self.layout is not None
+            self.engine, Path(directory), tag, self.base, layout_free=self.update.layout_free
         )
         self.weight_version = int(state.get("weight_version", self.global_step))
         self._log(f"loaded {path} (step {self.global_step}, weight_version {self.weight_version})")

@@ -31,20 +31,21 @@ from rl_engine.algorithms import expert_counts, load_balancing_loss, load_statis
 from rl_engine.config import RunConfig
 from rl_engine.exact.records import SequenceRecords
 from rl_engine.executors.worker.distributed import Collectives
-from rl_engine.executors.worker.layout_invariant import micro_batch_spans
+from rl_engine.executors.worker.layout_free.router_balance import AuxSums, sequence_balance
+from rl_engine.executors.worker.layout_free.update import micro_batch_spans
 from rl_engine.executors.worker.micro_batches import MicroBatch
-from rl_engine.executors.worker.router_balance import AuxSums, sequence_balance
 from rl_engine.patching import RoutingRecorder, moe_layers, router_settings
 
 
 class RouterTerms:
     """One worker's router bookkeeping: `start` each step (collective: the step's token count),
     `recording` + `loss` per micro-batch, `metrics` at the end (collective, like the other sums).
-    trainer.layout_invariant: the sequence-wise balance loss, its metric per-sequence records."""
+    `layout_free` (the worker's update is): the sequence-wise balance loss, its metric
+    per-sequence records."""
 
-    def __init__(self, policy: nn.Module, config: RunConfig):
+    def __init__(self, policy: nn.Module, config: RunConfig, *, layout_free: bool):
         self.policy, self.coef = policy, float(config.algorithm.router_aux_loss_coef)
-        self.layout_invariant = config.trainer.layout_invariant
+        self.layout_free = layout_free
         self.layers = moe_layers(policy)
         if not self.layers:
             if self.coef > 0:
@@ -84,7 +85,11 @@ class RouterTerms:
             yield recorder
 
     def loss(
-        self, recorder: RoutingRecorder | None, mb: MicroBatch | None, scale: int, mini: int = 0
+        self,
+        recorder: RoutingRecorder | None,
+        mb: MicroBatch | None,
+        scale: int | None,
+        mini: int = 0,
     ):
         """This micro-batch's auxiliary-loss term (to add to its loss), weighted by its share of
         mini-batch `mini`'s tokens, or None; counts its load. An empty micro-batch (None) routes
@@ -95,7 +100,7 @@ class RouterTerms:
         logits = [torch.cat([c.logits for c in recorder.calls[name]]) for name in self.layers]
         indices = [torch.cat([c.indices for c in recorder.calls[name]]) for name in self.layers]
         self.counts += expert_counts(indices, self.num_experts, mask)
-        if self.layout_invariant:
+        if self.layout_free:
             return self._sequence_loss(logits, indices, mb, mini)
         share = float(mask.sum()) / self.tokens[mini]
         aux = load_balancing_loss(logits, indices, self.num_experts, mask)
@@ -103,7 +108,7 @@ class RouterTerms:
         return None if self.coef == 0 else self.coef * aux * share * scale
 
     def _sequence_loss(self, logits, indices, mb: MicroBatch, mini: int):
-        """The sequence-wise balance loss's term (layout_invariant), its records kept. No
+        """The sequence-wise balance loss's term (layout-free update), its records kept. No
         `scale`: the mode's gradients are sums over sequences, never DeepSpeed's averages."""
         spans, _ = micro_batch_spans(mb, list(range(len(mb.sequences))))
         term, records = sequence_balance(
@@ -115,12 +120,12 @@ class RouterTerms:
     def metrics(self, comm: Collectives, updates: int = 1) -> dict[str, float]:
         """router/* metrics of the step (sums over ranks; aux_loss the mean over its `updates`
         optimizer steps, the load over every training forward); {} for a dense policy.
-        layout_invariant: aux_loss is the exact total of every rank's records."""
+        layout-free: aux_loss is the exact total of every rank's records."""
         if not self.active:
             return {}
         stats = load_statistics(comm.all_reduce(self.counts))
         out = {f"router/{name}": value for name, value in stats.items()}
-        if self.layout_invariant:
+        if self.layout_free:
             aux = self.records.total(comm.all_gather).aux_loss
         else:
             aux = float(comm.all_reduce(self.aux)[0])

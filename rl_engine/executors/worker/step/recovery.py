@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from rl_engine.executors.worker.policy import release_zero3_parameters
-
 
 class MidStepFailures:
     """Watches a worker's calls (`recoverable`) and keeps the reason it became unusable."""
@@ -48,3 +46,9 @@ class MidStepFailures:
                 f"this worker is unusable: {self.unusable}; build a new worker "
                 "(and load_checkpoint) to continue"
             )
+
+
+def release_zero3_parameters(engine) -> None:
+    """After an exception inside a ZeRO-3 forward/backward: release every gathered parameter."""
+    coordinator = engine.optimizer.parameter_offload.get_param_coordinator()
+    coordinator.release_and_reset_all(engine.module)

@@ -27,11 +27,11 @@ import torch
 CHUNK = 1 << 20
 
 
-class InvariantAdamW(torch.optim.Optimizer):
+class LayoutFreeAdamW(torch.optim.Optimizer):
     def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay=0.0):
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0.0 <= b < 1.0 for b in betas):
             raise ValueError(
-                f"InvariantAdamW: lr={lr}, betas={betas}, eps={eps}, weight_decay={weight_decay} "
+                f"LayoutFreeAdamW: lr={lr}, betas={betas}, eps={eps}, weight_decay={weight_decay} "
                 "out of range"
             )
         super().__init__(
@@ -46,7 +46,7 @@ class InvariantAdamW(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         if closure is not None:
-            raise ValueError("InvariantAdamW.step takes no closure")
+            raise ValueError("LayoutFreeAdamW.step takes no closure")
         armed, self._armed = self._armed, False
         for group in self.param_groups:
             for param in group["params"]:

@@ -1,4 +1,4 @@
-"""The worker's layout-invariant update (`trainer.layout_invariant: true`): one optimizer step
+"""The worker's layout-free update (`trainer.layout_invariant: true`, `step.update.Update`): one optimizer step
 whose bits do not depend on the ranks, ZeRO stage, micro-batching or packing.
 
 Per mini-batch of M sequences (canonical order: the batch's rows; rank r holds
@@ -8,16 +8,16 @@ Per mini-batch of M sequences (canonical order: the batch's rows; rank r holds
    before its forward the patched model's `GradientRoute` gets the micro-batch's spans with
    the sequences' canonical indices, so each op's backward sends every sequence's partial of
    each parameter to this mini-batch's `SequenceGradients` (kernels/common/sequence_spans.py);
-2. its loss is `invariant_micro_loss`: each token weighted by its sequence and the mini-batch's
+2. its loss is `layout_free_micro_loss`: each token weighted by its sequence and the mini-batch's
    exact counts alone;
 3. after the last micro-batch, one parameter at a time: its whole gradient (`whole_gradient`:
    the canonical tree over all ranks' covers, the same bits on every rank), its partials
    released, its terms of the clip's norm (`row_square_sums`), its write into DeepSpeed's
-   partition; then the norm (`global_norm`'s exact sum of those terms) arms `InvariantAdamW`
-   with the clip coefficient, and DeepSpeed steps as usual (its own reduction carried zeros,
+   partition; then the norm (`global_norm`'s exact sum of those terms) arms the optimizer
+   with the clip coefficient (`LayoutFreeAdamW`), and DeepSpeed steps as usual (its own reduction carried zeros,
    or nothing). A parameter at a time: the model's gradient is never held twice.
 
-A parameter that no op sent partials for fails the step (`LayoutInvariantError`): its
+A parameter that no op sent partials for fails the step (`LayoutFreeError`): its
 gradient would otherwise be DeepSpeed's, whose sums follow the layout.
 
 `timings` (always on: a perf_counter per part, reset by `new_step`) are the seconds of each
@@ -36,22 +36,25 @@ import time
 
 from rl_engine.base.slab_arena import SLAB_BYTES
 from rl_engine.exact.canonical_sum import value_tensors
+from rl_engine.exact.float_sums import exact_sum
+from rl_engine.exact.records import SequenceRecords, Sums
 from rl_engine.exact.sequence_gradients import SequenceGradients
-from rl_engine.executors.worker.layout_free_grads import (
+from rl_engine.executors.worker.layout_free.grads import (
     clip_coefficient,
     inject_gradient,
     row_square_sums,
     whole_gradient,
 )
 from rl_engine.executors.worker.micro_batches import MicroBatch
+from rl_engine.executors.worker.optim.layout_free_adamw import LayoutFreeAdamW
 from rl_engine.kernels import SequenceSpans
 from rl_engine.patching.gradient_route import GradientRoute, bind_gradient_route
 
 PARTS = ("forward_backward", "whole_gradients", "norm", "inject", "deepspeed_step")
 
 
-class LayoutInvariantError(RuntimeError):
-    """A layout-invariant step cannot keep its bits (names the parameter or the cause)."""
+class LayoutFreeError(RuntimeError):
+    """A layout-free step cannot keep its bits (names the parameter or the cause)."""
 
 
 class DeepSpeedSink(SequenceGradients):
@@ -67,9 +70,13 @@ class DeepSpeedSink(SequenceGradients):
         self.placeholder_grads = placeholder_grads
 
 
-class LayoutInvariantUpdate:
+class LayoutFreeUpdate:
     """Holds the route, the current mini-batch's sink and the step's per-sequence metric terms
     (the policy worker's and PPO's critic's alike)."""
+
+    layout_free = True
+    loss_scale = None  # each token's loss weighted by exact global counts
+    make_optimizer = LayoutFreeAdamW
 
     def __init__(self, model, engine, optimizer, *, rank: int, world: int, zero_stage: int):
         """`model`: the patched model whose ops send the partials (the policy, or the critic's
@@ -84,11 +91,11 @@ class LayoutInvariantUpdate:
             for param in self.params:
                 param.ds_grad_is_ready = False
         self.sink: DeepSpeedSink | None = None
-        self.norm: float | None = None
         self.new_step()
 
     def new_step(self) -> None:
-        """Zero `timings` and `held` (the worker calls it at the start of every step)."""
+        """Zero `norm`, `timings` and `held` (the step loop calls it at the start of a step)."""
+        self.norm: float | None = None
         self.timings = dict.fromkeys(PARTS, 0.0)
         self.held = {"tensors": 0, "peak_tensors": 0, "bytes": 0}
         self._mark = time.perf_counter()
@@ -131,15 +138,15 @@ class LayoutInvariantUpdate:
             return
         self.route.set(self.sink, *micro_batch_spans(mb, indices))
 
-    def finish(self, max_norm: float) -> float:
-        """The mini-batch's update, up to DeepSpeed's step (collective): returns the norm."""
+    def finish(self, max_norm: float) -> None:
+        """The mini-batch's update, up to DeepSpeed's step (collective); sets `norm`."""
         self._lap("forward_backward")
         self.route.clear()
         ranges = [(r * self.per_rank, (r + 1) * self.per_rank) for r in range(self.world)]
         written = {id(p) for p in self.sink.params()}
         missing = [name for name, p in self.named if id(p) not in written]
         if missing:
-            raise LayoutInvariantError(
+            raise LayoutFreeError(
                 f"{len(missing)} parameter(s) received no per-sequence partials, e.g. "
                 f"{missing[:3]}: an op on their path does not serve trainer.layout_invariant"
             )
@@ -158,13 +165,19 @@ class LayoutInvariantUpdate:
             inject_gradient(param, grad, index)
             self._lap("inject")
         self.sink = None
-        self.norm = math.sqrt(math.fsum(squares))  # global_norm's sum: exact in any order
+        self.norm = math.sqrt(exact_sum(squares))  # global_norm's sum: exact in any order
         self.optimizer.arm(clip_coefficient(self.norm, max_norm))
-        return self.norm
 
     def stepped(self) -> None:
         """DeepSpeed's step after `finish` is done (its time goes to timings['deepspeed_step'])."""
         self._lap("deepspeed_step")
+
+    def empty_sums(self, kind: type[Sums]) -> SequenceRecords:
+        return SequenceRecords(kind)
+
+    def totals(self, sums: SequenceRecords, comm) -> Sums:
+        """Exact sums over every rank's sequences (collective)."""
+        return sums.total(comm.all_gather)
 
     def _count_held(self) -> None:
         """The sink's tensors and bytes now (the end of the backward) and its peak count."""
@@ -188,21 +201,6 @@ def _release_order(params) -> list[int]:
     every other parameter's partials are released."""
     large = [4 * getattr(p, "ds_numel", p.numel()) > SLAB_BYTES // 4 for p in params]  # fp32
     return sorted(range(len(params)), key=lambda i: large[i])
-
-
-def worker_layout_update(worker, model, optimizer) -> LayoutInvariantUpdate | None:
-    """The LayoutInvariantUpdate of a worker (policy or critic: its config, engine, rank,
-    world size and ZeRO stage) around `model`, or None without trainer.layout_invariant."""
-    if not worker.config.trainer.layout_invariant:
-        return None
-    return LayoutInvariantUpdate(
-        model,
-        worker.engine,
-        optimizer,
-        rank=worker.rank,
-        world=worker.world_size,
-        zero_stage=worker.zero_stage,
-    )
 
 
 def micro_batch_spans(mb: MicroBatch, indices: list[int]) -> tuple[SequenceSpans, SequenceSpans]:

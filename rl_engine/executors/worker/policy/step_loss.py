@@ -170,14 +170,6 @@ def step_metrics(
     return metrics
 
 
-def grad_norm(module: torch.nn.Module) -> float:
-    """The global L2 norm of the gradients held in `.grad` (fp64)."""
-    norms = [
-        torch.linalg.vector_norm(p.grad.double()) for p in module.parameters() if p.grad is not None
-    ]
-    return float(torch.linalg.vector_norm(torch.stack(norms)))
-
-
 def summary(m: dict) -> str:
     """One log line of a step's metrics."""
     parity = ""

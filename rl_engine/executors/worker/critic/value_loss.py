@@ -5,7 +5,7 @@ terms over U, the mini-batch's completion tokens on every rank), rescaled by `sc
 DeepSpeed's averaging, with one `ValueLossSums` record per micro-batch.
 
 Layout-invariant path (`trainer.layout_invariant`): each token's term times the weight 1 / U
-that its sequence and the exact global count alone define (`layout_free_loss.token_weights`,
+that its sequence and the exact global count alone define (`layout_free.loss.token_weights`,
 token-mean), so the gradient reaching a token is that weight whatever else the micro-batch
 holds; the metrics are one record per sequence (`SequenceRecords`), totalled exactly.
 """
@@ -18,7 +18,7 @@ import torch
 
 from rl_engine.algorithms import value_loss_terms
 from rl_engine.exact.records import SequenceRecords, Sums
-from rl_engine.executors.worker.layout_free_loss import sequence_records, token_weights
+from rl_engine.executors.worker.layout_free.loss import sequence_records, token_weights
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,22 +22,21 @@ sequences that keep one; `StepCorrections.units`). Every per-token term is an
 elementwise function of the token's own values (torch's fp32 `exp` / `expm1` give the same bits
 in their SIMD body and scalar tail: tests/kernels/test_rowwise_ops.py checks `exp`).
 
-Metrics: each sequence's terms are summed exactly (`math.fsum` of the tokens' fp32 values) into
+Metrics: each sequence's terms are summed exactly (`exact_sum` of the tokens' fp32 values) into
 its own LossSums record, and the step's totals are exact sums over every sequence of every rank
 (`rl_engine.exact.records.SequenceRecords`), so they do not depend on the layout either.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from rl_engine.algorithms import kl_k3, policy_loss_terms
 from rl_engine.config import AlgorithmConfig
+from rl_engine.exact.float_sums import exact_sum
 from rl_engine.exact.records import SequenceRecords
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.step_loss import Corrected, LossSums
+from rl_engine.executors.worker.policy.step_loss import Corrected, LossSums
 
 
 def token_weights(mask: torch.Tensor, aggregation: str, units: float) -> torch.Tensor:
@@ -51,7 +50,7 @@ def token_weights(mask: torch.Tensor, aggregation: str, units: float) -> torch.T
     return torch.where(keep, inverse, 0.0)
 
 
-def invariant_micro_loss(
+def layout_free_micro_loss(
     algo: AlgorithmConfig,
     mb: TrainBatch,
     logp: torch.Tensor,
@@ -96,8 +95,9 @@ def invariant_micro_loss(
 
 
 def sequence_records(kind, per_token: dict, mask: torch.Tensor) -> SequenceRecords:
-    """One `kind` record per row of `mask`: each field the exact sum (math.fsum) of that row's
-    per-token values on the mask (a None field: 0)."""
+    """One `kind` record per row of `mask`: each field the exact sum (`exact_sum`) of that row's
+    per-token values on the mask (a None field: 0); a non-finite value makes a non-finite field,
+    never an exception, so the step is skipped as the plain update's would be."""
     columns = {
         name: None if values is None else values.detach().double().cpu()
         for name, values in per_token.items()
@@ -109,7 +109,7 @@ def sequence_records(kind, per_token: dict, mask: torch.Tensor) -> SequenceRecor
         records.append(
             kind(
                 **{
-                    name: 0.0 if values is None else math.fsum(values[row][live].tolist())
+                    name: 0.0 if values is None else exact_sum(values[row][live].tolist())
                     for name, values in columns.items()
                 }
             )

@@ -15,7 +15,7 @@ path's gradients are.
 
 `global_norm` is the clip's norm computed from the whole gradients in one fixed order: squares
 summed in fp64 (a float32 square is exact there) over rows of `NORM_ROW` elements of each
-parameter, then every row sum added exactly (`math.fsum`, correctly rounded whatever the order).
+parameter, then every row sum added exactly (`exact_sum`, correctly rounded whatever the order).
 torch reduces a row that short on one thread, in an order set by its length alone, and every
 layout calls it on the same whole gradients, so no partition, rank count or thread count enters.
 """
@@ -30,6 +30,7 @@ import torch.distributed as dist
 from deepspeed.utils import safe_set_full_grad
 
 from rl_engine.exact.canonical_sum import Node, combine, cover, sum_roles
+from rl_engine.exact.float_sums import exact_sum
 from rl_engine.exact.row_partial import RowPartial
 from rl_engine.exact.sequence_gradients import SequenceGradients
 from rl_engine.kernels.common.product_partial import dense
@@ -152,7 +153,7 @@ def _padded_for_zero3(param, grad: torch.Tensor) -> torch.Tensor:
 def global_norm(grads: Iterable[torch.Tensor]) -> float:
     """The L2 norm of all `grads` together (pass them as they will be injected: rounded to the
     parameters' dtype)."""
-    return math.sqrt(math.fsum(part for grad in grads for part in row_square_sums(grad)))
+    return math.sqrt(exact_sum(part for grad in grads for part in row_square_sums(grad)))
 
 
 def row_square_sums(grad: torch.Tensor) -> list[float]:

@@ -5,14 +5,14 @@ DeepSpeed keeps these cut into partitions whose shape depends on the rank count 
 its fragment accessors gather a parameter's whole tensor from them (a collective under ZeRO-3:
 every rank calls in the same order) and write one back into whatever partition a rank holds.
 So a state gathered on N ranks at one stage restores on M ranks at another, and since the
-optimizer is elementwise (`InvariantAdamW`) the run continues as it would have.
+optimizer is elementwise (`LayoutFreeAdamW`) the run continues as it would have.
 
 ZeRO-0 has no fragments: in fp32 the module's parameters are the masters (no DeepSpeed wrapper),
 in bf16 DeepSpeed's unfused optimizer keeps an fp32 master beside each parameter
 (`fp32_groups` beside `fp16_groups`); the torch optimizer's state is keyed by the master.
 
 Only trainable parameters are held: for a LoRA policy the adapters alone. Their checkpoint
-records the frozen base as the plain LoRA checkpoint does (`lora_base.LORA_BASE_FILE`: the
+records the frozen base as the plain LoRA checkpoint does (`weights.lora_base.LORA_BASE_FILE`: the
 model spec and its content hash), checked before anything is restored.
 """
 
@@ -33,7 +33,7 @@ from deepspeed.utils import (
 )
 
 from rl_engine.base.io import write_text_atomic
-from rl_engine.executors.worker.lora_base import LORA_BASE_FILE, check_base
+from rl_engine.executors.worker.weights.lora_base import LORA_BASE_FILE, check_base
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 

@@ -22,19 +22,19 @@ with the row's dot in a fixed order (torch 2.13's own softmax backward on this C
 with the thread count at 60 experts, not at 64).
 
 The metric `router/aux_loss`: each sequence's sum of p_tl . u_s (each row's dot in fp64, in a
-fixed order; the rows' values `math.fsum`-ed) is its `AuxSums` record, and the step totals the
+fixed order; the rows' values summed by `exact_sum`) is its `AuxSums` record, and the step totals the
 records exactly (rl_engine.exact.records.SequenceRecords), so no layout enters it either.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 import torch
 
+from rl_engine.exact.float_sums import exact_sum
 from rl_engine.exact.records import SequenceRecords, Sums
 from rl_engine.kernels import SequenceSpans
 from rl_engine.kernels.common.moe_router import fixed_order_sum, router_probabilities
@@ -125,10 +125,11 @@ def _row_weights(indices, spans: SequenceSpans, num_experts: int, total: int, co
 
 
 def _records(probs, unit: torch.Tensor, spans: SequenceSpans) -> SequenceRecords:
-    """Each sequence's sum over its rows and the layers of p . u_s (fp64 row dots, fsum-ed)."""
+    """Each sequence's sum over its rows and the layers of p . u_s (fp64 row dots, summed by
+    `exact_sum`: a non-finite dot gives a non-finite record, never an exception)."""
     dots = torch.cat([fixed_order_sum(p.double() * unit) for p in probs], dim=1).cpu()  # (rows, L)
     records = tuple(
-        AuxSums(math.fsum(dots[lo : lo + n].reshape(-1).tolist()))
+        AuxSums(exact_sum(dots[lo : lo + n].reshape(-1).tolist()))
         for lo, n in zip(spans.starts, spans.lengths)
     )
     return SequenceRecords(AuxSums, records)

@@ -13,7 +13,7 @@ temporaries of one block.
 
 DeepSpeed accepts a client optimizer by its exact type (`torch.optim.AdamW`, without
 `zero_allow_untested_optimizer`), so the blockwise step is set on the instance, as
-`policy.StepGuard` sets its guard on top of it.
+`step.guard.StepGuard` sets its guard on top of it.
 """
 
 from __future__ import annotations

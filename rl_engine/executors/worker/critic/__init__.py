@@ -1,0 +1,1 @@
+"""PPO's critic: `worker.CriticWorker`, its value model and value loss."""

@@ -1,0 +1,1 @@
+"""The optimizers DeepSpeed steps: blockwise torch AdamW, and the layout-free update's AdamW."""

@@ -1,0 +1,1 @@
+"""The policy worker (`worker.DeepSpeedTrainingWorker`) and what only it needs."""
