@@ -116,7 +116,7 @@ def test_the_kernel_rule_sees_an_import_from_above(tmp_path):
     ]
 
 
-# ----------------------------------------------------------------------------- Hugging Face stays in one layer
+# ------------------------------------------------------------------ Hugging Face in one layer
 
 HF_PACKAGES = ("transformers", "peft")
 HF_LAYER = ("rl_engine/patching/", "rl_engine/models/")
@@ -152,7 +152,7 @@ def test_the_hf_rule_sees_an_import_outside_the_layer(tmp_path):
     ]
 
 
-# ----------------------------------------------------------------------------- private names stay home
+# ------------------------------------------------------------------------- private names stay home
 
 PUBLIC_NAME_FOLDERS = ("rl_engine", "tests", "scripts")
 

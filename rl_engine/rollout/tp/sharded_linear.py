@@ -1,5 +1,6 @@
 """`ShardedLinear`: rows [start, stop) of a linear layer, the output shard every tensor-parallel
-projection is built of (shard.py places them; shard_lora.py builds a LoRA layer's W, A and B of them).
+projection is built of (shard.py places them; shard_lora.py builds a LoRA layer's W, A and
+B of them).
 """
 
 from __future__ import annotations
