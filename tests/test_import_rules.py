@@ -98,8 +98,8 @@ def _kernel_offenders(root: Path) -> list[str]:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="kernels/registry.py imports rl_engine.devices and triton/aot*.py rl_engine.io: "
-    "those root modules move under the kernels' reach with the lead's package moves",
+    reason="kernels/registry.py imports rl_engine.devices and triton/aot*.py rl_engine.io; "
+    "the root-module moves into packages remove these imports",
 )
 def test_kernels_import_only_the_standard_library_torch_numpy_triton_and_themselves():
     assert _kernel_offenders(REPO) == []
