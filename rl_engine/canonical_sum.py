@@ -49,7 +49,7 @@ from rl_engine.kernels.common.product_partial import (
     is_deferred,
     settled,
 )
-from rl_engine.row_partial import RowPartial, add_rows
+from rl_engine.exact.row_partial import RowPartial, add_rows
 
 _REDUCED = (torch.bfloat16, torch.float16)
 

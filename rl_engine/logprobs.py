@@ -7,7 +7,7 @@ materialised. Position t scores token t+1 given tokens <= t.
 
 Two layouts, one definition: `score_targets` / `token_logprobs` take a
 right- or left-padded batch; `packed_score_targets` / `packed_token_logprobs`
-take packed rows (`rl_engine.packing.PackedBatch`: sequences concatenated,
+take packed rows (`rl_engine.logprobs.packing.PackedBatch`: sequences concatenated,
 positions restarting at 0). With a patched model both give every token the
 same bits; an unpatched model runs transformers' own packed attention
 (block-diagonal mask from the restarting position ids), whose bits differ.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.packing import PackedBatch, right_padded
+from rl_engine.logprobs.packing import PackedBatch, right_padded
 from rl_engine.patching import PACKED_KWARG, PackedSegments, lm_head_parameters, model_op
 from rl_engine.patching.gradient_route import gradient_route
 
@@ -135,7 +135,7 @@ def packed_score_targets(
     """THE trainer logprob on packed rows: fp32 (R, N), 0 at IGNORE_INDEX.
 
     input_ids, positions (-1 = padding), segments: (R, N), the layout of
-    `rl_engine.packing.PackedBatch`; targets (R, N): the token each packed position
+    `rl_engine.logprobs.packing.PackedBatch`; targets (R, N): the token each packed position
     scores (`PackedBatch.pack_values` of the padded targets), IGNORE_INDEX elsewhere.
     The decoder runs without an attention mask, with position ids that restart per
     sequence (padding at 0) and with `rl_packed` (the segments the invariant attention

@@ -2,7 +2,7 @@
 
 Both the worker's `parity/*` step metrics and the diagnostics' report come from
 `parity_sums`, a `ParitySums` record that adds up over micro-batches and ranks
-(`merge`, `all_reduce`: `rl_engine.sums`) and turns into metrics at the end.
+(`merge`, `all_reduce`: `rl_engine.exact.records`) and turns into metrics at the end.
 
 The exact-match fraction comes first: with batch-invariant kernels it must be
 1.0, and no tolerance hides a near miss. The rest are the metrics the RL
@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from rl_engine.algorithms import kl_k3
-from rl_engine.sums import Sums, maximum
+from rl_engine.exact.records import Sums, maximum
 
 
 def _check(trainer: torch.Tensor, rollout: torch.Tensor, mask: torch.Tensor | None):

@@ -1,13 +1,13 @@
 """Where a backward writes each sequence's parameter-gradient partials: one canonical tree per
-(parameter, role), whatever the layout (rl_engine/canonical_sum.py)."""
+(parameter, role), whatever the layout (rl_engine/exact/canonical_sum.py)."""
 
 from __future__ import annotations
 
 import torch
 
-from rl_engine.canonical_sum import CanonicalSum, Node, combine, holder_range, sum_roles
-from rl_engine.row_partial import RowPartial
-from rl_engine.slab_arena import SlabArena
+from rl_engine.exact.canonical_sum import CanonicalSum, Node, combine, holder_range, sum_roles
+from rl_engine.exact.row_partial import RowPartial
+from rl_engine.base.slab_arena import SlabArena
 
 
 class SequenceGradients:
@@ -33,7 +33,7 @@ class SequenceGradients:
     row partial; a holder of [0, m) (lo = 0) at most ceil(log2 m) + 1. A deferred product
     holds its operands instead, while they are smaller than the dense tensor. The first
     leaf of each dense tree, into which the holder's later leaves are added, lives in a slab
-    (rl_engine/slab_arena.py), off the heap's short-lived tensors.
+    (rl_engine/base/slab_arena.py), off the heap's short-lived tensors.
     """
 
     def __init__(self, n: int, lo: int = 0, hi: int | None = None):

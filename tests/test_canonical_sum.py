@@ -1,4 +1,4 @@
-"""rl_engine.canonical_sum: one sum of per-sequence partials, bit for bit, whatever the split.
+"""rl_engine.exact.canonical_sum: one sum of per-sequence partials, bit for bit, whatever the split.
 
 The chain checked: for random splits of one list of n leaves into contiguous rank ranges (1, 2,
 4 and odd rank counts, empty ranks too) and, inside each rank, micro-batches of random sizes,
@@ -16,7 +16,7 @@ import random
 import pytest
 import torch
 
-from rl_engine.canonical_sum import (
+from rl_engine.exact.canonical_sum import (
     CanonicalSum,
     combine,
     cover,
@@ -25,8 +25,8 @@ from rl_engine.canonical_sum import (
     split_point,
     sum_roles,
 )
-from rl_engine.row_partial import RowPartial
-from rl_engine.sequence_gradients import SequenceGradients
+from rl_engine.exact.row_partial import RowPartial
+from rl_engine.exact.sequence_gradients import SequenceGradients
 from tests.helpers.canonical_sums import (
     adversarial_leaves,
     assert_same_bits,

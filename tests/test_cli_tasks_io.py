@@ -6,8 +6,8 @@ import stat
 import pytest
 
 from rl_engine.cli import main
-from rl_engine.io import write_json_atomic, write_text_atomic
-from rl_engine.tasks import (
+from rl_engine.base.io import write_json_atomic, write_text_atomic
+from rl_engine.data.tasks import (
     CountTask,
     answer_matches,
     final_answer,

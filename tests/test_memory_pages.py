@@ -1,4 +1,4 @@
-"""`release_pages` (rl_engine/memory_pages.py) on real mappings: an anonymous tensor's released
+"""`release_pages` (rl_engine/base/memory_pages.py) on real mappings: an anonymous tensor's released
 pages read zeros, a private file mapping's read the file again; its ends keep their bytes;
 and an engine refuses to release a tensor its syncs would not rewrite whole."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_engine.memory_pages import anonymous_private, page_size, release_pages
+from rl_engine.base.memory_pages import anonymous_private, page_size, release_pages
 
 
 def _resident_kib() -> int:

@@ -1,4 +1,4 @@
-"""rl_engine.packing: micro-batch plans (budget, balance, determinism) and the packed layout's maps."""
+"""rl_engine.logprobs.packing: micro-batch plans (budget, balance, determinism) and the packed layout's maps."""
 
 import math
 import random
@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from rl_engine.packing import PackedBatch, plan_micro_batches, right_padded
+from rl_engine.logprobs.packing import PackedBatch, plan_micro_batches, right_padded
 
 # ----------------------------------------------------------------------------- plans
 

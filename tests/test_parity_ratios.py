@@ -1,11 +1,11 @@
-"""rl_engine.parity: importance-ratio distribution, mismatch by position and correction step metrics, on hand-made logprobs."""
+"""rl_engine.logprobs.parity: importance-ratio distribution, mismatch by position and correction step metrics, on hand-made logprobs."""
 
 import math
 
 import pytest
 import torch
 
-from rl_engine.parity import fraction_outside, mismatch_by_position, ratio_distribution
+from rl_engine.logprobs.parity import fraction_outside, mismatch_by_position, ratio_distribution
 
 
 def test_ratio_distribution_counts_tokens_and_sequences_outside_the_band():
@@ -36,7 +36,7 @@ def test_mismatch_by_position_averages_over_the_sequences_that_reach_it():
 
 def test_step_metrics_merge_over_micro_batches_and_report_what_the_correction_did():
     from rl_engine.algorithms import rollout_correction
-    from rl_engine.parity import CorrectionSums, correction_sums
+    from rl_engine.logprobs.parity import CorrectionSums, correction_sums
 
     rollout = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, float("nan")]])
     trainer = rollout + torch.tensor([[0.0, math.log(3.0), 0.0], [math.log(0.25), 0.0, 0.0]])
@@ -63,7 +63,7 @@ def test_step_metrics_merge_over_micro_batches_and_report_what_the_correction_di
 
 def test_step_metrics_of_non_finite_logprobs_are_reported_not_raised():
     from rl_engine.algorithms import rollout_correction
-    from rl_engine.parity import correction_sums
+    from rl_engine.logprobs.parity import correction_sums
 
     rollout = torch.tensor([[-1.0, -2.0]])
     trainer = torch.tensor([[-1.0, -float("inf")]])

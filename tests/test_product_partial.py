@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from rl_engine.canonical_sum import CanonicalSum, combine
+from rl_engine.exact.canonical_sum import CanonicalSum, combine
 from rl_engine.kernels.common import product_partial as pp
 from rl_engine.kernels.common.product_partial import (
     ProductPartial,
@@ -21,7 +21,7 @@ from rl_engine.kernels.common.product_partial import (
     is_deferred,
 )
 from rl_engine.kernels.cpp.linear import exact_gemm
-from rl_engine.slab_arena import SlabArena
+from rl_engine.base.slab_arena import SlabArena
 from tests.helpers.canonical_sums import adversarial_leaves, assert_same_bits, reference_sum
 
 M, N = 37, 11  # a block of 3 rows leaves a short last block

@@ -1,4 +1,4 @@
-"""rl_engine.sums: named sums merge field by field and cross the ranks' collective as one tensor.
+"""rl_engine.exact.records: named sums merge field by field and cross the ranks' collective as one tensor.
 
 The records that carry the step's metrics (`ParitySums`, `CorrectionSums`, the worker's
 `LossSums`) are checked here for what the collectives rely on: the packed layout is the
@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from rl_engine.executors.worker.step_loss import LossSums
-from rl_engine.parity import CorrectionSums, ParitySums, parity_sums
+from rl_engine.executors.worker.policy.step_loss import LossSums
+from rl_engine.logprobs.parity import CorrectionSums, ParitySums, parity_sums
 
 
 def _ranks_all_reduce(records: list, max_positions: list[int], calls: list):

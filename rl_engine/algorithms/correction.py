@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rl_engine.algorithms.sequence_sums import exact_row_sums
+from rl_engine.exact.float_sums import exact_row_sums
 
 CORRECTION_MODES = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 

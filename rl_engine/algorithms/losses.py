@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from rl_engine.algorithms.sequence_sums import exact_row_means
+from rl_engine.exact.float_sums import exact_row_means
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 RATIO_LEVELS = ("token", "sequence")

@@ -81,7 +81,7 @@ def make_batch(vocab: int, case: Case, seed: int = 0):
 
 def _worker(layout_invariant: bool, dtype: str, case: Case):
     from rl_engine.config import RunConfig
-    from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+    from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 
     config = RunConfig.from_dict(
         {
@@ -275,7 +275,7 @@ def render(results: list[tuple[str, dict]], case: Case, steps: int) -> str:
 
 
 def _part_names() -> tuple[str, ...]:
-    from rl_engine.executors.worker.layout_invariant import PARTS
+    from rl_engine.executors.worker.layout_free.update import PARTS
 
     return PARTS
 

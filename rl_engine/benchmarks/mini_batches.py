@@ -82,7 +82,7 @@ def mid_llama(dtype: str):
 def worker(model: str, dtype: str, mini: int, scope: str, step: Step = FULL):
     """A one-rank ZeRO-0 worker in this process; `model` is mid-llama (built here) or a spec."""
     from rl_engine.config import RunConfig
-    from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+    from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 
     config = RunConfig.from_dict(
         {

@@ -133,7 +133,7 @@ def _batch(vocab: int, case: Case):
 
 def _worker(packed: bool, case: Case):
     from rl_engine.config import RunConfig
-    from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+    from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 
     trainer = (
         {"packing": True, "max_tokens_per_micro_batch": case.budget, "micro_batch_size": case.seqs}
@@ -236,7 +236,7 @@ def render(result: dict[str, dict], case: Case, threads: int, steps: int = 1) ->
 
 def packed_count(case: Case = FULL) -> int:
     """The packed layout's micro-batches (rows under the token budget)."""
-    from rl_engine.packing import plan_micro_batches
+    from rl_engine.logprobs.packing import plan_micro_batches
 
     lengths = [case.prompt + n for n in completion_lengths(case)]
     return len(plan_micro_batches(lengths, max_sequences=case.seqs, max_tokens=case.budget))

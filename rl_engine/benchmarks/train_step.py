@@ -65,7 +65,7 @@ def _batch(vocab: int, case: Case, seed: int = 0):
 
 def _worker(zero_stage: int, invariant: bool, dtype: str, case: Case):
     from rl_engine.config import RunConfig
-    from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+    from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 
     config = RunConfig.from_dict(
         {

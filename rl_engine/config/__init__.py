@@ -19,7 +19,7 @@ Where things are
   mini-batches vs. ranks, the critic's split, where prompts come from, DAPO, environments).
 - `yaml_io.py`: reading YAML, `--set` overrides, unknown-key errors, writing YAML.
 - The field checks (`check_int`, `check_number`, ... and the one wording of their errors) are
-  rl_engine.fields, below every layer, because SamplingParams checks with them too.
+  rl_engine.base.fields, below every layer, because SamplingParams checks with them too.
 
 Why the other sections stay here rather than inside their components: this package sits above
 rollout/ and algorithms/ (it imports their names) and below executors/, diagnostics/,

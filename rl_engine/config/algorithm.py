@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl_engine.algorithms import ADVANTAGE_ESTIMATORS, AGGREGATIONS, CORRECTION_MODES, RATIO_LEVELS
-from rl_engine.fields import check_bool, check_choice, check_int, check_number, fail
+from rl_engine.base.fields import check_bool, check_choice, check_int, check_number, fail
 
 ALGORITHMS = ("grpo", "ppo")
 TURN_REWARDS = ("sum", "last")

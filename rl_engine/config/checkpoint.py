@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rl_engine.fields import check_bool, check_int
+from rl_engine.base.fields import check_bool, check_int
 
 
 @dataclass(kw_only=True, slots=True)

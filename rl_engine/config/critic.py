@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rl_engine.config.trainer import check_zero_stage
-from rl_engine.fields import check_int, check_number, check_text
+from rl_engine.base.fields import check_int, check_number, check_text
 
 
 @dataclass(kw_only=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rl_engine.fields import check_bool, check_choice, check_int, check_text, fail
+from rl_engine.base.fields import check_bool, check_choice, check_int, check_text, fail
 
 TRUNCATIONS = ("filter", "left", "right", "error")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl_engine.fields import check_choice, check_text, fail
+from rl_engine.base.fields import check_choice, check_text, fail
 
 BACKENDS = ("jsonl", "tensorboard", "wandb", "mlflow")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rl_engine.fields import check_int, check_number, check_text, fail
+from rl_engine.base.fields import check_int, check_number, check_text, fail
 
 ALL_LINEAR = "all-linear"
 

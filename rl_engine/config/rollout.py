@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
 
-from rl_engine.fields import check_bool, check_choice, check_int, check_number, check_text, fail
+from rl_engine.base.fields import check_bool, check_choice, check_int, check_number, check_text, fail
 from rl_engine.rollout.sampling import SamplingKeys
 from rl_engine.rollout.tp.layout import TENSOR_PARALLEL_SIZES
 

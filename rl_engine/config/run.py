@@ -19,7 +19,7 @@ from rl_engine.config.reward import RewardConfig
 from rl_engine.config.rollout import RolloutConfig
 from rl_engine.config.trainer import TrainerConfig
 from rl_engine.config.yaml_io import apply_overrides, check_keys, read_yaml, write_yaml
-from rl_engine.fields import check_bool, check_choice, check_int, check_text, fail
+from rl_engine.base.fields import check_bool, check_choice, check_int, check_text, fail
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 PARITY_MODES = ("strict", "report", "off")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rl_engine.config.rollout import PLACEMENTS
-from rl_engine.fields import check_bool, check_choice, check_int, check_number, fail
+from rl_engine.base.fields import check_bool, check_choice, check_int, check_number, fail
 
 PARITY_SCOPES = ("first", "all")
 ZERO_STAGES = (0, 1, 2, 3)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from rl_engine.fields import fail
-from rl_engine.io import write_text_atomic
+from rl_engine.base.fields import fail
+from rl_engine.base.io import write_text_atomic
 
 
 def read_yaml(path: str | Path):

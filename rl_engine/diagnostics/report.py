@@ -36,15 +36,15 @@ from rl_engine.diagnostics.routing import (
     compare_routing,
     trainer_routing,
 )
-from rl_engine.io import write_json_atomic, write_text_atomic
+from rl_engine.base.io import write_json_atomic, write_text_atomic
 from rl_engine.logprobs import (
     final_hidden_states,
     packed_final_hidden_states,
     packed_token_logprobs,
     token_logprobs,
 )
-from rl_engine.packing import PackedBatch, right_padded
-from rl_engine.parity import MismatchMetrics, mismatch_metrics
+from rl_engine.logprobs.packing import PackedBatch, right_padded
+from rl_engine.logprobs.parity import MismatchMetrics, mismatch_metrics
 
 log = logging.getLogger("rl_engine.diagnose")
 
@@ -224,7 +224,7 @@ def _module_divergence(model, engine, completions, prompts, config) -> list[Modu
 def diagnose_mode(config: RunConfig, invariant: bool) -> ModeResult:
     from rl_engine.patching import RoutingRecorder, moe_layers
     from rl_engine.rollout import RolloutEngine
-    from rl_engine.tasks import make_task
+    from rl_engine.data.tasks import make_task
 
     model, tokenizer = _load(config, invariant)
     task = make_task(

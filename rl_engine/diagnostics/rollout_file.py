@@ -36,8 +36,8 @@ from rl_engine.diagnostics.report import (
     write_report,
 )
 from rl_engine.envs.files import parse_episode_rollouts
-from rl_engine.packing import plan_micro_batches
-from rl_engine.parity import THRESHOLDS, mismatch_by_position, mismatch_metrics, ratio_distribution
+from rl_engine.logprobs.packing import plan_micro_batches
+from rl_engine.logprobs.parity import THRESHOLDS, mismatch_by_position, mismatch_metrics, ratio_distribution
 from rl_engine.rollout.files import BadLine, RolloutFile, RolloutFileError, rollout_files
 
 log = logging.getLogger("rl_engine.diagnose")

@@ -17,7 +17,7 @@ import ast
 import operator
 import re
 
-from rl_engine.tasks import answer_matches
+from rl_engine.data.tasks import answer_matches
 
 MAX_CHARS = 200
 _ALLOWED = re.compile(r"^[0-9+\-*/().\s]+$")

@@ -19,7 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from rl_engine.envs.episode import Episode
-from rl_engine.io import write_text_atomic
+from rl_engine.base.io import write_text_atomic
 from rl_engine.rollout.files import BadLine, RolloutFile, completion_record, parse_rollouts
 
 MASK_FIELD = "policy_mask"

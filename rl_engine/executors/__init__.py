@@ -19,9 +19,9 @@ _EXPORTS = {
     "TrainBatch": "rl_engine.executors.worker.batch",
     "BatchError": "rl_engine.executors.worker.errors",
     "ParityError": "rl_engine.executors.worker.errors",
-    "DeepSpeedTrainingWorker": "rl_engine.executors.worker.deepspeed_trainer",
+    "DeepSpeedTrainingWorker": "rl_engine.executors.worker.policy.worker",
     "build_deepspeed_config": "rl_engine.executors.worker.ds_config",
-    "CriticWorker": "rl_engine.executors.worker.critic",
+    "CriticWorker": "rl_engine.executors.worker.critic.worker",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,6 +1,6 @@
-"""Alias of `rl_engine.executors.worker.deepspeed_trainer` (the module path DESIGN.md names)."""
+"""Alias of `rl_engine.executors.worker.policy.worker` (the module path DESIGN.md names)."""
 
-from rl_engine.executors.worker.deepspeed_trainer import (
+from rl_engine.executors.worker.policy.worker import (
     BatchError,
     DeepSpeedTrainingWorker,
     ParityError,

@@ -34,7 +34,7 @@ from functools import cache
 
 import torch
 
-from rl_engine import devices
+from rl_engine.kernels import devices
 from rl_engine.kernels.common.op import opted_in
 
 OP_NAMES = (

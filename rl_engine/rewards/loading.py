@@ -12,7 +12,7 @@ the same forms:
 default_compute_score does (`gsm8k` in the name: gsm8k; anything else: math). It is called
 as fn(data_source=, solution_str=, ground_truth=, extra_info=, **reward.kwargs) and returns
 a float (bool, int) or a dict with a numeric 'score'; that signature is checked on load.
-A `rollout.task` function is called as fn(samples) -> list[float] (rl_engine.tasks).
+A `rollout.task` function is called as fn(samples) -> list[float] (rl_engine.data.tasks).
 """
 
 from __future__ import annotations

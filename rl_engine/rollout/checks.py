@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from rl_engine.fields import is_int
+from rl_engine.base.fields import is_int
 from rl_engine.rollout.sampling import SamplingParams
 
 

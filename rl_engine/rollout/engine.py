@@ -37,8 +37,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from rl_engine.devices import check_device
-from rl_engine.fields import check_bool, is_int
+from rl_engine.kernels.devices import check_device
+from rl_engine.base.fields import check_bool, is_int
 from rl_engine.patching import is_patched, patch_handle
 from rl_engine.patching.attention import PLAIN_CACHED_NAME, register_plain_cached_attention
 from rl_engine.patching.packed_weights import PackedWeights

@@ -8,7 +8,7 @@ same `prompt_index`, or else the same `prompt_token_ids`, form one GRPO group.
 
 Reading checks every line and reports each malformed one with its 1-based line
 number; `read_rollouts` computes nothing from a file that has one unless told
-to skip them. Writing is atomic (rl_engine.io).
+to skip them. Writing is atomic (rl_engine.base.io).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from rl_engine.fields import is_int
-from rl_engine.io import write_text_atomic
+from rl_engine.base.fields import is_int
+from rl_engine.base.io import write_text_atomic
 from rl_engine.rollout.completion import Completion
 
 REQUIRED_FIELDS = ("prompt_token_ids", "token_ids", "logprobs")

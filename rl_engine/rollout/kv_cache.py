@@ -24,7 +24,7 @@ its `kv_index` argument when they are contiguous, in its compute dtype (pass
 `dtype=torch.float32`) and `capacity` is a multiple of its key block (pass
 `block=BLOCK_K`; the capacity is rounded up).
 
-A packed prefill (several prompts concatenated in one row, `rl_engine.packing`)
+A packed prefill (several prompts concatenated in one row, `rl_engine.logprobs.packing`)
 binds with `bind_packed(token_slots, positions)`: every token names its own slot.
 Its attention runs on the packed keys themselves (segment-aware), so the hook
 only stores them: `cache.store(layer_idx, key, value)`.

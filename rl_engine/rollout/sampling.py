@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from rl_engine.fields import check_int, check_number, is_int
+from rl_engine.base.fields import check_int, check_number, is_int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from rl_engine.fields import is_int
+from rl_engine.base.fields import is_int
 from rl_engine.rollout.completion import Completion, Request
 from rl_engine.rollout.sampling import SamplingParams, turn_generator
 

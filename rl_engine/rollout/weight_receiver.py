@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rl_engine.memory_pages import release_pages
+from rl_engine.base.memory_pages import release_pages
 from rl_engine.rollout.weight_pieces import plan_pieces, target_view
 from rl_engine.rollout.weight_plan import (
     PointToPoint,

@@ -1,4 +1,4 @@
-"""The exact per-sequence reduction (rl_engine/algorithms/sequence_sums.py) and the two places
+"""The exact per-sequence reduction (rl_engine/exact/float_sums.py) and the two places
 trainer.layout_invariant takes it: GSPO's sequence log-ratio and the sequence-level rollout
 corrections. A sequence's bits must not depend on its row's padding, its column offset or its
 batch mates; torch's padded-row sum (the plain path) does, for some lengths."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rl_engine.algorithms import policy_loss_terms, rollout_correction
-from rl_engine.algorithms.sequence_sums import exact_row_means, exact_row_sums
+from rl_engine.exact.float_sums import exact_row_means, exact_row_sums
 
 LENGTHS = range(1, 64)
 

@@ -225,7 +225,7 @@ def test_bench_train_layout(capsys):
     assert_figures(steps, times=("step s",), memory=peaks)
     assert_figures(steps[1:], ratios=("time ratio", "memory ratio"))
     assert [r["dtype"] for r in parts] == ["float32"]
-    from rl_engine.executors.worker.layout_invariant import PARTS
+    from rl_engine.executors.worker.layout_free.update import PARTS
 
     assert_figures(parts, times=("step s", *PARTS))
     assert number(parts[0]["sink tensors at the end"]) >= 1

@@ -6,7 +6,7 @@ import pytest
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.job.preflight import check_lora_targets, validate_before_start
-from rl_engine.executors.worker.critic import critic_adapter_seed
+from rl_engine.executors.worker.critic.worker import critic_adapter_seed
 
 
 def test_lora_is_off_by_default_and_its_scale_is_alpha_over_rank():

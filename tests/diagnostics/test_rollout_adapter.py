@@ -20,7 +20,7 @@ from rl_engine.config import RunConfig
 from rl_engine.diagnostics.report import run_diagnosis
 from rl_engine.executors.job.export_lora import write_lora_export
 from rl_engine.executors.job.preflight import validate_before_start
-from rl_engine.executors.worker.policy import load_policy
+from rl_engine.executors.worker.policy.setup import load_policy
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.patching.lora import is_adapter_name

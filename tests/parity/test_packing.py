@@ -23,9 +23,9 @@ import torch
 import rl_engine.algorithms.losses as losses
 from rl_engine.config import RunConfig
 from rl_engine.executors.worker.batch_checks import micro_batches
-from rl_engine.executors.worker.deepspeed_trainer import BatchError, DeepSpeedTrainingWorker
+from rl_engine.executors.worker.policy.worker import BatchError, DeepSpeedTrainingWorker
 from rl_engine.executors.worker.ds_config import build_deepspeed_config
-from rl_engine.packing import plan_micro_batches
+from rl_engine.logprobs.packing import plan_micro_batches
 from tests.helpers.worker.cell import cell_config, generate, rollout_engine, to_batch
 from tests.helpers.worker.launch import run_ranks
 

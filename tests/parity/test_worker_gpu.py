@@ -17,7 +17,7 @@ pytestmark = [
 
 def test_worker_on_cuda_has_bitwise_parity_with_the_cuda_engine():
     pytest.importorskip("deepspeed", reason="deepspeed is not installed")
-    from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+    from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
     from rl_engine.models import load_model
     from rl_engine.patching import apply_batch_invariant, patch_handle
     from rl_engine.rollout import RolloutEngine

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from rl_engine.config import LoraConfig
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.patching import apply_batch_invariant
 from tests.helpers.lora_policy import merge_adapters, unpatch_adapters
 from tests.helpers.parity.lora_cells import (

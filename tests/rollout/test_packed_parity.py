@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rl_engine.logprobs import IGNORE_INDEX, packed_token_logprobs, token_logprobs
-from rl_engine.packing import PackedBatch, right_padded
+from rl_engine.logprobs.packing import PackedBatch, right_padded
 from rl_engine.patching import lm_head_parameters, model_op
 from rl_engine.rollout import RolloutEngine, SamplingParams
 from tests.helpers.rollout.common import (

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.job import job_checkpoints as ckpt
-from rl_engine.io import FILE_MODE
+from rl_engine.base.io import FILE_MODE
 
 log = logging.getLogger("rl_engine.export")
 

@@ -26,7 +26,7 @@ def write_lora_export(
     run's tokenizer (or None) for the caller to save beside it."""
     from safetensors.torch import save_file
 
-    from rl_engine.executors.worker.policy import load_policy
+    from rl_engine.executors.worker.policy.setup import load_policy
     from rl_engine.patching.lora import adapter_files, merged_state_dict
 
     policy, tokenizer = load_policy(config)

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
-from rl_engine.executors.worker.weights_file import WEIGHTS_FILE, read_weights_file
-from rl_engine.io import write_json_atomic, write_text_atomic
+from rl_engine.executors.worker.weights.weights_file import WEIGHTS_FILE, read_weights_file
+from rl_engine.base.io import write_json_atomic, write_text_atomic
 
 log = logging.getLogger("rl_engine.job")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from rl_engine.config import RunConfig
 from rl_engine.executors.job.faults import ActorInfo
 from rl_engine.executors.job.job_checkpoints import Checkpoint
-from rl_engine.io import write_json_atomic
+from rl_engine.base.io import write_json_atomic
 
 log = logging.getLogger("rl_engine.job")
 

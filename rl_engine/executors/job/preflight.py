@@ -14,9 +14,9 @@ def validate_before_start(config: RunConfig) -> None:
     task known and its reward function importable / prompt file valid, datasets readable
     with their columns, reward.function loadable, trackers installed. Raises ValueError."""
     from rl_engine.executors.worker.ds_config import build_deepspeed_config
-    from rl_engine.executors.worker.policy import check_no_diagnostics_adapter
+    from rl_engine.executors.worker.policy.setup import check_no_diagnostics_adapter
     from rl_engine.models import check_model_spec, has_tokenizer
-    from rl_engine.tasks import check_task_spec
+    from rl_engine.data.tasks import check_task_spec
 
     try:
         check_model_spec(config.model)

@@ -66,7 +66,7 @@ from rl_engine.executors.job.weight_sync import (
     sync_weights,
 )
 from rl_engine.rewards import RewardFailure
-from rl_engine.tasks import make_task
+from rl_engine.data.tasks import make_task
 
 __all__ = ["run_job"]
 

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from rl_engine.io import FILE_MODE, write_text_atomic
+from rl_engine.base.io import FILE_MODE, write_text_atomic
 
 CONFIG_SNAPSHOT = "config.yaml"
 METRICS = "metrics.jsonl"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.job.run_dir import MetricsLog
-from rl_engine.io import write_json_atomic
+from rl_engine.base.io import write_json_atomic
 
 log = logging.getLogger("rl_engine.job")
 

@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 
 from rl_engine.executors.job.faults import ActorFailure, ActorInfo, gather
-from rl_engine.executors.worker.weight_transport import adapter_names
+from rl_engine.executors.worker.weights.weight_transport import adapter_names
 
 log = logging.getLogger("rl_engine.job")
 

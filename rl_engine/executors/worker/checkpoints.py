@@ -14,14 +14,14 @@ from pathlib import Path
 from torch import nn
 
 from rl_engine.executors.worker.distributed import Collectives
-from rl_engine.executors.worker.layout_free_state import (
+from rl_engine.executors.worker.layout_free.state import (
     load_layout_free_checkpoint,
     save_layout_free_checkpoint,
 )
-from rl_engine.executors.worker.lora_base import LORA_BASE_FILE, check_base
-from rl_engine.executors.worker.weight_transport import full_shape, policy_tensors
-from rl_engine.executors.worker.weights_file import WeightsFileWriter
-from rl_engine.io import write_text_atomic
+from rl_engine.executors.worker.weights.lora_base import LORA_BASE_FILE, check_base
+from rl_engine.executors.worker.weights.weight_transport import full_shape, policy_tensors
+from rl_engine.executors.worker.weights.weights_file import WeightsFileWriter
+from rl_engine.base.io import write_text_atomic
 
 
 def gathered_buckets(policy: nn.Module, *, zero3: bool, deepspeed, bucket_bytes: int):

@@ -41,26 +41,26 @@ from torch import nn
 
 from rl_engine.algorithms import aggregation_units
 from rl_engine.config import RunConfig
-from rl_engine.devices import check_device
+from rl_engine.kernels.devices import check_device
 from rl_engine.executors.worker import checkpoints
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.batch_checks import agree_on_batch, plan_scoring, plan_step
 from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_deepspeed
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
 from rl_engine.executors.worker.errors import BatchError
-from rl_engine.executors.worker.invariant_adamw import InvariantAdamW
-from rl_engine.executors.worker.layout_invariant import worker_layout_update
+from rl_engine.executors.worker.optim.layout_free_adamw import InvariantAdamW
+from rl_engine.executors.worker.layout_free.update import worker_layout_update
 from rl_engine.executors.worker.micro_batches import MicroBatch
-from rl_engine.executors.worker.optimizer import adamw
-from rl_engine.executors.worker.policy import (
+from rl_engine.executors.worker.optim.adamw import adamw
+from rl_engine.executors.worker.policy.setup import (
     StepGuard,
     base_record,
     checkpoint_activations,
     prepare_policy,
 )
-from rl_engine.executors.worker.value_loss import ValueLossSums, value_micro_loss
-from rl_engine.executors.worker.value_model import ValueModule
-from rl_engine.sums import SequenceRecords
+from rl_engine.executors.worker.critic.value_loss import ValueLossSums, value_micro_loss
+from rl_engine.executors.worker.critic.value_model import ValueModule
+from rl_engine.exact.records import SequenceRecords
 
 logger = logging.getLogger(__name__)
 

@@ -26,21 +26,21 @@ import torch
 from torch import nn
 
 from rl_engine.config import RunConfig
-from rl_engine.devices import check_device
+from rl_engine.kernels.devices import check_device
 from rl_engine.executors.worker import checkpoints
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.batch_checks import agree_on_batch, plan_scoring, plan_step
 from rl_engine.executors.worker.distributed import Collectives, DistEnv, import_deepspeed
 from rl_engine.executors.worker.ds_config import build_deepspeed_config, validate_with_deepspeed
-from rl_engine.executors.worker.engine_sync import EngineWeightSync
+from rl_engine.executors.worker.weights.engine_sync import EngineWeightSync
 from rl_engine.executors.worker.errors import BatchError, ParityError
-from rl_engine.executors.worker.invariant_adamw import InvariantAdamW
-from rl_engine.executors.worker.layout_free_loss import invariant_micro_loss
-from rl_engine.executors.worker.layout_invariant import worker_layout_update
+from rl_engine.executors.worker.optim.layout_free_adamw import InvariantAdamW
+from rl_engine.executors.worker.layout_free.loss import invariant_micro_loss
+from rl_engine.executors.worker.layout_free.update import worker_layout_update
 from rl_engine.executors.worker.micro_batches import MicroBatch, MicroSlot
-from rl_engine.executors.worker.optimizer import adamw
-from rl_engine.executors.worker.parity_check import ParityCheck
-from rl_engine.executors.worker.policy import (
+from rl_engine.executors.worker.optim.adamw import adamw
+from rl_engine.executors.worker.policy.parity_check import ParityCheck
+from rl_engine.executors.worker.policy.setup import (
     LogprobModule,
     StepGuard,
     base_record,
@@ -49,18 +49,18 @@ from rl_engine.executors.worker.policy import (
     micro_batch_logprobs,
     prepare_policy,
 )
-from rl_engine.executors.worker.recovery import MidStepFailures
-from rl_engine.executors.worker.router_terms import RouterTerms
-from rl_engine.executors.worker.step_corrections import StepCorrections, scoring_pass
-from rl_engine.executors.worker.step_loss import (
+from rl_engine.executors.worker.step.recovery import MidStepFailures
+from rl_engine.executors.worker.policy.router_terms import RouterTerms
+from rl_engine.executors.worker.policy.step_corrections import StepCorrections, scoring_pass
+from rl_engine.executors.worker.policy.step_loss import (
     LossSums,
     grad_norm,
     micro_loss,
     step_metrics,
     summary,
 )
-from rl_engine.parity import ParitySums
-from rl_engine.sums import SequenceRecords
+from rl_engine.logprobs.parity import ParitySums
+from rl_engine.exact.records import SequenceRecords
 
 __all__ = ["BatchError", "DeepSpeedTrainingWorker", "ParityError", "build_deepspeed_config"]
 
@@ -152,7 +152,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         masked_sequence_fraction, k3_kl, trainer_ppl, rollout_ppl}: the importance ratio
         trainer / rollout and what `algorithm.rollout_correction` truncated or dropped;
         for a mixture-of-experts policy router/{aux_loss, max_load_share,
-        max_load_share_worst_layer, load_entropy} (rl_engine/executors/worker/router_terms.py).
+        max_load_share_worst_layer, load_entropy} (rl_engine/executors/worker/policy/router_terms.py).
         With several updates, loss, policy_loss, kl and router/aux_loss are means over the
         updates, clip_fraction and entropy over every training forward's tokens, and grad_norm
         is the last update's.

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from rl_engine.executors.worker.weight_transport import (
+from rl_engine.executors.worker.weights.weight_transport import (
     WeightGroup,
     agree_on_group,
     held_ranges,

@@ -44,7 +44,7 @@ def parity_error(rank: int, logp, mb, sequences, count: int) -> ParityError:
 
     mb: the micro-batch's padded view (None: an empty one); sequences[i]: the shard row of its
     row i."""
-    from rl_engine.parity import first_mismatch
+    from rl_engine.logprobs.parity import first_mismatch
 
     found = None if mb is None else first_mismatch(logp, mb.rollout_logprobs, mb.response_mask)
     if found is None:

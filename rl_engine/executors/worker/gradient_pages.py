@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 
-from rl_engine.memory_pages import anonymous_private, release_pages
+from rl_engine.base.memory_pages import anonymous_private, release_pages
 
 log = logging.getLogger(__name__)
 

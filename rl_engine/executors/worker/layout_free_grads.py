@@ -1,7 +1,7 @@
 """A step's gradient handed to DeepSpeed without DeepSpeed's reduction, and its layout-free norm.
 
 `whole_gradients` forms each parameter's whole gradient on every rank: every rank broadcasts
-its cover of the canonical tree (rl_engine/canonical_sum.py: the maximal tree nodes inside its
+its cover of the canonical tree (rl_engine/exact/canonical_sum.py: the maximal tree nodes inside its
 contiguous range of the step's sequences; every rank knows every range, so it knows every
 cover's shape) and every rank evaluates the root from all of them, role by role, then adds
 the roles (`sum_roles`). The adds are the tree's, so the rank count does not enter.
@@ -29,10 +29,10 @@ import torch
 import torch.distributed as dist
 from deepspeed.utils import safe_set_full_grad
 
-from rl_engine.canonical_sum import Node, combine, cover, sum_roles
+from rl_engine.exact.canonical_sum import Node, combine, cover, sum_roles
 from rl_engine.kernels.common.product_partial import dense
-from rl_engine.row_partial import RowPartial
-from rl_engine.sequence_gradients import SequenceGradients
+from rl_engine.exact.row_partial import RowPartial
+from rl_engine.exact.sequence_gradients import SequenceGradients
 
 NORM_ROW = 4096
 NORM_ROWS_AT_ONCE = 256  # 8 MiB of fp64 squares

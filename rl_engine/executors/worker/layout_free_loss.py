@@ -24,7 +24,7 @@ in their SIMD body and scalar tail: tests/kernels/test_rowwise_ops.py checks `ex
 
 Metrics: each sequence's terms are summed exactly (`math.fsum` of the tokens' fp32 values) into
 its own LossSums record, and the step's totals are exact sums over every sequence of every rank
-(`rl_engine.sums.SequenceRecords`), so they do not depend on the layout either.
+(`rl_engine.exact.records.SequenceRecords`), so they do not depend on the layout either.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ import torch
 from rl_engine.algorithms import kl_k3, policy_loss_terms
 from rl_engine.config import AlgorithmConfig
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.step_loss import Corrected, LossSums
-from rl_engine.sums import SequenceRecords
+from rl_engine.executors.worker.policy.step_loss import Corrected, LossSums
+from rl_engine.exact.records import SequenceRecords
 
 
 def token_weights(mask: torch.Tensor, aggregation: str, units: float) -> torch.Tensor:

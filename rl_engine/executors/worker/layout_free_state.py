@@ -32,8 +32,8 @@ from deepspeed.utils import (
     safe_set_full_optimizer_state,
 )
 
-from rl_engine.executors.worker.lora_base import LORA_BASE_FILE, check_base
-from rl_engine.io import write_text_atomic
+from rl_engine.executors.worker.weights.lora_base import LORA_BASE_FILE, check_base
+from rl_engine.base.io import write_text_atomic
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 

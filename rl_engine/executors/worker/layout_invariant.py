@@ -34,8 +34,8 @@ from __future__ import annotations
 import math
 import time
 
-from rl_engine.canonical_sum import value_tensors
-from rl_engine.executors.worker.layout_free_grads import (
+from rl_engine.exact.canonical_sum import value_tensors
+from rl_engine.executors.worker.layout_free.grads import (
     clip_coefficient,
     inject_gradient,
     row_square_sums,
@@ -44,8 +44,8 @@ from rl_engine.executors.worker.layout_free_grads import (
 from rl_engine.executors.worker.micro_batches import MicroBatch
 from rl_engine.kernels import SequenceSpans
 from rl_engine.patching.gradient_route import GradientRoute, bind_gradient_route
-from rl_engine.sequence_gradients import SequenceGradients
-from rl_engine.slab_arena import SLAB_BYTES
+from rl_engine.exact.sequence_gradients import SequenceGradients
+from rl_engine.base.slab_arena import SLAB_BYTES
 
 PARTS = ("forward_backward", "whole_gradients", "norm", "inject", "deepspeed_step")
 

@@ -9,7 +9,7 @@ Layouts, by `trainer.packing` and `trainer.max_tokens_per_micro_batch` (N):
 | true    | 0 | micro_batch_size consecutive sequences, concatenated in one row       |
 | true    | N | a planned group (sum of lengths <= N), concatenated in one row        |
 
-Groups come from `rl_engine.packing.plan_micro_batches`: the lengths alone decide
+Groups come from `rl_engine.logprobs.packing.plan_micro_batches`: the lengths alone decide
 them, so a resumed run groups the same way. Whatever the layout, `MicroBatch.batch`
 is the padded view (b, T) of its sequences that the loss, the parity check and
 the rollout correction read; with packing the forward runs on `packed` and its
@@ -25,7 +25,7 @@ import torch
 
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.logprobs import IGNORE_INDEX
-from rl_engine.packing import PackedBatch, plan_micro_batches
+from rl_engine.logprobs.packing import PackedBatch, plan_micro_batches
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 `config.parity` decides what a check does. 'off': nothing is compared and the step reports
 no parity/* metrics. 'report': the micro-batch's `ParitySums` join the step's parity/*
-metrics (`rl_engine.parity`: one definition for the worker and the diagnostics). 'strict':
+metrics (`rl_engine.logprobs.parity`: one definition for the worker and the diagnostics). 'strict':
 also, before the micro-batch's backward, the ranks all-reduce its mismatch count, and a
 mismatch on any rank raises ParityError on every rank, so no update is taken and no rank is
 left waiting in a collective. The worker checks forwards of the pre-update policy only
@@ -18,8 +18,8 @@ import torch
 from rl_engine.executors.worker.distributed import Collectives
 from rl_engine.executors.worker.errors import parity_error
 from rl_engine.executors.worker.micro_batches import MicroBatch
-from rl_engine.parity import MismatchMetrics, ParitySums, parity_sums
-from rl_engine.sums import SequenceRecords
+from rl_engine.logprobs.parity import MismatchMetrics, ParitySums, parity_sums
+from rl_engine.exact.records import SequenceRecords
 
 
 @dataclass(frozen=True, slots=True)

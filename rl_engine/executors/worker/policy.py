@@ -21,8 +21,8 @@ from torch import nn
 from rl_engine.config import RunConfig
 from rl_engine.executors.worker.distributed import Collectives
 from rl_engine.executors.worker.micro_batches import MicroBatch
-from rl_engine.executors.worker.optimizer import all_finite
-from rl_engine.executors.worker.tied_gradient import tied_head_gradient
+from rl_engine.executors.worker.optim.adamw import all_finite
+from rl_engine.executors.worker.policy.tied_gradient import tied_head_gradient
 from rl_engine.logprobs import IGNORE_INDEX, packed_score_targets, score_targets
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant, lm_head_parameters, patch_handle

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from rl_engine.executors.worker.policy import release_zero3_parameters
+from rl_engine.executors.worker.policy.setup import release_zero3_parameters
 
 
 class MidStepFailures:

@@ -23,7 +23,7 @@ with the thread count at 60 experts, not at 64).
 
 The metric `router/aux_loss`: each sequence's sum of p_tl . u_s (each row's dot in fp64, in a
 fixed order; the rows' values `math.fsum`-ed) is its `AuxSums` record, and the step totals the
-records exactly (rl_engine.sums.SequenceRecords), so no layout enters it either.
+records exactly (rl_engine.exact.records.SequenceRecords), so no layout enters it either.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import torch
 
 from rl_engine.kernels import SequenceSpans
 from rl_engine.kernels.common.moe_router import fixed_order_sum, router_probabilities
-from rl_engine.sums import SequenceRecords, Sums
+from rl_engine.exact.records import SequenceRecords, Sums
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,11 +30,11 @@ from torch import nn
 from rl_engine.algorithms import expert_counts, load_balancing_loss, load_statistics
 from rl_engine.config import RunConfig
 from rl_engine.executors.worker.distributed import Collectives
-from rl_engine.executors.worker.layout_invariant import micro_batch_spans
+from rl_engine.executors.worker.layout_free.update import micro_batch_spans
 from rl_engine.executors.worker.micro_batches import MicroBatch
-from rl_engine.executors.worker.router_balance import AuxSums, sequence_balance
+from rl_engine.executors.worker.layout_free.router_balance import AuxSums, sequence_balance
 from rl_engine.patching import RoutingRecorder, moe_layers, router_settings
-from rl_engine.sums import SequenceRecords
+from rl_engine.exact.records import SequenceRecords
 
 
 class RouterTerms:

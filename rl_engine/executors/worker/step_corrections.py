@@ -24,10 +24,10 @@ from rl_engine.algorithms import aggregation_units
 from rl_engine.config import AlgorithmConfig, RunConfig
 from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.micro_batches import MicroBatch
-from rl_engine.executors.worker.parity_check import ParityCheck
-from rl_engine.executors.worker.step_loss import Corrected
-from rl_engine.parity import CorrectionSums, ParitySums, correction_sums
-from rl_engine.sums import AllReduce, SequenceRecords
+from rl_engine.executors.worker.policy.parity_check import ParityCheck
+from rl_engine.executors.worker.policy.step_loss import Corrected
+from rl_engine.logprobs.parity import CorrectionSums, ParitySums, correction_sums
+from rl_engine.exact.records import AllReduce, SequenceRecords
 
 
 def needs_scoring_pass(algo: AlgorithmConfig, mini: int) -> bool:

@@ -31,8 +31,8 @@ from rl_engine.algorithms import (
 )
 from rl_engine.config import AlgorithmConfig
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.parity import MismatchMetrics
-from rl_engine.sums import Sums
+from rl_engine.logprobs.parity import MismatchMetrics
+from rl_engine.exact.records import Sums
 
 
 @dataclass(frozen=True, slots=True)

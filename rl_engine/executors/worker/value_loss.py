@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from rl_engine.algorithms import value_loss_terms
-from rl_engine.executors.worker.layout_free_loss import sequence_records, token_weights
-from rl_engine.sums import SequenceRecords, Sums
+from rl_engine.executors.worker.layout_free.loss import sequence_records, token_weights
+from rl_engine.exact.records import SequenceRecords, Sums
 
 
 @dataclass(frozen=True, slots=True)

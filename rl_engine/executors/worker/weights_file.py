@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from rl_engine.io import FILE_MODE
+from rl_engine.base.io import FILE_MODE
 
 WEIGHTS_FILE = "weights.safetensors"
 ALIASES_KEY = "rl_engine.aliases"

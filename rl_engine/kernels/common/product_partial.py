@@ -16,7 +16,7 @@ So `densify` (into a fresh buffer), `add_into` (dense + deferred, into the dense
 `add_before` (deferred + dense, into the dense buffer) give the dense evaluation's bits, while
 besides the destination only one block of the dense value exists at a time, and no add pass
 reads back a whole partial. The products are fp32 (fp64 for fp64 operands), whose adds' NaNs
-do not depend on an element's place (rl_engine/canonical_sum.py), so blocks cannot change them.
+do not depend on an element's place (rl_engine/exact/canonical_sum.py), so blocks cannot change them.
 
 The canonical tree keeps a sum deferred while its operands take no more memory than its dense
 value (`add_deferred`), and evaluates it into its destination when it meets a dense node.

@@ -140,7 +140,7 @@ class SequenceSpans:
         cls, segments: torch.Tensor, indices: list[int] | tuple[int, ...] | None = None
     ) -> SequenceSpans:
         """Packed rows (R, N) flattened to R*N rows: segment id s (0 .. S-1) marks sequence s's
-        tokens, one contiguous run; -1 marks padding (`rl_engine.packing.PackedBatch`).
+        tokens, one contiguous run; -1 marks padding (`rl_engine.logprobs.packing.PackedBatch`).
         indices: the canonical index of each segment id (distinct, any order; default
         0..S-1)."""
         if not isinstance(segments, torch.Tensor) or segments.dim() != 2:

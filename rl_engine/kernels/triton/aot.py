@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """The command line of scripts/compile_gpu_kernels.py: 0 all hold, 1 a check failed, 2 usage."""
-    from rl_engine.io import write_json_atomic
+    from rl_engine.base.io import write_json_atomic
     from rl_engine.kernels.registry import OP_NAMES
 
     args = build_parser().parse_args(argv)

@@ -95,7 +95,7 @@ def write_ptx(out_dir: Path, target: str, compiled) -> str:
     rel = Path("ptx") / target / f"{compiled.name}-{compiled.hash[:20]}.ptx"
     path = out_dir / rel
     if not path.exists():
-        from rl_engine.io import write_text_atomic
+        from rl_engine.base.io import write_text_atomic
 
         write_text_atomic(path, compiled.asm["ptx"])
     return str(rel)

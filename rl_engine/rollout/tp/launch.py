@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rl_engine.io import write_bytes_atomic
+from rl_engine.base.io import write_bytes_atomic
 from rl_engine.rollout.sampling import SamplingParams
 from rl_engine.rollout.tp.layout import check_tensor_parallel_size
 

@@ -11,7 +11,7 @@ import pytest
 from rl_engine.config import RunConfig
 from rl_engine.executors.job.prompts import prompt_key
 from rl_engine.executors.job.rollouts import StepRollouts, step_sampling
-from rl_engine.tasks import CountTask
+from rl_engine.data.tasks import CountTask
 from tests.helpers.worker.cell import rollout_engine
 
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.job.export_lora import ADAPTER_FILE, write_lora_export
-from rl_engine.executors.worker.policy import load_policy
+from rl_engine.executors.worker.policy.setup import load_policy
 from rl_engine.models import load_model
 from tests.helpers.lora_policy import perturb_adapters
 

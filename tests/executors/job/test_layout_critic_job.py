@@ -15,7 +15,7 @@ from rl_engine.config import RunConfig
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import RunDirError, resume_config
-from rl_engine.executors.worker.layout_free_state import STATE_FILE
+from rl_engine.executors.worker.layout_free.state import STATE_FILE
 from tests.helpers.job.jobs import job_config, without_timings
 
 # (trainer keys, critic keys): each run has 1 + 2 DeepSpeed ranks and one engine

@@ -18,7 +18,7 @@ import pytest
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.export import export_checkpoint
 from rl_engine.executors.job.ray_job import run_job
-from rl_engine.executors.worker.weights_file import read_weights_file
+from rl_engine.executors.worker.weights.weights_file import read_weights_file
 from tests.helpers.job.jobs import job_config, stopped_and_resumed, without_timings
 
 CRITIC_KEYS = {

@@ -23,7 +23,7 @@ from rl_engine.algorithms import CORRECTION_MODES, policy_loss, rollout_correcti
 from rl_engine.config import RunConfig
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.rollout import read_rollouts, write_rollouts
 from tests.helpers.foreign_engine import hf_completions
 

@@ -9,7 +9,7 @@ import pytest
 from rl_engine.config import RunConfig
 from rl_engine.executors.job.rollouts import StepRollouts
 from rl_engine.rollout import RolloutFileError, read_rollouts
-from rl_engine.tasks import CountTask
+from rl_engine.data.tasks import CountTask
 
 VOCAB = 1000
 

@@ -22,7 +22,7 @@ from rl_engine.executors.job.run_dir import (
     resume_config,
     truncate_metrics,
 )
-from rl_engine.executors.worker.weights_file import WEIGHTS_FILE, save_state_dict
+from rl_engine.executors.worker.weights.weights_file import WEIGHTS_FILE, save_state_dict
 
 BASE = {
     "model": "tiny-llama",

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rl_engine.config import RunConfig
-from rl_engine.executors.worker.critic import CriticWorker
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+from rl_engine.executors.worker.critic.worker import CriticWorker
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from tests.helpers.worker.cell import cached_completions, cell_config, to_batch
 from tests.helpers.worker.critic_setup import critic_config, gae_returns
 

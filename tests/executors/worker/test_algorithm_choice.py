@@ -158,7 +158,7 @@ def cell_batch():
 
 
 def _worker(**overrides):
-    from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+    from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
     from tests.helpers.worker.cell import cell_config
 
     algorithm = {"kl_coef": 0.0, **overrides.pop("algorithm", {})}

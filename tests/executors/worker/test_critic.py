@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.critic import CriticWorker
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+from rl_engine.executors.worker.critic.worker import CriticWorker
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.executors.worker.errors import BatchError
-from rl_engine.executors.worker.policy import load_policy
+from rl_engine.executors.worker.policy.setup import load_policy
 from rl_engine.patching.lora import base_fingerprint, is_adapter_name
 from tests.helpers.worker.cell import cached_completions, to_batch
 from tests.helpers.worker.critic_setup import critic_config, gae_returns

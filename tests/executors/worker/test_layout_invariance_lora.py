@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.patching.lora import is_adapter_name
 from tests.helpers.worker.cell import cached_completions, cell_config, to_batch
 from tests.helpers.worker.layout_runs import (

@@ -1,6 +1,6 @@
 """The MoE auxiliary loss under trainer.layout_invariant: the sequence-wise balance loss.
 
-Unit level (rl_engine/executors/worker/router_balance.py): a sequence's terms are HF's formula
+Unit level (rl_engine/executors/worker/layout_free/router_balance.py): a sequence's terms are HF's formula
 over its own tokens, and the gradient its router logits get is the same bits alone, batched
 with another sequence, padded wider or packed (negative control: HF's micro-batch formula's
 is not). Worker level: a MoE policy with router_aux_loss_coef > 0 takes the same steps and
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from rl_engine.algorithms import load_balancing_loss
-from rl_engine.executors.worker.router_balance import (
+from rl_engine.executors.worker.layout_free.router_balance import (
     RouterRowsError,
     balance_weights,
     sequence_balance,

@@ -14,7 +14,7 @@ import dataclasses
 import pytest
 import torch
 
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker, ParityError
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker, ParityError
 from tests.helpers.worker.cell import cached_completions, cell_config, to_batch
 
 SEQS = 8  # the cell's batch: 2 prompts x 4 samples

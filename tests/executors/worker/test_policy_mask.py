@@ -19,7 +19,7 @@ import torch
 from rl_engine.envs import Episode, EpisodeLimits, TurnCodec, run_episodes
 from rl_engine.executors import BatchError
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.executors.worker.micro_batches import plan
 from rl_engine.logprobs import IGNORE_INDEX
 from rl_engine.rollout import SamplingParams

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from rl_engine.executors.worker import policy as policy_module
 from rl_engine.executors.worker import tied_gradient
-from rl_engine.executors.worker.policy import LogprobModule
+from rl_engine.executors.worker.policy.setup import LogprobModule
 from rl_engine.kernels.common.embedding import add_embedding_grad_
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_engine.executors.worker.weights_file import (
+from rl_engine.executors.worker.weights.weights_file import (
     WeightsFileWriter,
     read_weights_file,
     save_state_dict,

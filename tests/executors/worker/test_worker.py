@@ -15,7 +15,7 @@ import torch
 from rl_engine.algorithms import policy_loss
 from rl_engine.executors import BatchError
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker, ParityError
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker, ParityError
 from rl_engine.models import load_model
 from rl_engine.patching import is_patched
 from tests.helpers.worker.cell import (

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 from rl_engine.config import LoraConfig, RunConfig
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
-from rl_engine.executors.worker.policy import load_policy
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
+from rl_engine.executors.worker.policy.setup import load_policy
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.patching.lora import is_adapter_name
 from rl_engine.rollout import RolloutEngine

@@ -14,8 +14,8 @@ import dataclasses
 
 import torch
 
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker, ParityError
-from rl_engine.packing import plan_micro_batches
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker, ParityError
+from rl_engine.logprobs.packing import plan_micro_batches
 from tests.helpers.worker.cell import cell_config, to_batch
 
 

@@ -69,7 +69,7 @@ def lora_sharded(scenarios, rank: int, world: int) -> dict:
 def plan(engine, key: str, dtype: str) -> dict:
     """What this rank's receiver takes of the LoRA policy's manifest: per tensor None (whole)
     or its rows; the bytes of a full sync and of an adapters-only sync; the manifest's shapes."""
-    from rl_engine.executors.worker.weight_transport import adapter_names, policy_manifest
+    from rl_engine.executors.worker.weights.weight_transport import adapter_names, policy_manifest
     from rl_engine.rollout.weight_receiver import WeightReceiver
 
     manifest = policy_manifest(build_lora(key, dtype), zero3=False, world_size=1)

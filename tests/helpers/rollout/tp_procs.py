@@ -108,7 +108,7 @@ def generate_sharing_on_ranks(key: str, dtype: str, rank: int, world: int) -> di
 def save_weights(key: str, dtype: str, folder) -> str:
     """The seed-0 weights of `key`: an HF folder (tiny-llama: its tied head is not stored)
     or, for other models, a job checkpoint's weights file."""
-    from rl_engine.executors.worker.weights_file import save_state_dict
+    from rl_engine.executors.worker.weights.weights_file import save_state_dict
 
     model = build(key, dtype)
     if key == "tiny-llama":
@@ -175,7 +175,7 @@ def generate_sharded(
 def receiver_shares(engine, key: str, dtype: str) -> dict:
     """What each rank's weight-sync receiver takes of the full policy's manifest (its own
     plan): its bytes, and the bytes of each tensor it takes only a slice of, by rank."""
-    from rl_engine.executors.worker.weight_transport import policy_manifest
+    from rl_engine.executors.worker.weights.weight_transport import policy_manifest
 
     manifest = policy_manifest(build(key, dtype), zero3=False, world_size=1)
     receiver = engine.weight_receiver(manifest, bucket_bytes=1 << 20)

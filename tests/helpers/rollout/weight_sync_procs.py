@@ -43,7 +43,7 @@ def model(name: str, seed: int):
 
 
 def manifest_of(policy):
-    from rl_engine.executors.worker.weight_transport import policy_manifest
+    from rl_engine.executors.worker.weights.weight_transport import policy_manifest
 
     return policy_manifest(policy, zero3=False, world_size=SENDERS)
 
@@ -71,7 +71,7 @@ def split_plans(manifest):
 
 
 def run_sender(index: int, group) -> None:
-    from rl_engine.executors.worker.weight_transport import WeightSender, held_ranges
+    from rl_engine.executors.worker.weights.weight_transport import WeightSender, held_ranges
     from rl_engine.rollout.weight_plan import WeightPlan
 
     for version, name, plans_of, bucket in (
@@ -149,7 +149,7 @@ def run_receiver(index: int, group, out: Path) -> None:
 
 
 def main(role: str, index: int, port: int, out: Path) -> int:
-    from rl_engine.executors.worker.weight_transport import WeightGroup
+    from rl_engine.executors.worker.weights.weight_transport import WeightGroup
 
     torch.set_num_threads(1)
     rank = index if role == "sender" else SENDERS + index

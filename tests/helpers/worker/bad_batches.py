@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from rl_engine.executors import BatchError
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from tests.helpers.worker.cell import cell_config, to_batch
 
 

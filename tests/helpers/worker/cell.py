@@ -31,8 +31,8 @@ import torch.distributed as dist
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker, ParityError
-from rl_engine.executors.worker.weights_file import read_weights_file
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker, ParityError
+from rl_engine.executors.worker.weights.weights_file import read_weights_file
 from rl_engine.models import load_model
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.rollout import RolloutEngine, SamplingParams

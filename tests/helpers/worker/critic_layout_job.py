@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.executors.worker.critic import CriticWorker
-from rl_engine.executors.worker.layout_free_state import gather_state
+from rl_engine.executors.worker.critic.worker import CriticWorker
+from rl_engine.executors.worker.layout_free.state import gather_state
 from tests.helpers.worker.cell import to_batch
 from tests.helpers.worker.critic_setup import critic_config, gae_returns
 

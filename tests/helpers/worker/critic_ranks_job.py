@@ -19,7 +19,7 @@ from tests.helpers.worker.critic_setup import critic_config, gae_returns
 def run(spec: dict, out_dir: Path, rank: int) -> dict:
     import deepspeed
 
-    from rl_engine.executors.worker.critic import CriticWorker
+    from rl_engine.executors.worker.critic.worker import CriticWorker
 
     completions = torch.load(spec["completions"]["float32"], weights_only=False)
     batch = to_batch(completions)

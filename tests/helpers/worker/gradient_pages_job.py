@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
-from rl_engine.executors.worker.gradient_pages import release_gradient_partitions
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
+from rl_engine.executors.worker.step.gradient_pages import release_gradient_partitions
 from tests.helpers.worker.cell import cell_config, to_batch
 
 STEPS = 3

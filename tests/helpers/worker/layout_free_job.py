@@ -15,13 +15,13 @@ from pathlib import Path
 import deepspeed
 import torch
 
-from rl_engine.executors.worker.invariant_adamw import InvariantAdamW
-from rl_engine.executors.worker.layout_free_grads import (
+from rl_engine.executors.worker.optim.layout_free_adamw import InvariantAdamW
+from rl_engine.executors.worker.layout_free.grads import (
     clip_coefficient,
     global_norm,
     inject_gradients,
 )
-from rl_engine.executors.worker.layout_free_state import gather_state, restore_state
+from rl_engine.executors.worker.layout_free.state import gather_state, restore_state
 
 MAX_NORM = 1.0
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
-from rl_engine.executors.worker.layout_free_state import gather_state, restore_state
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
+from rl_engine.executors.worker.layout_free.state import gather_state, restore_state
 from tests.helpers.worker.cell import cell_config, to_batch
 
 

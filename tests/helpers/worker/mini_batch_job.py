@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker, ParityError
+from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker, ParityError
 from tests.helpers.worker.cell import cell_config, to_batch
 
 MINI = 4  # sequences per mini-batch over both ranks: 2 mini-batches of the cell's 8

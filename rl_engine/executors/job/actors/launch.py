@@ -18,7 +18,7 @@ from rl_engine.executors.job.actors.process import ds_accelerator
 from rl_engine.executors.job.actors.rollout import RolloutActor
 from rl_engine.executors.job.actors.trainers import CriticActor, TrainerActor
 from rl_engine.executors.job.faults import ActorInfo, gather
-from rl_engine.io import write_json_atomic
+from rl_engine.base.io import write_json_atomic
 
 log = logging.getLogger("rl_engine.job")
 

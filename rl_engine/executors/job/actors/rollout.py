@@ -35,7 +35,7 @@ class RolloutActor(JobActor):
         self.episodes = None  # rollout.env's EpisodeRunner, made at the first episodes
 
     def start(self, tp_address: str | None = None, tp_port: int | None = None) -> dict:
-        from rl_engine.executors.worker.policy import load_policy
+        from rl_engine.executors.worker.policy.setup import load_policy
         from rl_engine.models import has_safetensors
         from rl_engine.patching import apply_batch_invariant
         from rl_engine.rollout import RolloutEngine
@@ -140,7 +140,7 @@ class RolloutActor(JobActor):
         return self.receiver.plan
 
     def connect_weight_group(self, address: str, port: int, rank: int, size: int) -> None:
-        from rl_engine.executors.worker.weight_transport import WeightGroup
+        from rl_engine.executors.worker.weights.weight_transport import WeightGroup
 
         if self.group is not None:
             self.group.close()
@@ -166,7 +166,7 @@ class RolloutActor(JobActor):
 
 def adapter_receiver(model, manifest, plan, receiver: int, bucket_bytes: int):
     """A receiver of the adapters alone, into the engine model's own adapter tensors."""
-    from rl_engine.executors.worker.weight_transport import adapter_names
+    from rl_engine.executors.worker.weights.weight_transport import adapter_names
     from rl_engine.rollout.weight_receiver import WeightReceiver
 
     names = adapter_names(manifest)

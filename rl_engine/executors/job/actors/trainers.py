@@ -23,7 +23,7 @@ from rl_engine.executors.job.actors.process import (
     visible_gpu_index,
 )
 from rl_engine.executors.job.faults import first_line, weight_sync_kill_switch
-from rl_engine.executors.worker.gradient_pages import release_gradient_partitions
+from rl_engine.executors.worker.step.gradient_pages import release_gradient_partitions
 
 
 class _DeepSpeedRank(JobActor):
@@ -39,7 +39,7 @@ class TrainerActor(_DeepSpeedRank):
 
     def start(self, master_addr: str, master_port: int, resume_from: str | None) -> None:
         _join_process_group(self.config, self.rank, self.world_size, master_addr, master_port)
-        from rl_engine.executors.worker.deepspeed_trainer import DeepSpeedTrainingWorker
+        from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 
         self.worker = DeepSpeedTrainingWorker(
             self.config, device=self.config.device
@@ -95,7 +95,7 @@ class CriticActor(_DeepSpeedRank):
 
     def start(self, master_addr: str, master_port: int, resume_from: str | None) -> None:
         _join_process_group(self.config, self.rank, self.world_size, master_addr, master_port)
-        from rl_engine.executors.worker.critic import CriticWorker
+        from rl_engine.executors.worker.critic.worker import CriticWorker
 
         self.worker = CriticWorker(self.config, device=self.config.device)
         if resume_from is not None:
