@@ -165,13 +165,13 @@ def bench_logprobs(s: Sizes = FULL) -> list[Row]:
 
 
 def bench_train_step(s: Sizes = FULL) -> Row:
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
     from rl_engine.logprobs import token_logprobs
+    from rl_engine.models.build import hf_config, random_model
     from rl_engine.patching import apply_batch_invariant
 
     (batch, seq), (vocab, hidden, inter, layers, heads) = s.step, s.llama
-    config = LlamaConfig(
+    config = hf_config(
+        "llama",
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=inter,
@@ -182,8 +182,8 @@ def bench_train_step(s: Sizes = FULL) -> Row:
         attn_implementation="sdpa",
     )
     with torch.device(DEV):  # initialised on the GPU
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-        patched = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        plain = random_model(config, torch.bfloat16)
+        patched = random_model(config, torch.bfloat16)
     apply_batch_invariant(patched)
     ids = torch.randint(3, vocab, (batch, seq), device=DEV)
 

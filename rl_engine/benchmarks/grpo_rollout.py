@@ -42,7 +42,7 @@ def _run(model, prompts, sampling: SamplingParams, share: bool):
     return time.perf_counter() - start, completions, engine.last_stats
 
 
-def _check_equal(on, off) -> None:
+def check_equal(on, off) -> None:
     for a, b in zip(on, off, strict=True):
         if a.token_ids != b.token_ids or not torch.equal(a.logprobs, b.logprobs):
             raise RuntimeError(
@@ -75,7 +75,7 @@ def bench_grpo(
                 runs[share] = completions, stats
                 key = "first on" if share else "first off"
                 best[key] = min(best[key], _run(model, ids, first, share)[0])
-    _check_equal(runs[True][0], runs[False][0])
+    check_equal(runs[True][0], runs[False][0])
     on, off = runs[True][1], runs[False][1]
     return {
         "shape": f"{prompts} x ~{prompt_tokens} tok x n={samples}, {new_tokens} new",

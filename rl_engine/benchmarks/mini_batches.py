@@ -62,10 +62,11 @@ def mid_llama(dtype: str):
     """A random 17M-parameter Llama (6 layers, hidden 384, vocab 8192): big enough that the
     forward and backward, not the step's bookkeeping, take the time; small enough for a shared
     2-core machine."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from rl_engine.models.build import hf_config, random_model
 
     torch.manual_seed(0)
-    config = LlamaConfig(
+    config = hf_config(
+        "llama",
         vocab_size=8192,
         hidden_size=384,
         intermediate_size=1024,
@@ -75,7 +76,7 @@ def mid_llama(dtype: str):
         max_position_embeddings=512,
         tie_word_embeddings=True,
     )
-    return LlamaForCausalLM(config).to(getattr(torch, dtype))
+    return random_model(config).to(getattr(torch, dtype))
 
 
 def worker(model: str, dtype: str, mini: int, scope: str, step: Step = FULL):

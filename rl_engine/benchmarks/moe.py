@@ -64,12 +64,11 @@ def block(
     sizes: Block = FULL,
 ):
     """HF's Qwen3-MoE sparse block; implementation 'invariant' patches its router and experts."""
-    from transformers import Qwen3MoeConfig
-    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
-
+    from rl_engine.models.build import hf_config, qwen3_moe_block
     from rl_engine.patching.moe import InvariantMoeExperts, InvariantMoeRouter
 
-    config = Qwen3MoeConfig(
+    config = hf_config(
+        "qwen3_moe",
         hidden_size=sizes.hidden,
         moe_intermediate_size=sizes.width,
         num_experts=experts or sizes.experts,
@@ -81,7 +80,7 @@ def block(
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        moe = Qwen3MoeSparseMoeBlock(config)
+        moe = qwen3_moe_block(config)
         with torch.no_grad():
             for p in moe.parameters():
                 p.normal_(0.0, 0.02)

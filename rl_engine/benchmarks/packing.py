@@ -84,10 +84,11 @@ def completion_lengths(case: Case = FULL) -> list[int]:
 
 def smollm2_shaped_model(layers: int, shape: tuple[int, ...] = SMOLLM2_SHAPE):
     """A randomly initialised Llama of SmolLM2-135M's config (or `shape`), `layers` deep, bf16."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from rl_engine.models.build import hf_config, random_model
 
     vocab, hidden, intermediate, heads, kv_heads = shape
-    config = LlamaConfig(
+    config = hf_config(
+        "llama",
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=intermediate,
@@ -103,7 +104,7 @@ def smollm2_shaped_model(layers: int, shape: tuple[int, ...] = SMOLLM2_SHAPE):
         attn_implementation="sdpa",
     )
     torch.manual_seed(0)
-    return LlamaForCausalLM(config).to(torch.bfloat16)
+    return random_model(config).to(torch.bfloat16)
 
 
 def _batch(vocab: int, case: Case):

@@ -3,7 +3,7 @@
 A patched RolloutEngine (SmolLM2-135M-shaped model, random init, batch_invariant
 on) prefills 8 prompts and samples one token (`max_new_tokens=1`: the prefill
 forward and one LM-head call, no decode), once with every multi-prompt prefill
-right-padded and once packed into one row (`rl_engine.rollout.engine.PACK_PREFILL`
+right-padded and once packed into one row (`rl_engine.rollout.stepper.PACK_PREFILL`
 forced to inf / 0 in this process). Prompt-length mixes: all equal, mildly and
 widely spread, one long prompt with short ones. Best of `repeats` interleaved
 runs. The engine's default packs when the padded batch would compute more than
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-import rl_engine.rollout.engine as engine_module
+import rl_engine.rollout.stepper as stepper_module
 from rl_engine.benchmarks.args import bench_parser
 from rl_engine.benchmarks.packing import SMOLLM2_SHAPE, TINY_SHAPE, smollm2_shaped_model
 from rl_engine.patching import apply_batch_invariant
@@ -32,7 +32,7 @@ MIXES = {
 
 
 def _prefill_seconds(engine, prompts, threshold: float) -> float:
-    engine_module.PACK_PREFILL = threshold
+    stepper_module.PACK_PREFILL = threshold
     start = time.perf_counter()
     engine.generate(prompts, SamplingParams(max_new_tokens=1, seed=0))
     return time.perf_counter() - start
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> str:
     apply_batch_invariant(model)
     engine = RolloutEngine(model, device="cpu", max_batch_size=8, progress=False)
     g = torch.Generator().manual_seed(0)
-    default = engine_module.PACK_PREFILL
+    default = stepper_module.PACK_PREFILL
     rows = []
     try:
         for name, lengths in mixes.items():
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> str:
                 f"{min(packed) / min(padded):.2f}x | {'packed' if ratio > default else 'padded'} |"
             )
     finally:
-        engine_module.PACK_PREFILL = default
+        stepper_module.PACK_PREFILL = default
     lines = [
         f"RolloutEngine prefill of 8 prompts + 1 sampled token, "
         f"{'tiny (prompts / 16)' if args.tiny else 'SmolLM2-135M-shaped'} ({layers} "

@@ -71,9 +71,11 @@ def model_dir(cache: Path, shape: str, layers: int | None, seed: int) -> Path:
     if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
         return path
     import torch
-    from transformers import AutoModelForCausalLM, Qwen2Config
 
-    config = Qwen2Config(
+    from rl_engine.models.build import hf_config, random_model
+
+    config = hf_config(
+        "qwen2",
         vocab_size=VOCAB,
         hidden_size=hidden,
         intermediate_size=inter,
@@ -90,7 +92,7 @@ def model_dir(cache: Path, shape: str, layers: int | None, seed: int) -> Path:
     )
     started = time.perf_counter()
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = random_model(config, torch.bfloat16)
     staging = path.with_name(path.name + ".tmp")
     model.save_pretrained(staging, safe_serialization=True)
     os.replace(staging, path)

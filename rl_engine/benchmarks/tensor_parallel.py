@@ -42,11 +42,11 @@ TINY = Shape(vocab=1000, hidden=128, intermediate=256, heads=4, kv_heads=2, prom
 
 
 def build(layers: int, dtype: str, shape: Shape = FULL):
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
+    from rl_engine.models.build import hf_config, random_model
     from rl_engine.patching import apply_batch_invariant
 
-    config = LlamaConfig(
+    config = hf_config(
+        "llama",
         vocab_size=shape.vocab,
         hidden_size=shape.hidden,
         intermediate_size=shape.intermediate,
@@ -58,7 +58,7 @@ def build(layers: int, dtype: str, shape: Shape = FULL):
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = random_model(config, torch.float32)
     model = model.to(getattr(torch, dtype)).eval()
     apply_batch_invariant(model)
     return model

@@ -6,15 +6,38 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from rl_engine.config.algorithm import AlgorithmConfig
+from rl_engine.config.data import DataConfig
+from rl_engine.config.eval import EvalConfig
+from rl_engine.config.lora import LoraConfig
+from rl_engine.config.reward import RewardConfig
 from rl_engine.config.rollout import RolloutConfig
-
-if TYPE_CHECKING:
-    from rl_engine.config.run import RunConfig
+from rl_engine.config.trainer import TrainerConfig
 
 
-def check_run(config: RunConfig) -> None:
+class RunSections(Protocol):
+    """What the checks read of a RunConfig (typed here so that run.py, which calls them, is the
+    only one of the two that imports the other)."""
+
+    batch_invariant: bool
+    rollout: RolloutConfig
+    trainer: TrainerConfig
+    algorithm: AlgorithmConfig
+    data: DataConfig
+    reward: RewardConfig
+    eval: EvalConfig
+    lora: LoraConfig
+
+    @property
+    def critic_ranks(self) -> int: ...
+
+    @property
+    def sequences_per_step(self) -> int: ...
+
+
+def check_run(config: RunSections) -> None:
     """Every check across sections, in order; raises at the first that fails."""
     check_prompt_source(config)
     check_token_budget(config)
@@ -26,7 +49,7 @@ def check_run(config: RunConfig) -> None:
     check_layout_invariant(config)
 
 
-def check_prompt_source(config: RunConfig) -> None:
+def check_prompt_source(config: RunSections) -> None:
     """data.train_files / reward.function replace rollout.task: setting both is ambiguous."""
     default_task = RolloutConfig().task
     if config.rollout.task != default_task:
@@ -48,7 +71,7 @@ def check_prompt_source(config: RunConfig) -> None:
         raise ValueError("eval.every needs data.val_files (the prompts to evaluate on)")
 
 
-def check_token_budget(config: RunConfig) -> None:
+def check_token_budget(config: RunSections) -> None:
     """trainer.max_tokens_per_micro_batch must hold one full-length sequence: an episode's
     rollout.max_total_tokens with an environment, else a completion of max_new_tokens."""
     budget = config.trainer.max_tokens_per_micro_batch
@@ -70,7 +93,7 @@ def check_token_budget(config: RunConfig) -> None:
         )
 
 
-def check_mini_batches(config: RunConfig) -> None:
+def check_mini_batches(config: RunSections) -> None:
     """trainer.mini_batch_size must split the step evenly over the ranks (and micro-batches)."""
     mini, per_step = config.trainer.mini_batch_size, config.sequences_per_step
     if not mini:
@@ -94,7 +117,7 @@ def check_mini_batches(config: RunConfig) -> None:
         )
 
 
-def check_dapo(config: RunConfig) -> None:
+def check_dapo(config: RunSections) -> None:
     """The overlong buffer lies within the completion limit; filtering needs generation."""
     penalty, limit = config.algorithm.overlong_penalty, config.rollout.max_new_tokens
     if penalty is not None and penalty["buffer"] > limit:
@@ -109,7 +132,7 @@ def check_dapo(config: RunConfig) -> None:
         )
 
 
-def check_critic(config: RunConfig) -> None:
+def check_critic(config: RunSections) -> None:
     """The critic's ranks split the step (and its mini-batches) as the trainer's do."""
     if config.algorithm.name != "ppo":
         return
@@ -131,7 +154,7 @@ def check_critic(config: RunConfig) -> None:
         )
 
 
-def check_env(config: RunConfig) -> None:
+def check_env(config: RunSections) -> None:
     """An environment rewards its episodes and generates them: nothing else may do either."""
     r = config.rollout
     if r.env is None:
@@ -163,7 +186,7 @@ def check_env(config: RunConfig) -> None:
         )
 
 
-def check_lora(config: RunConfig) -> None:
+def check_lora(config: RunSections) -> None:
     """A LoRA policy (lora.rank > 0) runs patched, with every algorithm: PPO's critic carries
     an adapter of its own (executors/worker/critic/worker.py); tensor-parallel engines split the
     policy's adapters (rl_engine/rollout/tp/shard_lora.py)."""
@@ -186,7 +209,7 @@ _LAYOUT_INVARIANT_LIMITS = (
 )
 
 
-def check_layout_invariant(config: RunConfig) -> None:
+def check_layout_invariant(config: RunSections) -> None:
     """trainer.layout_invariant: what its update does not serve yet is refused, naming the key."""
     if not config.trainer.layout_invariant:
         return

@@ -7,13 +7,10 @@ with `revert()`; `model_op(model, name)` is the op that model computes with.
 """
 
 from rl_engine.patching.apply import (
-    PatchHandle,
     apply_batch_invariant,
-    is_patched,
     lm_head_parameters,
     model_op,
     parameter_device,
-    patch_handle,
 )
 from rl_engine.patching.attention import (
     KV_CACHE_KWARG,
@@ -23,6 +20,7 @@ from rl_engine.patching.attention import (
 )
 from rl_engine.patching.decode_path import FastDecoder, fast_decoder
 from rl_engine.patching.families import FAMILIES, family_for
+from rl_engine.patching.handle import PatchHandle, is_patched, patch_handle
 from rl_engine.patching.modules import InvariantLMHead
 from rl_engine.patching.moe import (
     RouterCall,

@@ -16,14 +16,14 @@ weights stay tied.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from rl_engine.kernels import OP_NAMES, BackendLayout, backend_layout, get_op, resolve_backend
+from rl_engine.kernels import OP_NAMES, backend_layout, get_op, resolve_backend
 from rl_engine.patching.attention import attention_name, register_attention
 from rl_engine.patching.families import Family, family_for
+from rl_engine.patching.handle import HANDLE_ATTR, PatchHandle, patch_handle
 from rl_engine.patching.lora import InvariantLoraForward, check_plain_lora, lora_layers
 from rl_engine.patching.modules import (
     InvariantEmbedding,
@@ -38,49 +38,6 @@ from rl_engine.patching.moe import (
     shared_expert_blocks,
 )
 
-_HANDLE_ATTR = "_rl_engine_patch"
-
-
-@dataclass
-class PatchHandle:
-    """What `apply_batch_invariant` changed; `revert()` puts the original modules back."""
-
-    model: nn.Module
-    backend: str
-    """The backend every op was resolved from."""
-    device_type: str
-    """The device type the ops were resolved for (the parameters' at patch time)."""
-    ops: dict[str, Callable]
-    """Op name -> the resolved function (the engine and the trainer score with these)."""
-    layout: BackendLayout
-    """The backend's layout facts (KV-cache block and dtype)."""
-    attention_name: str
-    """transformers' attn_implementation the model now uses."""
-    replaced: list[str] = field(default_factory=list)
-    _originals: list[tuple[nn.Module, str, nn.Module]] = field(default_factory=list, repr=False)
-    _lora_forwards: list[nn.Module] = field(default_factory=list, repr=False)
-    _attn_before: str | None = None
-    active: bool = True
-
-    def revert(self) -> None:
-        if not self.active:
-            return
-        for layer in self._lora_forwards:
-            del layer.forward  # PEFT's own forward again
-        for parent, name, original in reversed(self._originals):
-            setattr(parent, name, original)
-        self.model.set_attn_implementation(self._attn_before or "sdpa")
-        delattr(self.model, _HANDLE_ATTR)
-        self.active = False
-
-    def summary(self) -> dict[str, int]:
-        """Count of replacements per kind, e.g. {'linear': 14, 'rms_norm': 5, ...}."""
-        counts: dict[str, int] = {}
-        for entry in self.replaced:
-            kind = entry.split(":", 1)[0]
-            counts[kind] = counts.get(kind, 0) + 1
-        return counts
-
 
 def apply_batch_invariant(model: nn.Module, *, backend: str | None = None) -> PatchHandle:
     """Patch a supported HF causal LM in place, for the device its parameters are on.
@@ -89,7 +46,7 @@ def apply_batch_invariant(model: nn.Module, *, backend: str | None = None) -> Pa
     the registry accepts for that device. Applying twice returns the existing
     handle (asking for another backend then raises: revert first).
     """
-    existing = getattr(model, _HANDLE_ATTR, None)
+    existing = getattr(model, HANDLE_ATTR, None)
     if existing is not None and existing.active:
         if backend is not None and backend != existing.backend:
             raise ValueError(
@@ -116,14 +73,8 @@ def apply_batch_invariant(model: nn.Module, *, backend: str | None = None) -> Pa
     register_attention(name, handle.ops["attention"])
     model.set_attn_implementation(handle.attention_name)
     handle.replaced.append(f"attention: {handle._attn_before} -> {handle.attention_name}")
-    setattr(model, _HANDLE_ATTR, handle)
+    setattr(model, HANDLE_ATTR, handle)
     return handle
-
-
-def patch_handle(model: nn.Module) -> PatchHandle | None:
-    """The active handle of a patched model, or None."""
-    handle = getattr(model, _HANDLE_ATTR, None)
-    return handle if handle is not None and handle.active else None
 
 
 def model_op(model: nn.Module, name: str) -> Callable:
@@ -146,10 +97,6 @@ def parameter_device(model: nn.Module) -> torch.device:
             "move the whole model to one device before patching"
         )
     return next(iter(devices))
-
-
-def is_patched(model: nn.Module) -> bool:
-    return patch_handle(model) is not None
 
 
 def _swap_modules(model: nn.Module, family: Family, handle: PatchHandle) -> None:

@@ -36,8 +36,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rl_engine.patching.apply import PatchHandle, lm_head_parameters, patch_handle
+from rl_engine.patching.apply import lm_head_parameters
 from rl_engine.patching.families import family_for
+from rl_engine.patching.handle import PatchHandle, patch_handle
 from rl_engine.patching.modules import (
     InvariantEmbedding,
     InvariantLinear,

@@ -65,11 +65,11 @@ class GradientRoute:
 
 def bind_gradient_route(model: nn.Module, route: GradientRoute) -> None:
     """Give every patched module of `model` (and `model` itself, for `linear_logp`) `route`."""
-    from rl_engine.patching.modules import _PatchedOp
+    from rl_engine.patching.modules import PatchedOp
 
     setattr(model, ROUTE_ATTRIBUTE, route)
     for module in model.modules():
-        if isinstance(module, _PatchedOp):
+        if isinstance(module, PatchedOp):
             module.gradient_route = route
 
 

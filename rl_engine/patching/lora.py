@@ -98,7 +98,7 @@ def add_lora(
     """
     from peft import LoraConfig, inject_adapter_in_model
 
-    from rl_engine.patching.apply import is_patched
+    from rl_engine.patching.handle import is_patched
 
     if is_patched(model):
         raise ValueError(

@@ -50,7 +50,7 @@ def load_adapter(model: nn.Module, directory: str | Path) -> nn.Module:
     from peft import LoraConfig, inject_adapter_in_model
     from safetensors.torch import load_file
 
-    from rl_engine.patching.apply import is_patched
+    from rl_engine.patching.handle import is_patched
 
     if is_patched(model) or has_lora(model):
         raise ValueError("load an adapter onto the unpatched base model, without adapters")

@@ -26,7 +26,7 @@ def check_patched_device(module: nn.Module, tensor: torch.Tensor) -> None:
         )
 
 
-class _PatchedOp(nn.Module):
+class PatchedOp(nn.Module):
     """Common state: the resolved op, its backend and the device type it was resolved for."""
 
     def __init__(self, op: Callable, backend: str, device_type: str):
@@ -45,7 +45,7 @@ class _PatchedOp(nn.Module):
         return f"backend={self.backend}, batch_invariant=True"
 
 
-class InvariantEmbedding(_PatchedOp):
+class InvariantEmbedding(PatchedOp):
     """Replaces `nn.Embedding` (scaled embeddings keep their scale)."""
 
     def __init__(self, base: nn.Embedding, op: Callable, backend: str, device_type: str):
@@ -71,7 +71,7 @@ class InvariantEmbedding(_PatchedOp):
         return f"{self.num_embeddings}, {self.embedding_dim}, {self._tags()}"
 
 
-class InvariantLinear(_PatchedOp):
+class InvariantLinear(PatchedOp):
     """Replaces `nn.Linear` (x.dtype output) or the vocabulary projection (fp32 logits)."""
 
     def __init__(self, base: nn.Linear, op: Callable, backend: str, device_type: str):
@@ -98,7 +98,7 @@ class InvariantLMHead(InvariantLinear):
         return f"in_features={self.in_features}, vocab={self.out_features}, fp32_logits=True, {self._tags()}"
 
 
-class InvariantRMSNorm(_PatchedOp):
+class InvariantRMSNorm(PatchedOp):
     """Replaces HF `*RMSNorm` modules (weight and variance_epsilon / eps)."""
 
     def __init__(self, base: nn.Module, op: Callable, backend: str, device_type: str):
@@ -114,7 +114,7 @@ class InvariantRMSNorm(_PatchedOp):
         return f"{tuple(self.weight.shape)}, eps={self.eps}, {self._tags()}"
 
 
-class InvariantSiLU(_PatchedOp):
+class InvariantSiLU(PatchedOp):
     """Replaces the MLP activation."""
 
     def forward(self, x):

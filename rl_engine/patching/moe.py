@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from rl_engine.patching.families import Family, MoeSpec
-from rl_engine.patching.modules import _PatchedOp, check_patched_device
+from rl_engine.patching.modules import PatchedOp, check_patched_device
 
 
 def routing_options(spec: MoeSpec, config) -> tuple[bool, bool]:
@@ -37,7 +37,7 @@ def routing_options(spec: MoeSpec, config) -> tuple[bool, bool]:
     return renormalize, spec.weights_in_model_dtype
 
 
-class InvariantMoeRouter(_PatchedOp):
+class InvariantMoeRouter(PatchedOp):
     """Replaces HF `*TopKRouter`: hidden (..., H) -> (logits (N, E), weights (N, k), ids (N, k))."""
 
     def __init__(
@@ -84,7 +84,7 @@ class InvariantMoeRouter(_PatchedOp):
         )
 
 
-class InvariantMoeExperts(_PatchedOp):
+class InvariantMoeExperts(PatchedOp):
     """Replaces HF `*Experts` (3-D gate_up_proj (E, 2I, H), down_proj (E, H, I), SiLU gate)."""
 
     def __init__(self, base: nn.Module, op: Callable, backend: str, device_type: str):
@@ -139,7 +139,7 @@ def check_experts_layout(base: nn.Module) -> None:
         raise NotImplementedError(f"{name}: expected 3-D gate_up_proj and down_proj parameters")
 
 
-class InvariantSharedExpertMoeBlock(_PatchedOp):
+class InvariantSharedExpertMoeBlock(PatchedOp):
     """Replaces Qwen2-MoE's `*SparseMoeBlock`: routed experts + sigmoid(gate(x)) * shared_expert(x).
 
     The same children (router, experts, shared MLP, gate) and the same arithmetic
@@ -171,7 +171,7 @@ def moe_replacement(child: nn.Module, family: Family, config, ops: dict, tags: t
     if spec is None:
         return None
     name = type(child).__name__
-    if name.endswith(spec.router_class_suffix) and not isinstance(child, _PatchedOp):
+    if name.endswith(spec.router_class_suffix) and not isinstance(child, PatchedOp):
         renormalize, in_model_dtype = routing_options(spec, config)
         router = InvariantMoeRouter(
             child,

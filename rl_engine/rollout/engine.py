@@ -54,17 +54,13 @@ from rl_engine.rollout.completion import Completion, Request
 from rl_engine.rollout.kv_cache import SlotKVCache
 from rl_engine.rollout.sampling import SamplingParams, request_generator
 from rl_engine.rollout.scheduler import GenerateStats, run_continuous_batching
-from rl_engine.rollout.stepper import _Stepper
+from rl_engine.rollout.stepper import Stepper
 from rl_engine.rollout.turns import OnTurnEnd, TurnChain, TurnStart, check_starts
 from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
 from rl_engine.rollout.weight_receiver import WeightReceiver, WeightReleaseError
 from rl_engine.rollout.weights import copy_weights, plan_weight_copy
 
 logger = logging.getLogger(__name__)
-
-# A patched engine packs a prefill into one row when the padded batch would compute more
-# than this many times its real tokens (measured: docs/benchmarks.md, "Rollout prefill").
-PACK_PREFILL = 1.25
 
 
 class RolloutEngine:
@@ -274,15 +270,9 @@ class RolloutEngine:
                 "version (or load_weights) before generating"
             )
 
-    def _make_stepper(self, cache: SlotKVCache, sampling: SamplingParams) -> _Stepper:
+    def _make_stepper(self, cache: SlotKVCache, sampling: SamplingParams) -> Stepper:
         """The forwards of one generate call (the tensor-parallel engine shards them)."""
-        return _Stepper(self, cache, sampling)
-
-    def _packs_prefill(self, lengths: list[int]) -> bool:
-        """Whether a prefill of prompts of these lengths runs packed into one row: patched
-        (the packed attention is the invariant op's) and padding would compute more than
-        PACK_PREFILL times the real tokens."""
-        return self.batch_invariant and len(lengths) * max(lengths) > PACK_PREFILL * sum(lengths)
+        return Stepper(self, cache, sampling)
 
     def _make_cache(self, num_slots: int, capacity: int) -> SlotKVCache:
         """Invariant: the layout the backend's attention reads in place (its key block, and

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from rl_engine.rollout.completion import Request
 
 if TYPE_CHECKING:
-    from rl_engine.rollout.stepper import _Stepper
+    from rl_engine.rollout.stepper import Stepper
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class GenerateStats:
 
     slots: int = 0
     prefill_forwards: int = 0  # forwards run (an admission whose every prompt was shared runs none)
-    packed_prefills: int = 0  # prefill forwards that ran packed (see _Stepper.prefill)
+    packed_prefills: int = 0  # prefill forwards that ran packed (see Stepper.prefill)
     shared_prefills: int = 0  # sequences that copied another slot's prompt rows, not prefilled
     prefill_tokens: int = 0  # prompt tokens run through the model
     decode_forwards: int = 0
@@ -55,7 +55,7 @@ class GenerateStats:
 
 def run_continuous_batching(
     requests: list[Request],
-    step: _Stepper,
+    step: Stepper,
     num_slots: int,
     stats: GenerateStats,
     bar,

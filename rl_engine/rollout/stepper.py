@@ -19,9 +19,10 @@ own generator (`sample_token`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
+from torch import nn
 
 from rl_engine.patching import (
     KV_CACHE_KWARG,
@@ -36,10 +37,28 @@ from rl_engine.rollout.kv_cache import SlotKVCache
 from rl_engine.rollout.prompt_sharing import PromptSharing, SharePlan
 from rl_engine.rollout.sampling import SamplingParams, sample_token
 
-if TYPE_CHECKING:
-    from rl_engine.rollout.engine import RolloutEngine
-
 PAD_ID = 0  # fills the right padding of a ragged prefill; never attended to, never scored
+
+# A patched engine packs a prefill into one row when the padded batch would compute more
+# than this many times its real tokens (measured: docs/benchmarks.md, "Rollout prefill").
+PACK_PREFILL = 1.25
+
+
+class StepperEngine(Protocol):
+    """What a Stepper reads of its engine (a RolloutEngine or a tensor-parallel one)."""
+
+    model: nn.Module
+    device: torch.device
+    batch_invariant: bool
+    share_prompt_prefill: bool
+    packed_weights: object
+
+
+def packs_prefill(batch_invariant: bool, lengths: list[int]) -> bool:
+    """Whether a prefill of prompts of these lengths runs packed into one row: patched
+    (the packed attention is the invariant op's) and padding would compute more than
+    PACK_PREFILL times the real tokens."""
+    return batch_invariant and len(lengths) * max(lengths) > PACK_PREFILL * sum(lengths)
 
 
 @dataclass(frozen=True)
@@ -52,10 +71,10 @@ class PrefillOutcome:
     tokens: int  # prompt tokens run through the model
 
 
-class _Stepper:
+class Stepper:
     """One generate call's forwards: prefill / decode a batch of requests, score, sample."""
 
-    def __init__(self, engine: RolloutEngine, cache: SlotKVCache, sampling: SamplingParams):
+    def __init__(self, engine: StepperEngine, cache: SlotKVCache, sampling: SamplingParams):
         self.engine, self.model, self.cache, self.sampling = engine, engine.model, cache, sampling
         self.device = engine.device
         self.temperature = sampling.logprob_temperature
@@ -90,7 +109,7 @@ class _Stepper:
         (the attention's kv_index), a fresh prompt's starts at 0, in the same forward."""
         lengths = [len(r.prompt_ids) - r.cached for r in requests]
         continues = any(r.cached for r in requests)
-        if not continues and self.engine._packs_prefill(lengths):
+        if not continues and packs_prefill(self.engine.batch_invariant, lengths):
             return self._packed_prefill(requests), True
         ids = torch.full((len(requests), max(lengths)), PAD_ID, dtype=torch.long)  # (B, T)
         positions = torch.full(ids.shape, -1, dtype=torch.long)  # (B, T), -1 = padding

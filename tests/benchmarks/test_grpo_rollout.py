@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rl_engine.benchmarks.grpo_rollout import _check_equal, grpo_prompts, markdown_table
+from rl_engine.benchmarks.grpo_rollout import check_equal, grpo_prompts, markdown_table
 from tests.helpers.bench_tables import tables
 
 
@@ -30,11 +30,11 @@ def completion(tokens, logprobs):
 
 def test_a_difference_between_sharing_on_and_off_raises():
     same = [completion([5, 6], [-0.5, -1.0])]
-    _check_equal(same, [completion([5, 6], [-0.5, -1.0])])
+    check_equal(same, [completion([5, 6], [-0.5, -1.0])])
     with pytest.raises(RuntimeError, match="prompt 0 sample 1: sharing the prefill changed"):
-        _check_equal(same, [completion([5, 6], [-0.5, -1.5])])
+        check_equal(same, [completion([5, 6], [-0.5, -1.5])])
     with pytest.raises(RuntimeError, match="sharing the prefill changed"):
-        _check_equal(same, [completion([5, 7], [-0.5, -1.0])])
+        check_equal(same, [completion([5, 7], [-0.5, -1.0])])
 
 
 def test_the_table_row():

@@ -1,4 +1,4 @@
-"""Adversarial leaves and the canonical tree written out: the references of the canonical-sum tests."""
+"""Adversarial leaves and the canonical tree written out: the canonical-sum tests' references."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import math
 import torch
 
 INT_OF = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}
-
-
 LEAF_SHAPE = (5, 53)  # 265 elements: a SIMD body and a scalar tail in every add
 
 

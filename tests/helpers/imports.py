@@ -74,3 +74,50 @@ def imported_modules(path: Path, root: Path = REPO):
 def _is_module(dotted: str, root: Path) -> bool:
     base = root.joinpath(*dotted.split("."))
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def import_graph(package: Path, root: Path = REPO) -> dict[str, dict[str, int]]:
+    """module -> {module of the same package it imports: the line}; an import of a name from a
+    package is an edge to the package (its __init__), of a missing module to its nearest parent."""
+    modules = {module_name(path, root): path for path in sorted(package.rglob("*.py"))}
+    graph: dict[str, dict[str, int]] = {}
+    for name, path in modules.items():
+        edges = graph.setdefault(name, {})
+        for line, target in imported_modules(path, root):
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.setdefault(target, line)
+    return graph
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in graph.get(node, {}):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return sorted(cycles)

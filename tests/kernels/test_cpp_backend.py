@@ -15,22 +15,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import rl_engine.kernels.cpp._extension as cpp_extension
 from rl_engine.kernels import get_op, kernel_facts
-from rl_engine.kernels.cpp import _extension
 from tests.helpers.invariance import run_with_threads
 
-ISAS = list(_extension.ISA_PATHS)
+ISAS = list(cpp_extension.ISA_PATHS)
 
 
 def _supported(isa):
-    if isa not in _extension.supported_isas():
+    if isa not in cpp_extension.supported_isas():
         pytest.skip(f"this CPU cannot run the {isa} path")
 
 
 @pytest.fixture
 def isa_path(request, monkeypatch):
     _supported(request.param)
-    monkeypatch.setenv(_extension.ISA_ENV, request.param)
+    monkeypatch.setenv(cpp_extension.ISA_ENV, request.param)
     return request.param
 
 
@@ -59,7 +59,7 @@ for dtype in (torch.float32, torch.bfloat16):
 
 
 def _ops_on(isa: str | None, threads: int) -> dict:
-    env = "" if isa is None else f"os.environ['{_extension.ISA_ENV}'] = '{isa}'\n"
+    env = "" if isa is None else f"os.environ['{cpp_extension.ISA_ENV}'] = '{isa}'\n"
     return run_with_threads("import os\n" + env + OPS_CODE, threads, fresh=True)
 
 
@@ -118,9 +118,9 @@ def test_silu_is_position_invariant_and_accurate(isa_path):
 
 def test_bf16_dot_flavours_differ_only_by_subnormal_flushing():
     """VDPBF16PS flushes subnormals, its FMA emulation does not: why the flavour is a parity fact."""
-    if "avx512_bf16" not in _extension.supported_isas():
+    if "avx512_bf16" not in cpp_extension.supported_isas():
         pytest.skip("no VDPBF16PS on this CPU")
-    ext = _extension.extension()
+    ext = cpp_extension.extension()
     tiny = torch.full((1, 64), 2.0**-130).bfloat16()  # subnormal in bf16 and fp32
     one = torch.ones(3, 64).bfloat16()
     assert torch.equal(ext.gemm(tiny, one, "avx512_bf16"), torch.zeros(1, 3))
@@ -133,18 +133,18 @@ def test_bf16_dot_flavours_differ_only_by_subnormal_flushing():
 def test_kernel_facts_name_the_numerics():
     facts = kernel_facts("cpu")
     assert facts["backend"] == "cpp"
-    assert facts["cpp_numerics"] == _extension.NUMERICS_VERSION
-    assert facts["cpp_bf16_dot"] == _extension.bf16_dot_flavour(_extension.current_isa())
+    assert facts["cpp_numerics"] == cpp_extension.NUMERICS_VERSION
+    assert facts["cpp_bf16_dot"] == cpp_extension.bf16_dot_flavour(cpp_extension.current_isa())
     assert kernel_facts("cpu", backend="native")["backend"] == "native"
 
 
 def test_isa_switch_rejects_unknown_and_unsupported_paths(monkeypatch):
-    monkeypatch.setenv(_extension.ISA_ENV, "sse2")
+    monkeypatch.setenv(cpp_extension.ISA_ENV, "sse2")
     with pytest.raises(ValueError, match="RL_ENGINE_CPU_ISA='sse2' is unknown; known paths"):
         get_op("linear", "cpu")(torch.ones(1, 4), torch.ones(2, 4))
-    unsupported = [isa for isa in ISAS if isa not in _extension.supported_isas()]
+    unsupported = [isa for isa in ISAS if isa not in cpp_extension.supported_isas()]
     if unsupported:
-        monkeypatch.setenv(_extension.ISA_ENV, unsupported[0])
+        monkeypatch.setenv(cpp_extension.ISA_ENV, unsupported[0])
         with pytest.raises(ValueError, match="is not supported by this CPU"):
             get_op("linear", "cpu")(torch.ones(1, 4), torch.ones(2, 4))
 
@@ -152,7 +152,7 @@ def test_isa_switch_rejects_unknown_and_unsupported_paths(monkeypatch):
 def test_missing_compiler_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-rl-engine")
     with pytest.raises(RuntimeError, match="need a C\\+\\+ compiler, but 'no-such-compiler"):
-        _extension._compiler()
+        cpp_extension._compiler()
 
 
 # ----------------------------------------------------------------------------- GEMM numerics
@@ -182,7 +182,7 @@ def _serial_chain_reference(x, w):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gemm_is_the_serial_k_chain(isa_path, dtype):
     g = torch.Generator().manual_seed(5)
-    ext = _extension.extension()
+    ext = cpp_extension.extension()
     for m, n, k in ((1, 1, 1), (2, 19, 37), (3, 17, 5), (7, 70, 33), (13, 65, 40)):
         x, w = torch.randn(m, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype)
         assert torch.equal(ext.gemm(x, w, isa_path), _serial_chain_reference(x, w)), (m, n, k)
@@ -196,7 +196,7 @@ GEMM_SHAPES = [(1, 1), (17, 15), (33, 65), (1000, 2817), (600, 130)]
 def test_small_m_rows_equal_large_m_rows(dtype):
     """Decode-sized calls (unpacked tasks) give the rows of training-sized calls (packed blocks)."""
     g = torch.Generator().manual_seed(6)
-    ext, isa = _extension.extension(), _extension.current_isa()
+    ext, isa = cpp_extension.extension(), cpp_extension.current_isa()
     for k, n in GEMM_SHAPES:
         big = 300 if k * n > 1e5 else 4096
         x = torch.randn(big, k, generator=g).to(dtype)
@@ -211,8 +211,8 @@ def test_small_m_rows_equal_large_m_rows(dtype):
 
 def test_isa_paths_agree_on_odd_shapes():
     """fp32: every path the same bits; bf16: the FMA emulations (avx512, avx2) the same bits."""
-    paths = _extension.supported_isas()
-    ext = _extension.extension()
+    paths = cpp_extension.supported_isas()
+    ext = cpp_extension.extension()
     g = torch.Generator().manual_seed(7)
     for k, n in GEMM_SHAPES[:4]:
         for m in (1, 17, 100):
@@ -231,7 +231,7 @@ def test_isa_paths_agree_on_odd_shapes():
 def test_gemm_accuracy_against_float64(dtype):
     """Error of a serial fp32 chain: within a few ulp * sqrt(K) of sum |x w| (random signs)."""
     g = torch.Generator().manual_seed(8)
-    ext, isa = _extension.extension(), _extension.current_isa()
+    ext, isa = cpp_extension.extension(), cpp_extension.current_isa()
     for k in (17, 1000, 4099):
         x, w = torch.randn(40, k, generator=g).to(dtype), torch.randn(70, k, generator=g).to(dtype)
         ref = x.double() @ w.double().T
@@ -255,9 +255,9 @@ def test_fused_output_rounding_and_bias_equal_the_unfused_steps(in_dtype):
     K = 600 spans two K blocks (the fp32 accumulators of a bf16 output are kept in
     scratch between them); M = 300 takes the large-M tasks, M <= 7 the small ones.
     """
-    ext = _extension.extension()
+    ext = cpp_extension.extension()
     g = torch.Generator().manual_seed(11)
-    for isa in _extension.supported_isas():
+    for isa in cpp_extension.supported_isas():
         for m in (1, 2, 7, 300):
             for n in (1, 17, 100):
                 for k in (1, 33, 600):
@@ -292,8 +292,8 @@ def test_fused_bf16_rounding_equals_torch_on_ties_inf_nan_subnormals():
     x = torch.cat([vals, vals.neg()]).reshape(-1, 1)
     w = torch.ones(19, 1)
     bias = torch.randn(19, generator=g).bfloat16()
-    ext = _extension.extension()
-    for isa in _extension.supported_isas():
+    ext = cpp_extension.extension()
+    for isa in cpp_extension.supported_isas():
         for rows in (x, x[:1], x[:2], x[5:11]):  # large-M tasks and the M <= 2 register path
             y = ext.gemm(rows, w, isa)
             assert _same_bits(ext.gemm(rows, w, isa, out_bf16=True), y.bfloat16()), isa

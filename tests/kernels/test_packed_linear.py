@@ -11,10 +11,10 @@ into its own buffer does.
 import pytest
 import torch
 
+import rl_engine.kernels.cpp._extension as cpp_extension
 from rl_engine.kernels import backend_layout, get_op
-from rl_engine.kernels.cpp import _extension
 
-ISAS = list(_extension.ISA_PATHS)
+ISAS = list(cpp_extension.ISA_PATHS)
 SHAPES = [(1, 1), (64, 576), (192, 576), (130, 33), (577, 1537), (49, 3)]  # (N, K)
 ROWS = (1, 2, 3, 8, 13, 32, 65, 500)
 PACKING = backend_layout("cpu", "cpp").weight_packing
@@ -22,9 +22,9 @@ PACKING = backend_layout("cpu", "cpp").weight_packing
 
 @pytest.fixture
 def isa_path(request, monkeypatch):
-    if request.param not in _extension.supported_isas():
+    if request.param not in cpp_extension.supported_isas():
         pytest.skip(f"this CPU cannot run the {request.param} path")
-    monkeypatch.setenv(_extension.ISA_ENV, request.param)
+    monkeypatch.setenv(cpp_extension.ISA_ENV, request.param)
     return request.param
 
 
@@ -94,4 +94,4 @@ def test_packing_refuses_what_it_cannot_serve():
     with pytest.raises(RuntimeError, match="forward only"):
         PACKING.project(x.requires_grad_(), packed)
     with pytest.raises(RuntimeError, match="does not hold"):
-        _extension.extension().gemm_packed(x, packed.data, 100, _extension.current_isa())
+        cpp_extension.extension().gemm_packed(x, packed.data, 100, cpp_extension.current_isa())

@@ -13,7 +13,7 @@ from rl_engine.kernels import get_op
 from rl_engine.kernels.common.linear import linear_backward
 from rl_engine.kernels.common.linear_logp import chunked_logp_backward
 from rl_engine.kernels.common.sequence_spans import SequenceSpans
-from rl_engine.kernels.cpp.linear_logp import _chunk_logprobs, chunk_rows_for
+from rl_engine.kernels.cpp.linear_logp import chunk_logprobs, chunk_rows_for
 from tests.helpers.invariance import assert_equal_across_threads, skip_if_refused
 from tests.helpers.kernels.sequence_backward import (
     DTYPES,
@@ -59,7 +59,7 @@ def test_without_a_sink_the_backward_is_the_plain_one(dtype):
     coeff = torch.randn(3, 70, generator=g)
     get_op("linear_logp", "cpu")(h, head, targets, temperature=0.7).backward(coeff)
     expected = chunked_logp_backward(
-        _chunk_logprobs,
+        chunk_logprobs,
         chunk_rows_for,
         coeff.reshape(-1),
         h.detach().reshape(-1, 96),

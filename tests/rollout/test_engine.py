@@ -146,19 +146,19 @@ def test_unpatched_model_runs_plain_cached_attention_and_is_restored():
     seen = []
     engine = RolloutEngine(model, device="cpu", max_batch_size=2, progress=False)
     assert not engine.batch_invariant
-    original = engine_module._Stepper.decode
+    original = engine_module.Stepper.decode
 
     def watch(self, seqs):
         seen.append(model.config._attn_implementation)
         return original(self, seqs)
 
-    engine_module._Stepper.decode = watch
+    engine_module.Stepper.decode = watch
     try:
         completions = engine.generate(
             random_prompts(VOCAB, (4, 6, 2), seed=2), SamplingParams(max_new_tokens=4)
         )
     finally:
-        engine_module._Stepper.decode = original
+        engine_module.Stepper.decode = original
     assert set(seen) == {PLAIN_CACHED_NAME} and model.config._attn_implementation == before
     assert all(len(c.token_ids) == 4 for c in completions)
 
@@ -170,7 +170,7 @@ def test_attention_is_restored_when_generation_fails(monkeypatch):
     def boom(self, seqs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(engine_module._Stepper, "decode", boom)
+    monkeypatch.setattr(engine_module.Stepper, "decode", boom)
     with pytest.raises(RuntimeError, match="boom"):
         RolloutEngine(model, device="cpu", progress=False).generate(
             [[5, 6]], SamplingParams(max_new_tokens=3)

@@ -106,12 +106,12 @@ def test_negative_control_plain_attention_packed_differs_from_padded(dtype):
 def test_packed_prefill_gives_the_padded_prefills_completions(name, dtype, monkeypatch):
     """The engine's prefill packed (every multi-prompt prefill) vs right-padded (never
     packed): the same tokens and the same logprobs, bit for bit."""
-    import rl_engine.rollout.engine as engine_module
+    import rl_engine.rollout.stepper as stepper_module
 
     model = patched_model(name, dtype)
     runs = {}
     for label, threshold in (("packed", 0.0), ("padded", float("inf"))):
-        monkeypatch.setattr(engine_module, "PACK_PREFILL", threshold)
+        monkeypatch.setattr(stepper_module, "PACK_PREFILL", threshold)
         engine = RolloutEngine(model, device="cpu", max_batch_size=4, progress=False)
         prompts = random_prompts(model.config.vocab_size, (5, 30, 1, 17, 9, 64, 2), seed=3)
         runs[label] = engine.generate(prompts, SamplingParams(max_new_tokens=8, seed=1))

@@ -110,7 +110,7 @@ def test_a_call_that_raises_releases_the_store():
     model = fresh_model("tiny-llama", torch.float32)
     engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)
     held = _held_at_release(engine)
-    with mock.patch.object(stepper._Stepper, "decode", side_effect=RuntimeError("boom")):
+    with mock.patch.object(stepper.Stepper, "decode", side_effect=RuntimeError("boom")):
         with pytest.raises(RuntimeError, match="boom"):
             _generate(engine)
     assert len(held) == 1 and held[0][0] > 0  # it held the packed weights when it raised

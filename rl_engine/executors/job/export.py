@@ -31,6 +31,7 @@ def export_checkpoint(
     A LoRA run's: its PEFT adapter folder, or with `merged` the model with the adapters
     folded in."""
     from rl_engine.models import load_model, quiet_loading
+    from rl_engine.models.build import plain_model_like
 
     run_dir, to = Path(run_dir), Path(to)
     if not run_dir.is_dir():
@@ -52,7 +53,7 @@ def export_checkpoint(
         tokenizer = write_lora_export(config, found.load_weights(), staging, merged)
     else:
         loaded, tokenizer = load_model(config.model, dtype=config.torch_dtype, seed=config.seed)
-        model = _dense_copy_of(loaded, config)
+        model = plain_model_like(loaded.config, config.torch_dtype)
         model.load_state_dict(found.load_weights(), strict=True)
         model.save_pretrained(staging, safe_serialization=True)
     if tokenizer is not None:
@@ -64,16 +65,3 @@ def export_checkpoint(
         to.rmdir()  # empty (checked above)
     os.replace(staging, to)
     return to
-
-
-def _dense_copy_of(model, config: RunConfig):
-    """A plain model of the same architecture: one loaded from GGUF carries a quantizer that
-    refuses save_pretrained (and would make from_pretrained look for a .gguf file)."""
-    import copy
-
-    from transformers import AutoModelForCausalLM
-
-    hf_config = copy.deepcopy(model.config)
-    if hasattr(hf_config, "quantization_config"):
-        del hf_config.quantization_config
-    return AutoModelForCausalLM.from_config(hf_config, dtype=config.torch_dtype)

@@ -32,9 +32,9 @@ def write_lora_export(
     policy, tokenizer = load_policy(config)
     policy.load_state_dict(weights, strict=True)
     if merged:
-        from transformers import AutoModelForCausalLM
+        from rl_engine.models.build import random_model
 
-        plain = AutoModelForCausalLM.from_config(policy.config, dtype=config.torch_dtype)
+        plain = random_model(policy.config, config.torch_dtype)
         plain.load_state_dict(merged_state_dict(policy), strict=True)
         plain.save_pretrained(staging, safe_serialization=True)
         return tokenizer

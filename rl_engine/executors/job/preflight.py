@@ -66,15 +66,10 @@ def check_lora_targets(config: RunConfig, model: str | None = None) -> None:
     weightless (meta) copy of it."""
     if not config.lora.enabled:
         return
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from rl_engine.models import model_config
+    from rl_engine.models.build import meta_skeleton
     from rl_engine.patching.lora import resolve_targets
 
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(model_config(model or config.model))
-    resolve_targets(skeleton, config.lora.target_modules)
+    resolve_targets(meta_skeleton(model or config.model), config.lora.target_modules)
 
 
 def check_data(config: RunConfig, tokenizer: bool) -> None:

@@ -137,8 +137,9 @@ def resume_config(run_dir: str | Path, config_path: str | None, overrides: list[
         )
     differences = [
         key
-        for key in _flat(snapshot)
-        if key not in ("steps", "output_dir") and _flat(snapshot)[key] != _flat(wanted).get(key)
+        for key in flat_keys(snapshot)
+        if key not in ("steps", "output_dir")
+        and flat_keys(snapshot)[key] != flat_keys(wanted).get(key)
     ]
     elastic = snapshot["trainer"]["layout_invariant"] and wanted["trainer"]["layout_invariant"]
     layout = [key for key in differences if _is_layout_key(key, snapshot, wanted)]
@@ -151,7 +152,7 @@ def resume_config(run_dir: str | Path, config_path: str | None, overrides: list[
         differences = [key for key in differences if key not in layout]
     if differences:
         listed = ", ".join(
-            f"{k} ({_flat(snapshot)[k]!r} in the run, {_flat(wanted).get(k)!r} given)"
+            f"{k} ({flat_keys(snapshot)[k]!r} in the run, {flat_keys(wanted).get(k)!r} given)"
             for k in differences
         )
         raise RunDirError(
@@ -195,15 +196,15 @@ def _is_layout_key(key: str, snapshot: dict, wanted: dict) -> bool:
 
 
 def _listed(keys, snapshot: dict, wanted: dict) -> str:
-    flat_a, flat_b = _flat(snapshot), _flat(wanted)
+    flat_a, flat_b = flat_keys(snapshot), flat_keys(wanted)
     return ", ".join(f"{k} {flat_a[k]!r} -> {flat_b.get(k)!r}" for k in keys)
 
 
-def _flat(data: dict, prefix: str = "") -> dict:
+def flat_keys(data: dict, prefix: str = "") -> dict:
     out = {}
     for key, value in data.items():
         if isinstance(value, dict) and key != "deepspeed":
-            out.update(_flat(value, f"{prefix}{key}."))
+            out.update(flat_keys(value, f"{prefix}{key}."))
         else:
             out[f"{prefix}{key}"] = value
     return out

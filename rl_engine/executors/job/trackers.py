@@ -163,11 +163,11 @@ class MlflowTracker:
     def _log_params(self, config: RunConfig, run_id: str) -> None:
         from mlflow.entities import Param
 
-        from rl_engine.executors.job.run_dir import _flat
+        from rl_engine.executors.job.run_dir import flat_keys
 
         params = [
             Param(mlflow_name(k), str(v)[:500])
-            for k, v in _flat(config.to_dict()).items()
+            for k, v in flat_keys(config.to_dict()).items()
             if k != "steps"  # the one key a resume may change; a changed param is refused
         ]
         for start in range(0, len(params), 100):

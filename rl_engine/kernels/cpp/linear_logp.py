@@ -36,9 +36,9 @@ def chunk_rows_for(vocab_size: int) -> int:
     return max(ROW_ALIGN, rows // ROW_ALIGN * ROW_ALIGN)
 
 
-def _chunk_logprobs(h, weight, bias, temperature):
+def chunk_logprobs(h, weight, bias, temperature):
     logits = linear_forward(h, weight, bias, at_least_fp32(h.dtype))  # `lm_head`: (n, V)
     return log_softmax_forward(logits, temperature)  # (n, V) fp32
 
 
-linear_logp = linear_logp_op(_chunk_logprobs, chunk_rows_for, GEMM, __name__, exact_gemm)
+linear_logp = linear_logp_op(chunk_logprobs, chunk_rows_for, GEMM, __name__, exact_gemm)

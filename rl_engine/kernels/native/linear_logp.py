@@ -9,7 +9,7 @@ chunk's softmax: d logp[t] / d logits = (onehot(t) - softmax) / T.
 
 The chunk loops, the autograd.Function, the argument checks and the op are shared
 by every backend (rl_engine/kernels/common/linear_logp.py); this file supplies the
-chunk (`_chunk_logprobs`) and the chunk size (`chunk_rows_for`).
+chunk (`chunk_logprobs`) and the chunk size (`chunk_rows_for`).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ def chunk_rows_for(vocab_size: int) -> int:
     return max(TILE_ROWS, rows // TILE_ROWS * TILE_ROWS)
 
 
-def _chunk_logprobs(h, weight, bias, temperature):
+def chunk_logprobs(h, weight, bias, temperature):
     logits = linear_forward(h, weight, bias, at_least_fp32(h.dtype))  # `lm_head`: (n, V)
     return log_softmax_forward(logits, temperature)  # (n, V) fp32
 
 
-linear_logp = linear_logp_op(_chunk_logprobs, chunk_rows_for, GEMM, __name__, exact_gemm)
+linear_logp = linear_logp_op(chunk_logprobs, chunk_rows_for, GEMM, __name__, exact_gemm)

@@ -32,9 +32,9 @@ def chunk_rows_for(vocab_size: int) -> int:
     return max(BLOCK_M, rows // BLOCK_M * BLOCK_M)
 
 
-def _chunk_logprobs(h, weight, bias, temperature):
+def chunk_logprobs(h, weight, bias, temperature):
     logits = fixed_order_matmul(h, weight, bias, out_dtype=at_least_fp32(h.dtype))  # (n, V)
     return log_softmax_forward(logits, temperature)  # (n, V) fp32
 
 
-linear_logp = linear_logp_op(_chunk_logprobs, chunk_rows_for, SERVING, __name__, exact_gemm)
+linear_logp = linear_logp_op(chunk_logprobs, chunk_rows_for, SERVING, __name__, exact_gemm)

@@ -14,7 +14,8 @@ from rl_engine.rollout.tp.layout import (
     TPLayout,
     check_tensor_parallel_size,
 )
-from rl_engine.rollout.tp.shard import ShardedLinear, shard_model, shard_state_dict, tp_layout
+from rl_engine.rollout.tp.shard import shard_model, shard_state_dict, tp_layout
+from rl_engine.rollout.tp.sharded_linear import ShardedLinear
 
 __all__ = [
     "TENSOR_PARALLEL_SIZES",

@@ -28,7 +28,7 @@ from torch import nn
 
 from rl_engine.rollout.engine import RolloutEngine
 from rl_engine.rollout.sampling import SamplingParams
-from rl_engine.rollout.stepper import _Stepper
+from rl_engine.rollout.stepper import Stepper
 from rl_engine.rollout.tp.collectives import ShardGroup
 from rl_engine.rollout.tp.load import read_shards
 from rl_engine.rollout.tp.shard import (
@@ -138,7 +138,7 @@ class TensorParallelEngine(RolloutEngine):
         targets = weight_targets(self.model)
         return WeightReceiver(targets, manifest, plan, receiver, bucket_bytes)
 
-    def _make_stepper(self, cache, sampling: SamplingParams) -> _Stepper:
+    def _make_stepper(self, cache, sampling: SamplingParams) -> Stepper:
         return _ShardedStepper(self, cache, sampling)
 
     def _check_same_request(self, prompts, sampling, after_env_turn: bool) -> None:
@@ -154,7 +154,7 @@ class TensorParallelEngine(RolloutEngine):
             )
 
 
-class _ShardedStepper(_Stepper):
+class _ShardedStepper(Stepper):
     """The forwards of one generate call on one rank: rank 0 scores and samples for all."""
 
     def __init__(self, engine: TensorParallelEngine, cache, sampling: SamplingParams):

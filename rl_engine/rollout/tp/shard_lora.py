@@ -22,7 +22,7 @@ from torch import nn
 
 from rl_engine.patching.lora import ADAPTER, check_plain_lora, is_adapter_name, lora_layer_class
 from rl_engine.rollout.tp.collectives import ShardGroup
-from rl_engine.rollout.tp.shard import ShardedLinear
+from rl_engine.rollout.tp.sharded_linear import ShardedLinear
 
 
 class ShardedLoraLinear(nn.Module):

@@ -14,7 +14,7 @@ from rl_engine.kernels.common.product_partial import dense
 from rl_engine.kernels.common.sequence_spans import SequenceSpans
 from rl_engine.kernels.cpp._serving import GEMM
 from rl_engine.kernels.cpp.linear import exact_gemm
-from rl_engine.kernels.cpp.linear_logp import _chunk_logprobs
+from rl_engine.kernels.cpp.linear_logp import chunk_logprobs
 
 DTYPES = [torch.float32, torch.bfloat16]
 LENGTHS = (70, 5, 33, 1, 64)
@@ -206,7 +206,7 @@ def run_logp(small_chunks: bool):
 
 
 # the shared chunked op with 8-row chunks: sequences of several blocks, chunks of several blocks
-SMALL_CHUNK_LOGP = linear_logp_op(_chunk_logprobs, lambda vocab: 8, GEMM, __name__, exact_gemm)
+SMALL_CHUNK_LOGP = linear_logp_op(chunk_logprobs, lambda vocab: 8, GEMM, __name__, exact_gemm)
 
 
 def run_embedding():

@@ -1,4 +1,5 @@
-"""What every rank of a worker-matrix cell must report: parity before and after training, sane metrics, an exact resume."""
+"""What every rank of a worker-matrix cell must report: parity before and after training,
+sane metrics, an exact resume."""
 
 from __future__ import annotations
 

@@ -7,21 +7,12 @@ import torch
 from tests.helpers.worker.launch import run_ranks
 
 JOB = "tests.helpers.worker.layout_job"
+
 # (ranks, ZeRO stage, trainer keys)
-
-
 PACKED_ONE = (1, 0, {"micro_batch_size": 8, "packing": True})
-
-
 PADDED_TWO = (2, 3, {"micro_batch_size": 2, "packing": False})
-
-
 SINGLES_FOUR = (4, 1, {"micro_batch_size": 1})
-
-
 BUDGET_TWO = (2, 2, {"micro_batch_size": 4, "max_tokens_per_micro_batch": 40})
-
-
 LAYOUT_KEYS = {"time/"}  # metric keys allowed to differ: timings only
 
 

@@ -98,7 +98,7 @@ def sequence_balance(
         )
     unit, scaled = _row_weights(indices, spans, num_experts, total, coef)
     probs = [router_probabilities(layer.detach()) for layer in logits]
-    records = _records(probs, unit.to(probs[0].device), spans)
+    records = sequence_aux_records(probs, unit.to(probs[0].device), spans)
     if coef == 0:
         return None, records
     weights = scaled.to(device=probs[0].device, dtype=probs[0].dtype)
@@ -124,7 +124,7 @@ def _row_weights(indices, spans: SequenceSpans, num_experts: int, total: int, co
     return unit, scaled
 
 
-def _records(probs, unit: torch.Tensor, spans: SequenceSpans) -> SequenceRecords:
+def sequence_aux_records(probs, unit: torch.Tensor, spans: SequenceSpans) -> SequenceRecords:
     """Each sequence's sum over its rows and the layers of p . u_s (fp64 row dots, summed by
     `exact_sum`: a non-finite dot gives a non-finite record, never an exception)."""
     dots = torch.cat([fixed_order_sum(p.double() * unit) for p in probs], dim=1).cpu()  # (rows, L)

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from rl_engine.executors.worker.layout_free.router_balance import AuxSums, _records
+from rl_engine.executors.worker.layout_free.router_balance import AuxSums, sequence_aux_records
 from rl_engine.kernels import SequenceSpans
 
 INF = math.inf
@@ -18,7 +18,7 @@ def test_layers_summing_to_plus_and_minus_inf_give_a_non_finite_record():
     unit = torch.ones(3, 2, dtype=torch.float64)
     first = torch.tensor([[INF, 0.0], [0.25, 0.25], [0.5, 0.5]])
     second = torch.tensor([[-INF, 0.0], [0.25, 0.25], [0.5, 0.5]])
-    records = _records([first, second], unit, spans)
+    records = sequence_aux_records([first, second], unit, spans)
     bad, good = records.records
     assert math.isnan(bad.aux_loss)
     assert good == AuxSums(2.0)  # the control: a finite sequence's exact sum
