@@ -23,7 +23,7 @@ def local_ray():
     yield from private_ray(3)
 
 
-@pytest.mark.slow  # 30-45 s (1 rank) and 45-70 s (2 ranks): three jobs each
+@pytest.mark.slow  # three jobs each: 2 steps, 1 step, 1 resumed step
 @pytest.mark.parametrize(
     ("num_ranks", "zero_stage", "layout"),
     [
@@ -38,24 +38,25 @@ def local_ray():
 def test_stopped_and_resumed_run_equals_uninterrupted(
     tmp_path, local_ray, num_ranks, zero_stage, layout
 ):
-    """Run A: 3 steps. Run B: 2 steps (checkpoint at the end), then --resume to 3 steps.
+    """Run A: 2 steps. Run B: 1 step (checkpoint at the end), then --resume to 2 steps.
     metrics.jsonl of A == of B on every key but the `time/` ones, parity 1.0 at every step.
-    With a token budget the micro-batch plan (a function of the lengths) is the same too."""
+    With a token budget the micro-batch plan (a function of the lengths) is the same too.
+    (The stop after step 1 already carries AdamW moments, sampling state and a weight version.)"""
     trainer = {"num_ranks": num_ranks, "zero_stage": zero_stage, **layout}
     whole = tmp_path / "whole"
-    history = run_job(job_config(whole, steps=3, trainer=trainer))
+    history = run_job(job_config(whole, steps=2, trainer=trainer))
     _check_complete_run(whole, history, num_ranks)
-    part = stopped_and_resumed(tmp_path / "part", trainer=trainer)
+    part = stopped_and_resumed(tmp_path / "part", steps=2, trainer=trainer)
 
     expected = without_timings(whole)
-    assert [m["step"] for m in expected] == [0, 1, 2]
+    assert [m["step"] for m in expected] == [0, 1]
     assert without_timings(part) == expected
     assert all(m["parity/exact_match_fraction"] == 1.0 for m in expected)
-    assert [m["weight_version"] for m in expected] == [1, 2, 3]
+    assert [m["weight_version"] for m in expected] == [1, 2]
     timings = read_metrics(part)[-1]
     for phase in ("step", "rollout", "batch", "train", "weight_sync", "driver_overhead"):
         assert timings[f"time/{phase}"] >= 0
-    assert ckpt.latest(part).step == 3 and ckpt.complete_tags(part) == ["step000002", "step000003"]
+    assert ckpt.latest(part).step == 2 and ckpt.complete_tags(part) == ["step000001", "step000002"]
 
 
 def _check_complete_run(run, history: list[dict], num_ranks: int) -> None:

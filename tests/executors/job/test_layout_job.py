@@ -1,5 +1,5 @@
 """trainer.layout_invariant as a whole Ray job: two layouts write the same run (metrics and
-training state), and a run stopped on 2 ZeRO-3 ranks resumes on 1 ZeRO-0 rank exactly.
+training state), and a checkpoint of 2 ZeRO-3 ranks resumes on 1 ZeRO-0 rank exactly.
 
 One local Ray cluster (3 CPUs, started here) serves the module. The worker-level tests
 (tests/executors/worker/test_layout_invariance.py) cover more layouts and the negative control.
@@ -15,7 +15,7 @@ from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import RunDirError, resume_config
 from rl_engine.executors.worker.layout_free.state import STATE_FILE
-from tests.helpers.job.jobs import job_config, private_ray, without_timings
+from tests.helpers.job.jobs import job_config, private_ray, resumed_copy, without_timings
 
 pytestmark = [pytest.mark.multiprocess]
 
@@ -28,8 +28,10 @@ def local_ray():
     yield from private_ray(3)
 
 
-def _config(run_dir, trainer: dict, steps: int = 3):
-    config = job_config(run_dir, steps=steps, trainer={**trainer, "layout_invariant": True})
+def _config(run_dir, trainer: dict):
+    """Two steps, a checkpoint after each (a run resumes from step 1's)."""
+    layout_free = {**trainer, "layout_invariant": True}
+    config = job_config(run_dir, steps=2, trainer=layout_free, checkpoint={"every": 1})
     return RunConfig.from_dict({**config.to_dict(), "dtype": "bfloat16"})
 
 
@@ -43,7 +45,7 @@ def _same(a: dict, b: dict) -> list[str]:
     return [key for key in a if not torch.equal(a[key], b[key])]
 
 
-@pytest.mark.slow  # 4 jobs, 20-40 s each
+@pytest.mark.slow  # 3 jobs (2 steps, 2 steps, 1 resumed step), 20-40 s each
 def test_two_layouts_write_the_same_run_and_a_run_resumes_on_another_layout(tmp_path, local_ray):
     one, two = tmp_path / "one", tmp_path / "two"
     run_job(_config(one, ONE_PACKED))
@@ -52,11 +54,9 @@ def test_two_layouts_write_the_same_run_and_a_run_resumes_on_another_layout(tmp_
     assert all(m["parity/exact_match_fraction"] == 1.0 for m in without_timings(one))
     assert _same(_state(one), _state(two)) == []
 
-    elastic = tmp_path / "elastic"
-    run_job(_config(elastic, TWO_PADDED, steps=2))
-    assert ckpt.latest(elastic).step == 2
-    layout = ["trainer.num_ranks=1", "trainer.zero_stage=0", "trainer.micro_batch_size=8"]
-    run_job(resume_config(elastic, None, ["steps=3", *layout]), resume=True)
+    # two's step-1 checkpoint (2 ZeRO-3 ranks) resumed on 1 ZeRO-0 rank
+    layout = ("trainer.num_ranks=1", "trainer.zero_stage=0", "trainer.micro_batch_size=8")
+    elastic = resumed_copy(two, tmp_path / "elastic", step=1, overrides=layout)
     assert without_timings(elastic) == without_timings(two)
     assert _same(_state(elastic), _state(two)) == []
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -58,12 +59,27 @@ def job_config(run_dir: Path, *, steps: int = 3, **sections) -> RunConfig:
     return RunConfig.from_dict(data)
 
 
-def stopped_and_resumed(run_dir: Path, **sections) -> Path:
-    """`run_dir` of a 3-step job stopped after step 2 (its checkpoint) and resumed to step 3."""
-    run_job(job_config(run_dir, steps=2, **sections))
-    assert ckpt.latest(run_dir).step == 2
-    run_job(resume_config(run_dir, None, ["steps=3"]), resume=True)
+def stopped_and_resumed(run_dir: Path, steps: int = 3, **sections) -> Path:
+    """`run_dir` of a `steps`-step job stopped one step early (its checkpoint) and resumed."""
+    run_job(job_config(run_dir, steps=steps - 1, **sections))
+    assert ckpt.latest(run_dir).step == steps - 1
+    run_job(resume_config(run_dir, None, [f"steps={steps}"]), resume=True)
     return run_dir
+
+
+def resumed_copy(run_dir: Path, copy: Path, step: int, overrides: tuple[str, ...] = ()) -> Path:
+    """A copy of the finished `run_dir` cut back to its checkpoint of `step` (the later ones
+    deleted) and resumed to the end with `overrides`: one job start fewer than a run stopped
+    at `step` and resumed, for tests whose subject is not the stop itself."""
+    shutil.copytree(run_dir, copy)
+    root = copy / ckpt.CHECKPOINTS
+    for later in ckpt.complete_tags(copy):
+        if later > ckpt.tag_for(step):  # zero-padded tags sort as their steps
+            shutil.rmtree(root / later)
+    (root / ckpt.LATEST).write_text(ckpt.tag_for(step) + "\n")
+    assert ckpt.latest(copy).step == step
+    run_job(resume_config(copy, None, list(overrides)), resume=True)
+    return copy
 
 
 def without_timings(run_dir: Path) -> list[dict]:
