@@ -1,0 +1,134 @@
+"""`ExactCausalLM`: vLLM's model class under `RL_ENGINE_BATCH_INVARIANT=1`.
+
+One definition of the model: it builds the trainer's Hugging Face model from the
+folder vLLM serves (`load_skeleton`, as `load_model` builds it), copies vLLM's
+weights into it and patches it with `apply_batch_invariant`, so every op
+(embedding, RMSNorm with HF's residual order, separate q/k/v and gate/up linears,
+HF's rotary, SiLU-and-mul, attention, final norm, lm_head) is the kernel
+`get_op(name, device)` gives the trainer. vLLM's `Attention` layers exist only so
+that vLLM sizes, allocates and binds a paged KV cache per decoder layer; the
+patched attention reads and writes it through `PagedKVCache` and computes with
+rl_engine's attention op, never vLLM's kernels. `compute_logits` is the patched
+model's lm_head op; vLLM's raw logprobs, log_softmax in fp32, are then the
+trainer's `log_softmax` op (native: the same `torch.log_softmax` of fp32 logits).
+
+Not decorated with vLLM's `support_torch_compile`: vLLM runs it eager, so no
+compiler fuses or reorders its ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from rl_engine.models.loading import load_skeleton
+from rl_engine.patching import KV_CACHE_KWARG, apply_batch_invariant, lm_head_parameters, model_op
+from rl_engine.rollout.vllm.checks import check_vllm_config
+from rl_engine.rollout.vllm.paged import FlatBatch, PagedKVCache
+
+HF_ATTRIBUTE = "hf"
+
+
+class ExactCausalLM(nn.Module):
+    """vLLM text-generation model that runs the trainer's patched HF model."""
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        super().__init__()
+        check_vllm_config(vllm_config)
+        model_config = vllm_config.model_config
+        hf, _ = load_skeleton(model_config.model, dtype=model_config.dtype)
+        self.hf = hf
+        self.config = hf.config
+        self.attn_layers = _attention_layers(vllm_config, hf.config, prefix)
+        self.layer_names = [layer.layer_name for layer in self.attn_layers]
+        self._lm_head = None  # the patched lm_head op, once weights are in
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.hf.get_input_embeddings()(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors=None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """vLLM's flat tokens (N,) -> final-norm hidden states (N, H)."""
+        from vllm.forward_context import get_forward_context
+
+        if inputs_embeds is not None or input_ids is None:
+            raise NotImplementedError(
+                "RL_ENGINE_BATCH_INVARIANT=1: inputs_embeds are not supported"
+            )
+        total = positions.shape[0]
+        metadata = get_forward_context().attn_metadata
+        if metadata is None:  # vLLM's warm-up / profiling run: no KV cache to attend over
+            return torch.zeros(total, self.config.hidden_size, dtype=self._dtype())
+        if isinstance(metadata, list):
+            raise NotImplementedError(
+                "RL_ENGINE_BATCH_INVARIANT=1: speculative-decoding metadata is not supported"
+            )
+        batch = FlatBatch.from_metadata(metadata[self.layer_names[0]], positions)
+        if batch.count == 0:
+            return torch.zeros(total, self.config.hidden_size, dtype=self._dtype())
+        out = self.hf.base_model(
+            input_ids=batch.pad_ids(input_ids),
+            position_ids=batch.q_positions.clamp(min=0),
+            use_cache=False,
+            **{KV_CACHE_KWARG: PagedKVCache(self.layer_names, batch)},
+        )
+        return batch.flat(out.last_hidden_state, total)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(M, H) -> (M, V) logits through the patched lm_head op (the trainer's)."""
+        if self._lm_head is None:
+            raise RuntimeError("ExactCausalLM.compute_logits before load_weights")
+        weight, bias = lm_head_parameters(self.hf)
+        return self._lm_head(hidden_states, weight, bias)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy a checkpoint's tensors into the HF model by name, then patch it."""
+        params = dict(self.hf.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            if name not in params:
+                raise ValueError(
+                    f"checkpoint tensor {name!r} has no parameter in {type(self.hf).__name__}"
+                )
+            with torch.no_grad():
+                params[name].copy_(tensor)
+            loaded.add(f"{HF_ATTRIBUTE}.{name}")
+        missing = {f"{HF_ATTRIBUTE}.{n}" for n in params} - loaded
+        if missing:
+            raise ValueError(f"checkpoint lacks parameters {sorted(missing)}")
+        if self._lm_head is None:
+            apply_batch_invariant(self.hf)
+            self._lm_head = model_op(self.hf, "lm_head")
+        return loaded
+
+    def _dtype(self) -> torch.dtype:
+        return self.hf.get_input_embeddings().weight.dtype
+
+
+def _attention_layers(vllm_config, config, prefix: str) -> nn.ModuleList:
+    """One vLLM `Attention` per decoder layer, named by its module path: vLLM derives the
+    KV cache spec from them and binds each layer's paged cache to it."""
+    from vllm.model_executor.layers.attention import Attention
+
+    head_dim = vllm_config.model_config.get_head_size()
+    kv_heads = vllm_config.model_config.get_num_kv_heads(vllm_config.parallel_config)
+    base = f"{prefix}.attn_layers" if prefix else "attn_layers"
+    return nn.ModuleList(
+        Attention(
+            num_heads=config.num_attention_heads,
+            head_size=head_dim,
+            scale=head_dim**-0.5,
+            num_kv_heads=kv_heads,
+            cache_config=vllm_config.cache_config,
+            prefix=f"{base}.{i}",
+        )
+        for i in range(config.num_hidden_layers)
+    )

