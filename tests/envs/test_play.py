@@ -156,7 +156,7 @@ def test_negative_control_the_plain_engine_differs():
 
 THREADS_SNIPPET = """
 from rl_engine.envs import episode_tasks
-from tests.envs.test_continuous_episodes import _play, _records
+from tests.envs.test_play import _play, _records
 from tests.helpers.rollout.common import patched_model
 import torch
 
