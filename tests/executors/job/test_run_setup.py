@@ -1,11 +1,10 @@
 """Everything the driver decides before Ray starts: config errors, --set, run directories,
-resume rules, checkpoint layout, kernel-fact comparison. No Ray, no DeepSpeed: each case
+resume rules. No Ray, no DeepSpeed: each case
 must fail with exit code 2 and one line on stderr, before Ray starts."""
 
 from __future__ import annotations
 
 import json
-import stat
 
 import pytest
 import ray
@@ -13,14 +12,10 @@ import yaml
 
 from rl_engine.cli import main
 from rl_engine.executors.job import job_checkpoints as ckpt
-from rl_engine.executors.job.cluster import ClusterError, check_same_kernels, kernel_facts
 from rl_engine.executors.job.run_dir import (
-    MetricsLog,
     RunDirError,
     prepare_run_dir,
-    read_metrics,
     resume_config,
-    truncate_metrics,
 )
 from rl_engine.executors.worker.weights.weights_file import WEIGHTS_FILE, save_state_dict
 
@@ -153,83 +148,6 @@ def test_resume_config_allows_only_raising_steps(tmp_path):
         resume_config(run, None, ["trainer.lr=0.1"])
     with pytest.raises(RunDirError, match="steps may only be raised"):
         resume_config(run, path, ["steps=1"])
-
-
-def test_metrics_log_appends_and_resume_drops_later_steps(tmp_path):
-    log = MetricsLog(tmp_path)
-    for step in range(4):
-        log.append({"step": step, "loss": 0.5 * step})
-    log.close()
-    with open(tmp_path / "metrics.jsonl", "a") as f:
-        f.write('{"step": 4, "lo')  # a crash while writing the last line
-    assert [m["step"] for m in read_metrics(tmp_path)] == [0, 1, 2, 3]
-    assert [m["step"] for m in truncate_metrics(tmp_path, 2)] == [0, 1]
-    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2
-    assert stat.S_IMODE((tmp_path / "metrics.jsonl").stat().st_mode) == 0o644
-
-
-def test_checkpoint_is_latest_only_once_complete_and_old_ones_are_pruned(tmp_path):
-    import torch
-
-    from rl_engine.config import RunConfig
-
-    config = RunConfig()
-    for step in (1, 2, 3):
-        staging = ckpt.begin(tmp_path, step)
-        save_state_dict(staging / WEIGHTS_FILE, {"w": torch.full((2,), float(step))})
-        ckpt.write_driver_part(
-            staging,
-            step=step,
-            weight_version=step,
-            config=config,
-            weights_only=True,
-        )
-        assert ckpt.latest(tmp_path) is None or ckpt.latest(tmp_path).step == step - 1
-        ckpt.commit(tmp_path, staging, keep_last=2)
-    assert ckpt.complete_tags(tmp_path) == ["step000002", "step000003"]
-    assert ckpt.latest(tmp_path).step == 3 and ckpt.latest(tmp_path).weights_only
-    assert torch.equal(ckpt.at_step(tmp_path, 2).load_weights()["w"], torch.full((2,), 2.0))
-    ckpt.begin(tmp_path, 4)  # a save that never finished
-    assert ckpt.latest(tmp_path).step == 3
-    with pytest.raises(ValueError, match=r"checkpoints at steps \[2, 3\]"):
-        ckpt.at_step(tmp_path, 1)
-
-
-def test_kernel_facts_differences_are_named():
-    here = kernel_facts("cpu")
-    assert here["torch"] and here["cpu_capability"]
-    check_same_kernels({"trainer rank 0": here, "rollout engine 0": dict(here)})
-    # Two CPU types cannot be produced on one machine: the second node's facts are edited.
-    other = {**here, "cpu_flags": here["cpu_flags"].replace("amx_bf16", "") + " avx512_fp16"}
-    with pytest.raises(
-        ClusterError, match="cpu_flags .* on trainer rank 0 but .* on rollout engine 1"
-    ):
-        check_same_kernels({"trainer rank 0": here, "rollout engine 1": other})
-
-
-def test_progress_is_a_bar_on_a_terminal_and_plain_lines_otherwise(caplog, capsys):
-    from rl_engine.executors.job.progress import StepProgress
-
-    record = {
-        "step": 4,
-        "reward_mean": 0.25,
-        "parity/exact_match_fraction": 1.0,
-        "parity/max_abs_diff": 0.0,
-        "parity/num_tokens": 48,
-        "loss": 0.5,
-        "kl": 0.0,
-        "time/step": 0.2,
-    }
-    caplog.set_level("INFO", logger="rl_engine.job")
-    plain = StepProgress(10, 4, tty=False)
-    plain.update(record)
-    plain.close()
-    assert "step   4 | reward 0.250 | parity exact 1.0000" in caplog.text
-    bar = StepProgress(10, 4, tty=True)
-    bar.update(record)
-    bar.close()
-    err = capsys.readouterr().err
-    assert "5/10" in err and "reward=0.250" in err and "parity=1.0000" in err
 
 
 def test_weights_only_checkpoint_cannot_resume(tmp_path, caplog):
