@@ -12,7 +12,6 @@ import pytest
 
 import rl_engine.executors as executors
 
-
 DEFINED_IN = {
     "TrainBatch": "rl_engine.executors.worker.batch",
     "BatchError": "rl_engine.executors.worker.errors",
