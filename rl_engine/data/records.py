@@ -41,7 +41,8 @@ class PromptRecord:
 
     @property
     def where(self) -> str:
-        return f"{self.file} row {self.row}"
+        """'<file> row <n>' for a record read from a file; '' for one made in code (a task's)."""
+        return f"{self.file} row {self.row}" if self.file else ""
 
 
 def read_records(

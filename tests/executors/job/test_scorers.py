@@ -73,3 +73,11 @@ def test_on_error_fail_names_the_prompts_row_and_the_sample():
     scorer = FunctionScorer(DriverRewards(exact_answer, {}, 5.0), None, on_error="fail")
     with pytest.raises(RewardFailure, match=r"train.jsonl row 3, sample 1 \(data_source 'd'\)"):
         scorer.score(RECORDS, [completion(0, 0, [4, 2]), completion(0, 1, [13])], step=0)
+
+
+def test_on_error_fail_names_the_prompt_index_of_a_record_made_in_code():
+    """A task's or rollout.source's record has no file: the error names the prompt's index."""
+    made = [PromptRecord(messages=[], ground_truth="x", data_source="d")] * 3
+    scorer = FunctionScorer(DriverRewards(exact_answer, {}, 5.0), None, on_error="fail")
+    with pytest.raises(RewardFailure, match=r"prompt 2, sample 1 \(data_source 'd'\)"):
+        scorer.score(made, [completion(2, 0, [4]), completion(2, 1, [13])], step=0)
