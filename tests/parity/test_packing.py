@@ -115,9 +115,9 @@ def _instrumented_step(worker, batch, monkeypatch):
     current = {}
     micro_loss, aggregate = worker._micro_loss, losses.aggregate
 
-    def traced_micro_loss(index, mb, corrections, scale):
+    def traced_micro_loss(slot, mb, corrections):
         current["mb"] = mb
-        return micro_loss(index, mb, corrections, scale)
+        return micro_loss(slot, mb, corrections)
 
     def traced_aggregate(values, mask, aggregation):
         rows = list(current["mb"].sequences)
