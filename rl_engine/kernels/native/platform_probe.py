@@ -47,11 +47,13 @@ ASSUMPTIONS = {
     "weight address": "a tile's bits do not depend on the weight's address in memory",
 }
 
-# Probe shapes: N = 1 (a GEMV-like call) and an odd N that leaves partial column
-# blocks; K = one full slice plus a narrow remainder slice.
-PROBE_OUTPUTS = (1, 333)
+# Probe shapes: N = 1 (a GEMV-like call), an odd N that leaves partial column blocks and a
+# round one; K = six full slices plus a narrow remainder slice (on an AVX-512 Xeon without
+# bf16 instructions, bf16 rows summed over several slices changed bits at 3 threads, N 512).
+PROBE_OUTPUTS = (1, 333, 512)
+PROBE_SLICES = 6
 REMAINDER_COLUMNS = 37
-THREAD_COUNTS = (1, 2)  # each compared with the process's own count
+THREAD_COUNTS = (1, 2, 3)  # each compared with the process's own count (3: a split of its own)
 # The device's default backend, and the dtypes it serves with its own fixed-order
 # kernels (its other dtypes go through a library GEMM as well).
 OTHER_BACKEND = {
@@ -142,7 +144,9 @@ def _failed_assumptions(dtype: torch.dtype, device: torch.device) -> list[tuple[
     for n in PROBE_OUTPUTS:
         for assumption, mismatch in _mismatches(dtype, device, n):
             if mismatch and assumption not in failures:
-                failures[assumption] = f"{mismatch}, tile {TILE_ROWS} x {k_slice_for(dtype)}, N {n}"
+                failures[assumption] = (
+                    f"{mismatch}, tile {TILE_ROWS} x {k_slice_for(dtype)} x {PROBE_SLICES} slices, N {n}"
+                )
     return [(a, failures[a]) for a in ASSUMPTIONS if a in failures]
 
 
@@ -168,7 +172,7 @@ def _mismatches(dtype: torch.dtype, device: torch.device, n: int):
 
 def _probe_inputs(dtype: torch.dtype, device: torch.device, n: int):
     g = torch.Generator().manual_seed(15)
-    k = k_slice_for(dtype) + REMAINDER_COLUMNS
+    k = k_slice_for(dtype) * PROBE_SLICES + REMAINDER_COLUMNS
     x = torch.randn(TILE_ROWS, k, generator=g)
     w = torch.randn(n, k, generator=g) / k**0.5
     noise = torch.randn(TILE_ROWS, k, generator=g) * 1e3  # fits fp16 too
