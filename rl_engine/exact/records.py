@@ -109,9 +109,12 @@ class SequenceRecords:
 
     def merge(self, other: SequenceRecords) -> SequenceRecords:
         if not isinstance(other, SequenceRecords) or other.kind is not self.kind:
-            raise TypeError(
-                f"cannot merge {type(other).__name__} into {self.kind.__name__} records"
+            what = (
+                f"{other.kind.__name__} records"
+                if isinstance(other, SequenceRecords)
+                else type(other).__name__
             )
+            raise TypeError(f"cannot merge {what} into {self.kind.__name__} records")
         return SequenceRecords(self.kind, self.records + other.records)
 
     def finite(self) -> bool:

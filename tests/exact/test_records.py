@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from rl_engine.exact.records import SequenceRecords
 from rl_engine.executors.worker.policy.step_loss import LossSums
 from rl_engine.logprobs.parity import CorrectionSums, ParitySums, parity_sums
 
@@ -95,3 +96,26 @@ def test_from_tensors_keeps_each_value_exactly_and_defaults_the_rest():
     record = LossSums.from_tensors(loss=loss, tokens=tokens)
     assert record == LossSums(loss=float(loss), tokens=2.0)  # the fp32 value, not 0.1
     assert record.loss != 0.1
+
+
+def test_sequence_records_total_exactly_in_any_order_and_max_their_max_fields():
+    """SequenceRecords: each sum field's total is the exact sum of the sequences' values, so a
+    shuffled or regrouped set of records gives the same bits; a float sum in order does not."""
+    values = [1e16, 1.0, -1e16, 1.0, 0.1]
+    records = [
+        ParitySums(
+            exact=1, tokens=1, abs_sum=v, abs_max=abs(v) / 1e16, k3_sum=0.0, prob_abs_sum=0.0
+        )
+        for v in values
+    ]
+    forward = SequenceRecords(ParitySums, tuple(records)).total()
+    regrouped = (
+        SequenceRecords(ParitySums, tuple(records[3:]))
+        .merge(SequenceRecords(ParitySums, tuple(reversed(records[:3]))))
+        .total()
+    )
+    assert forward == regrouped and forward.abs_sum == math.fsum(values) == 2.1
+    assert forward.abs_max == 1.0 and forward.exact == 5
+    assert sum(values) != 2.1  # the negative control: float adds in order lose the ones
+    with pytest.raises(TypeError, match="cannot merge LossSums records into ParitySums records"):
+        SequenceRecords(ParitySums).merge(SequenceRecords(LossSums))

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from rl_engine.rollout import RolloutEngine, SamplingParams
+from rl_engine.rollout.weights import plan_weight_copy
 from tests.helpers.rollout.common import (
     assert_parity,
     fresh_model,
@@ -103,3 +104,22 @@ def test_bad_version_raises():
     engine = RolloutEngine(fresh_model("tiny-llama"), device="cpu", progress=False)
     with pytest.raises(ValueError, match="version"):
         engine.load_weights({}, version="one")
+
+
+def test_the_copy_plan_names_a_bad_state_dict_before_any_write():
+    """plan_weight_copy checks everything first: a wrong key, type, shape or tied pair is named."""
+    model = fresh_model("tiny-llama", torch.float32)
+    good = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    plan = plan_weight_copy(model, good)
+    assert all(target.shape == value.shape for target, value in plan)
+    name = next(k for k in good if k.endswith("q_proj.weight"))
+    cases = [
+        ({**good, "nope": torch.zeros(1)}, "unexpected key 'nope'"),
+        ({**good, name: 1.0}, rf"state_dict\['{name}'\] must be a tensor, got float"),
+        ({**good, name: torch.zeros(2, 2)}, r"has shape \(2, 2\), the model expects"),
+        ({k: v for k, v in good.items() if k != name}, f"missing key '{name}'"),
+        ([("a", 1)], "must be a mapping of names to tensors, got list"),
+    ]
+    for state, message in cases:
+        with pytest.raises(ValueError, match=message):
+            plan_weight_copy(model, state)

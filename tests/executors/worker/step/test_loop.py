@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rl_engine.executors import DeepSpeedTrainingWorker
+from rl_engine.executors.worker.step.loop import StepLoop
 from tests.helpers.worker.cell import cached_completions, cell_config, to_batch
 
 
@@ -32,6 +33,7 @@ def test_a_non_finite_step_is_skipped_after_a_taken_one(layout_invariant):
         3, 1, "float32", parity="report", trainer={"layout_invariant": layout_invariant}
     )
     worker = DeepSpeedTrainingWorker(config, device="cpu")
+    assert isinstance(worker._loop, StepLoop)  # the one loop, whichever update
     taken = worker.train_step(batch)  # the control: this one updates
     assert taken["skipped_update"] == 0 and worker.weight_version == 1
     before = worker.export_weights()
