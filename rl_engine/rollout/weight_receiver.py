@@ -21,6 +21,7 @@ generate until a complete one has arrived (`RolloutEngine.receive_weights`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import time
@@ -121,16 +122,16 @@ class WeightReceiver:
             on_header(header.version)
         with torch.no_grad():
             for number, bucket in enumerate(self._buckets):
-                works = [
-                    channel.recv([target_view(self._entries[p.tensor][0], p)], p.sender, p.index)
-                    for p in bucket
-                ]
+                works = []
+                for p in bucket:  # a peer gone can fail the posting as well as the wait
+                    with named_failure(self._receiving(header.version, p)):
+                        works.append(
+                            channel.recv(
+                                [target_view(self._entries[p.tensor][0], p)], p.sender, p.index
+                            )
+                        )
                 for piece, work in zip(bucket, works):
-                    wait_for(
-                        work,
-                        f"weight sync to version {header.version}: receiving "
-                        f"{self.manifest.tensors[piece.tensor].name!r} from sender {piece.sender}",
-                    )
+                    wait_for(work, self._receiving(header.version, piece))
                 if on_bucket is not None:
                     on_bucket(header.version, number)
             for first, *others in self._entries.values():
@@ -144,6 +145,11 @@ class WeightReceiver:
             time.perf_counter() - started,
         )
         return header.version
+
+    def _receiving(self, version: int, piece) -> str:
+        """What a receive of `piece` is, for its error: the version, the tensor, the sender."""
+        name = self.manifest.tensors[piece.tensor].name
+        return f"weight sync to version {version}: receiving {name!r} from sender {piece.sender}"
 
     def release_targets(self) -> int:
         """Hand the pages of every tensor a sync writes back to the OS until the next sync
@@ -183,8 +189,16 @@ def _tiles(ranges: list[tuple[int, int]], numel: int) -> bool:
 
 def wait_for(work, what: str) -> None:
     """Wait for a send or receive; its failure (a peer gone, a timeout) says what it was."""
-    try:
+    with named_failure(what):
         work.wait()
+
+
+@contextlib.contextmanager
+def named_failure(what: str):
+    """A collective's RuntimeError (gloo's 'Connection closed by peer', a timeout) re-raised as
+    '<what>: <the error's first sentence>', without the C++ source location."""
+    try:
+        yield
     except RuntimeError as err:
         detail = re.sub(r"^\[[^\]]*\.(cc|cpp):\d+\] ", "", " ".join(str(err).split()))
         raise RuntimeError(f"{what}: {detail.split(' This is typically')[0]}") from None
