@@ -10,9 +10,8 @@ and so is every token's input gradient. Negative control: today's plain backward
 parameter gradients accumulated over a layout's micro-batches (zero upstream gradient on
 padding), gives other bits in at least one pair of layouts.
 Without a sink the plain backward runs, bit for bit (test_sequence_backward_edges.py, with
-the edge cases and the thread counts), and the existing tests of each op (test_linear.py,
-test_linear_logp.py, test_rowwise_ops.py, test_moe.py, test_attention.py,
-test_packed_attention.py) pass unchanged.
+the edge cases and the thread counts), and the existing tests of each op
+(tests/kernels/common/test_<op>.py, test_rowwise_ops.py) pass unchanged.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ Negative control: plain F.linear breaks the first equality on this CPU.
 The invariance tests run on both CPU backends: cpp (the default) and native;
 native tests skip with the platform probe's reason where it refuses the dtype
 (tests/helpers/invariance.py::skip_if_refused). The native tile scheme's own tests are in
-test_native_gemm.py.
+test_native_gemm.py. The shared `Projection` (common/linear.py): its no-gradient path has
+the autograd path's forward bits, and one built without an exact GEMM refuses the
+layout-invariant mode by name.
 """
 
 import pytest
@@ -14,12 +16,16 @@ import torch
 import torch.nn.functional as F
 
 from rl_engine.kernels import get_op
+from rl_engine.kernels.common.linear import projection
+from rl_engine.kernels.common.sequence_spans import SequenceSpans
+from rl_engine.kernels.cpp.linear import linear_forward as cpp_linear_forward
 from tests.helpers.invariance import (
     assert_equal_across_threads,
     garbage_like,
     probe_batches,
     skip_if_refused,
 )
+from tests.helpers.kernels.sequence_backward import RecordingSink
 
 DTYPES = [torch.float32, torch.bfloat16]
 # (K, N): odd sizes, SmolLM2's projections, and K > 1024 (sliced reduction)
@@ -174,3 +180,28 @@ def test_bad_inputs_name_the_problem():
         linear(torch.randn(2, 96, dtype=torch.bfloat16), w)
     with pytest.raises(ValueError, match="bias must have shape"):
         linear(torch.randn(2, 96), w, torch.zeros(3))
+
+
+def test_projection_without_a_gradient_skips_autograd_with_the_same_forward_bits():
+    project = projection(cpp_linear_forward, "tests.kernels.common.test_linear")
+    pool, w, b = _weights(96, 100, torch.float32)
+    x = pool[:5]
+    with torch.no_grad():
+        plain = project(x, w, b)
+    tracked = project(x.clone().requires_grad_(True), w, b)
+    assert plain.grad_fn is None and tracked.grad_fn is not None
+    assert torch.equal(plain, tracked.detach())
+
+
+def test_projection_without_an_exact_gemm_refuses_the_sequence_mode():
+    project = projection(cpp_linear_forward, "tests.kernels.common.test_linear")
+    x = torch.randn(2, 3, 8)
+    spans = SequenceSpans(6, (0, 3), (3, 3), (0, 1))
+    assert project.sequence_function is None
+    project.check_sequence_mode("linear", x, None, None)  # the plain mode needs no gemm
+    with pytest.raises(
+        NotImplementedError, match="linear: this backend .* has no layout-invariant"
+    ):
+        project.check_sequence_mode("linear", x, spans, RecordingSink())
+    with pytest.raises(ValueError, match="linear: spans describe 6 rows but the input has 4 rows"):
+        project.check_sequence_mode("linear", x[:, :2], spans, RecordingSink())
