@@ -201,7 +201,7 @@ for name in ("tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-mixtral", "tiny-olmoe"):
 
 @pytest.mark.multiprocess
 @pytest.mark.threads
-@pytest.mark.exhaustive  # make test: tests/rollout/test_threads.py (MoE) and tests/kernels/test_moe.py
+@pytest.mark.exhaustive  # make test: tests/rollout/test_threads.py (MoE) and tests/kernels/common/test_moe_experts.py
 def test_thread_count_invariance():
     assert_equal_across_threads(THREADS_CODE, threads=(1, 2, 3))
 

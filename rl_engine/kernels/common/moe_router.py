@@ -13,8 +13,8 @@ dtype unless asked otherwise: HF casts back, except Mixtral, which keeps fp32).
 specified (it depends on the kernel, the row length and the device). A stable
 descending sort has a specified order. torch's last-dim softmax works on one
 row at a time, in an order set by the row length only (the same fact the
-`log_softmax` op rests on; tests/kernels/test_moe.py checks it for 1 to 4096
-rows and 1 to 3 threads).
+`log_softmax` op rests on; tests/kernels/common/test_moe_router.py checks it for 1 to
+4096 rows, test_moe_experts.py for 1 to 3 threads).
 
 Backward (plain torch, deterministic): through the renormalisation, the gather and
 the softmax, to the logits (row by row, so row-invariant); the logits' backward is the

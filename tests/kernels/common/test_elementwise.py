@@ -1,7 +1,9 @@
 """silu and sigmoid (`elementwise_op`): a row's bits do not depend on its batch, nor on autograd.
 
 Chain checked: silu(row alone) == silu(row in any batch, garbage included), on cpp and native,
-within 1e-2 of fp64 F.silu; silu under no_grad == silu tracked by autograd, bit for bit. The
+within 1e-2 of fp64 F.silu; silu under no_grad == silu tracked by autograd, bit for bit;
+sigmoid of each element alone, or in chunks of 13, == sigmoid of the whole vector (negative
+control: torch.sigmoid is not position-invariant in fp32 on this CPU). The
 shared builder knows only silu and sigmoid (another name is refused, listing them), checks x
 before the dtype gate, and names the op and backend when it refuses a dtype.
 """
@@ -13,6 +15,7 @@ import torch.nn.functional as F
 from rl_engine.kernels import NonInvariantDtypeError, get_op
 from rl_engine.kernels.common.elementwise import elementwise_op
 from rl_engine.kernels.native.silu import silu_forward
+from tests.helpers.kernels.moe import randn
 from tests.helpers.kernels.rowwise import FP32_ONLY, assert_row_invariant, rows
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -56,3 +59,18 @@ def test_the_builder_checks_x_then_gates_its_dtype():
         silu([1.0])
     with pytest.raises(NonInvariantDtypeError, match="op 'silu' of backend 'test'.*float16"):
         silu(x.half())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_sigmoid_is_position_invariant_and_torch_sigmoid_is_not(dtype):
+    sigmoid = get_op("sigmoid", "cpu")
+    x = randn(4099, dtype=dtype, seed=23, scale=4.0)
+    full = sigmoid(x)
+    alone = torch.cat([sigmoid(x[i : i + 1]) for i in range(300)])
+    assert torch.equal(full[:300], alone)
+    shifted = torch.cat([sigmoid(x[i : i + 13]) for i in range(0, 299, 13)])
+    assert torch.equal(full[: shifted.numel()], shifted)
+    torch.testing.assert_close(full.double(), torch.sigmoid(x.double()), atol=1e-2, rtol=1e-2)
+    if dtype == torch.float32:  # the negative control (bf16 rounds the difference away)
+        plain = torch.cat([torch.sigmoid(x[i : i + 1]) for i in range(2000)])
+        assert not torch.equal(torch.sigmoid(x)[:2000], plain)

@@ -1,4 +1,5 @@
-"""Triton backend, MoE ops and sigmoid: the contracts of tests/kernels/test_moe.py, on the interpreter.
+"""Triton backend, MoE ops and sigmoid: the contracts of tests/kernels/common/test_moe_router.py,
+test_moe_experts.py and test_elementwise.py (sigmoid), on the interpreter.
 
 On a CPU these run under Triton's interpreter (TRITON_INTERPRET=1, set by
 tests/conftest.py) at tiny shapes; with a GPU the same tests run the compiled
