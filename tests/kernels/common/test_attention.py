@@ -10,7 +10,9 @@ packed row's queries == 1, 2 or 3 threads. Negative controls: without segments
 the same packed row mixes its sequences, and plain SDPA with the block-diagonal
 causal mask of a packed row (what transformers builds for it) differs from SDPA
 on the padded layout. Gradients: against a plain fp64 reference (tolerance),
-deterministic, exact zeros for padding.
+deterministic, exact zeros for padding. The shared builder (`attention_op`, common/attention.py)
+validates the inputs before the dtype gate and, without a gradient wanted, runs the same
+forward outside autograd (the same bits).
 """
 
 import functools
@@ -19,9 +21,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rl_engine.kernels import get_op
-from rl_engine.kernels.native.attention import BLOCK_K, BLOCK_Q
+from rl_engine.kernels import NonInvariantDtypeError, get_op
+from rl_engine.kernels.common.attention import attention_op
+from rl_engine.kernels.native.attention import BLOCK_K, BLOCK_Q, attention_forward
 from tests.helpers.invariance import assert_equal_across_threads
+from tests.helpers.kernels.rowwise import FP32_ONLY
 from tests.helpers.triton_marks import TRITON_MARKS, dtypes_keeping
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -378,3 +382,19 @@ def test_only_padding_and_empty(backend):
     pos, seg = torch.full((2, 4), -1), torch.zeros(2, 4, dtype=torch.long)
     out = attention(q, k, v, q_positions=pos, k_positions=pos, q_segments=seg, k_segments=seg)
     assert out.shape == q.shape and not out.any()
+
+
+def test_the_builder_validates_before_the_dtype_gate_and_skips_autograd_without_gradients():
+    attention = attention_op(attention_forward, FP32_ONLY, "tests.kernels.common.test_attention")
+    args = _args()
+    q, k, v = args.pop("q"), args.pop("k"), args.pop("v")
+    with torch.no_grad():
+        plain = attention(q, k, v, **args)
+    tracked = attention(q.clone().requires_grad_(True), k, v, **args)
+    assert plain.grad_fn is None and tracked.grad_fn is not None
+    assert torch.equal(plain, tracked.detach())
+    half = [t.bfloat16() for t in (q, k, v)]
+    with pytest.raises(ValueError, match="q_segments is given but k_segments is None"):
+        attention(*half, **{**args, "k_segments": None})
+    with pytest.raises(NonInvariantDtypeError, match="op 'attention' of backend 'test'"):
+        attention(*half, **args)
