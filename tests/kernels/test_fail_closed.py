@@ -11,7 +11,9 @@ returns either
   on this machine),
 and `get_op(..., allow_non_invariant=True)` runs every combination, with exactly the
 strict op's bits wherever the strict op runs. Which combinations refuse is the table in
-docs/backends.md: `REFUSED` below, plus the native probe's verdict here.
+docs/backends.md: `REFUSED` below, plus the native probe's verdict here. The guard itself (the
+opt-in's twin, the order of the checks, the device check): tests/kernels/common/test_op.py;
+the error types: tests/kernels/test_errors.py.
 """
 
 from __future__ import annotations
@@ -23,12 +25,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from rl_engine.kernels import (
-    OP_NAMES,
-    NonInvariantDtypeError,
-    PlatformInvarianceError,
-    get_op,
-)
+from rl_engine.kernels import OP_NAMES, NonInvariantDtypeError, get_op
 from tests.helpers.triton_marks import TRITON_MARKS
 
 DTYPES = {
@@ -209,43 +206,3 @@ def test_every_op_is_row_invariant_or_refuses_by_name(backend, op_name, dtype):
 
 def _first_tensor(out):
     return out[0] if isinstance(out, tuple) else out
-
-
-# ----------------------------------------------------------------------------- the flag and the error
-
-
-def test_the_opt_in_travels_with_the_function_not_with_global_state():
-    """Opting in once changes nothing for the strict op held elsewhere (no global switch)."""
-    x, w = _randn(3, 8, dtype=torch.float64, seed=0), _randn(4, 8, dtype=torch.float64, seed=1)
-    strict = get_op("linear", "cpu")
-    opted_in = get_op("linear", "cpu", allow_non_invariant=True)
-    assert opted_in is not strict and opted_in.__module__ == strict.__module__
-    assert get_op("linear", "cpu", allow_non_invariant=True) is opted_in
-    opted_in(x, w)
-    with pytest.raises(NonInvariantDtypeError, match="op 'linear' of backend 'cpp'"):
-        strict(x, w)
-    assert get_op("linear", "cpu") is strict
-
-
-def test_the_error_types():
-    """One name to catch: a measured refusal (native's probe) is a NonInvariantDtypeError too,
-    and both stay what callers caught before (ValueError; PlatformInvarianceError a RuntimeError)."""
-    assert issubclass(NonInvariantDtypeError, ValueError)
-    assert issubclass(PlatformInvarianceError, NonInvariantDtypeError)
-    assert issubclass(PlatformInvarianceError, RuntimeError)
-
-
-def test_bad_inputs_keep_their_own_errors_before_the_dtype_gate():
-    """Argument checks run first: a refused dtype never hides a malformed call."""
-    w = torch.zeros(4, 8, dtype=torch.float64)
-    with pytest.raises(ValueError, match="x has last dim 7") as err:
-        get_op("linear", "cpu")(torch.zeros(2, 7, dtype=torch.float64), w)
-    assert not isinstance(err.value, NonInvariantDtypeError)
-
-
-def test_the_opt_in_never_skips_the_device_check():
-    """cpp ops take cpu tensors only (a tensor elsewhere used to run another backend's op)."""
-    x, w = torch.zeros(2, 8, device="meta"), torch.zeros(4, 8, device="meta")
-    for allow in (False, True):
-        with pytest.raises(ValueError, match="x is on meta: the cpp backend runs on cpu"):
-            get_op("linear", "cpu", allow_non_invariant=allow)(x, w)
