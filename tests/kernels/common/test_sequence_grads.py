@@ -5,9 +5,9 @@ rows in order, gathered a few steps at a time (negative control: the reverse ord
 other bits); `weight_partials` yields each sequence's dy_s^T x_s as the GEMM of its own
 transposed rows, in span order, and +0 for a sequence without rows; `input_grad` is the GEMM
 of grad_out in the weight's dtype, rounded once to the asked dtype, each row that of the row
-alone (the negative
-control of a plain batched backward: tests/kernels/test_sequence_backward.py); `embedding_partials` gives each sequence its sorted unique ids (padding_idx left out)
-and, per id, the sum of its tokens' upstream rows in token order.
+alone (the negative control of a plain batched backward: tests/kernels/test_sequence_backward.py);
+`embedding_partials` gives each sequence its sorted unique ids (padding_idx left out) and, per
+id, the sum of its tokens' upstream rows in token order.
 """
 
 import torch
