@@ -3,9 +3,9 @@
 Chain: linear_logp(h, W, targets) == log_softmax(lm_head(h) / T) gathered at the targets,
 materialised at once, torch.equal, across several chunks (a vocabulary large enough for
 64-row chunks); accurate against fp64. The chunk size is a whole number of 64-row tiles
-between 64 and 1024. Negative control: plain F.linear logits change bits with the chunk (M = 1 vs all rows). The
-bit-level checks skip where the platform probe refuses the dtype; the opted-in op's accuracy
-is checked on every CPU.
+between 64 and 1024. Negative control: plain F.linear logits change bits with the chunk
+(M = 1 vs all rows). The bit-level checks skip where the platform probe refuses the dtype;
+the opted-in op's accuracy is checked on every CPU.
 """
 
 import pytest
