@@ -9,7 +9,7 @@ step's GEMMs 39 ms packing per call, 15 ms on panels packed once; docs/benchmark
 
 Bits: packing is layout only. The panels hold the weight's values, and the kernel runs
 the same serial K chain per output on them (the one every M runs), so the result is
-`torch.equal` to `linear` / `lm_head` on the weight (tests/kernels/test_packed_linear.py).
+`torch.equal` to `linear` / `lm_head` on the weight (tests/kernels/cpp/test_packed_linear.py).
 
 Staleness is the caller's: a PackedWeight is a copy, and a later change to the weight
 is not seen until it is packed again (`pack_weight(weight, into=old)` repacks in place).

@@ -1,4 +1,4 @@
-"""The native backend's GEMM: fixed-shape row tiles, fixed K slices, and its platform probe.
+"""The native backend's GEMM (native/_tiles.py): fixed-shape row tiles and fixed K slices.
 
 Chain checked through the native `linear` and `lm_head` ops: a row alone == the
 same row inside a batch of 1, 7, 16, 64 or 100 rows, at the first and last row
@@ -10,28 +10,27 @@ the platform probe accepts the dtype, and the test skips with the probe's reason
 where it does not. Negative control: plain F.linear breaks the chain on a shape
 of the same grid.
 
-The probe's refusal path cannot be reached on a real CPU that passes it, so it
-is checked with fakes: library schemes that break one assumption each, and a
-measurement that reports a thread-count mismatch.
+The scheme's own pieces (slice bounds, padded tiles, accumulator dtype, empty
+input, accuracy against fp64) are checked on `_tiles` directly; they hold on every
+CPU, so they do not ask the probe. The probe itself: test_platform_probe.py.
 """
 
 import functools
-import importlib
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from rl_engine.kernels import PlatformInvarianceError, get_op, kernel_facts
+import rl_engine.kernels.native._tiles as tiles
+import rl_engine.kernels.native.platform_probe as probe_module
+from rl_engine.kernels import get_op
 from tests.helpers.invariance import garbage_like, probe_batches, skip_if_refused
-
-probe_module = importlib.import_module("rl_engine.kernels.native.platform_probe")
 
 DTYPES = [torch.float32, torch.bfloat16]
 K_SIZES = [300, 576, 1536, 2500, 4096]
 BATCHES = [1, 7, 16, 64, 100]
 N = 300
-TILE = 64
+TILE = tiles.TILE_ROWS
 
 
 def _problem(k, dtype, seed=0):
@@ -165,145 +164,59 @@ def test_the_gemm_is_the_stated_tile_and_slice_sum(dtype, width):
             assert torch.equal(got, _stated_scheme(x, w, out_dtype, width)), (name, m, k, n)
 
 
-# -- the platform probe ---------------------------------------------------------
+# -- the scheme's pieces, on every CPU -------------------------------------------
 
 
-@pytest.fixture
-def fresh_probe():
-    """The probe's per-process cache emptied before and after (the fakes' verdicts must not stay)."""
-    probe_module.probe.cache_clear()
-    yield probe_module
-    probe_module.probe.cache_clear()
+def test_slice_bounds_cut_k_from_column_zero_with_the_remainder_last():
+    assert tiles.slice_bounds(1100, 512) == [(0, 512), (512, 1024), (1024, 1100)]
+    assert tiles.slice_bounds(512, 512) == [(0, 512)]
+    assert tiles.slice_bounds(37, 256) == [(0, 37)]
 
 
-_tiled = probe_module.tiled_matmul  # the real scheme: row-wise where the probe accepts
+def test_slice_width_and_accumulator_follow_the_dtype():
+    assert [tiles.k_slice_for(d) for d in tiles.K_SLICE] == [512, 512, 256, 256]
+    assert tiles.accumulator_dtype(torch.float64) == torch.float64
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert tiles.accumulator_dtype(dtype) == torch.float32
 
 
-def _other_order(x, w):
-    # A correctly rounded product: differs from the library's fp32 sums in most rows.
-    return (x.double() @ w.double().t()).to(torch.float32)
+def test_padded_tiles_are_whole_zero_padded_tiles_of_a_fresh_buffer():
+    x = torch.arange(70 * 3, dtype=torch.float32).view(70, 3)
+    padded = tiles._padded_tiles(x.t().contiguous().t())  # a column-major view of the same values
+    assert padded.shape == (2 * TILE, 3) and padded.is_contiguous()
+    assert torch.equal(padded[:70], x) and not padded[70:].any()
+    assert padded.data_ptr() != x.data_ptr()
 
 
-def _odd_rows_differ(x, w, *, out_dtype):
-    out = _tiled(x, w, out_dtype=torch.float32)
-    out[1::2] = _other_order(x[1::2], w)
-    return out.to(out_dtype)
-
-
-def _large_rows_change_their_tile(x, w, *, out_dtype):
-    out = _tiled(x, w, out_dtype=torch.float32)
-    for start in range(0, x.shape[0], TILE):
-        if x[start : start + TILE].abs().max() > 100:
-            out[start : start + TILE] = _other_order(x[start : start + TILE], w)
-    return out.to(out_dtype)
-
-
-def _one_thread_differs(x, w, *, out_dtype):
-    if torch.get_num_threads() == 1:
-        return _other_order(x, w).to(out_dtype)
-    return _tiled(x, w, out_dtype=out_dtype)
-
-
-def _odd_weight_address_differs(x, w, *, out_dtype):
-    if w.storage_offset() % 2:
-        return _other_order(x, w).to(out_dtype)
-    return _tiled(x, w, out_dtype=out_dtype)
+def test_empty_input_gives_an_empty_result_in_the_out_dtype():
+    out = tiles.tiled_matmul(torch.zeros(0, 5), torch.zeros(3, 5), out_dtype=torch.float64)
+    assert out.shape == (0, 3) and out.dtype == torch.float64
 
 
 @pytest.mark.parametrize(
-    "scheme,assumption",
-    [
-        (_odd_rows_differ, "row position"),
-        (_large_rows_change_their_tile, "other rows"),
-        (_one_thread_differs, "thread count"),
-        (_odd_weight_address_differs, "weight address"),
-    ],
+    "dtype,k,tol",
+    [(torch.float32, 1100, 1e-5), (torch.float64, 1100, 1e-12), (torch.bfloat16, 600, 2e-2)],
 )
-def test_probe_names_the_assumption_a_scheme_breaks(monkeypatch, fresh_probe, scheme, assumption):
-    """Each fake breaks one assumption on top of the real scheme; the probe names that one only."""
-    skip_if_refused("native", torch.float32)  # the real scheme must pass for the base to be sound
-    monkeypatch.setattr(fresh_probe, "tiled_matmul", scheme)
-    result = fresh_probe.probe(torch.float32, "cpu")
-    assert [name for name, _ in result.failures] == [assumption], result.failures
-    assert result.outcome == f"refused: {assumption}"
+def test_tiled_matmul_is_accurate_against_float64(dtype, k, tol):
+    """One slice or several: the result is x @ w^T within the dtype's rounding (tolerance:
+    the inputs' own precision; bf16 rounds each slice's product to bf16)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(70, k, generator=g).to(dtype)
+    w = (torch.randn(9, k, generator=g) / k**0.5).to(dtype)
+    want = x.double() @ w.double().t()
+    got = tiles.tiled_matmul(x, w, out_dtype=tiles.accumulator_dtype(dtype))
+    assert got.dtype == tiles.accumulator_dtype(dtype)
+    assert torch.allclose(got.double(), want, rtol=tol, atol=tol), (got.double() - want).abs().max()
 
 
-def test_refusal_is_one_clear_error_for_that_dtype_only(monkeypatch, fresh_probe):
-    """A measurement that reports a thread-count mismatch for fp32 refuses fp32; bf16 keeps working."""
-    skip_if_refused("native", torch.bfloat16)
-    real = fresh_probe._measure
-    measured = []
-
-    def mismatching_threads(x, w, threads=None):
-        measured.append(x.dtype)
-        out = real(x, w, threads)
-        if x.dtype == torch.float32 and threads is not None:
-            out = out.clone()
-            out[5] = torch.nextafter(out[5], torch.full_like(out[5], float("inf")))
-        return out
-
-    monkeypatch.setattr(fresh_probe, "_measure", mismatching_threads)
-    pool, w = _problem(600, torch.float32)
-    targets = torch.zeros(3, dtype=torch.long)
-    for name, args in [
-        ("linear", (pool[:3], w)),
-        ("lm_head", (pool[:3], w)),
-        ("linear_logp", (pool[:3], w, targets)),
-        ("linear", (pool[:3], w)),  # again: the same error, from the cached verdict
-    ]:
-        with pytest.raises(PlatformInvarianceError) as err:
-            get_op(name, "cpu", backend="native")(*args)
-        message = str(err.value)
-        assert "float32" in message and "intra-op thread count" in message, message
-        assert "1 of 64 rows differ" in message and "backend 'cpp'" in message, message
-    assert isinstance(err.value, RuntimeError)
-    fp32_measurements = measured.count(torch.float32)
-    assert fp32_measurements > 0
-
-    bf16_pool, bf16_w = pool.bfloat16(), w.bfloat16()
-    alone = get_op("linear", "cpu", backend="native")(bf16_pool[:1], bf16_w)
-    assert torch.equal(get_op("linear", "cpu", backend="native")(bf16_pool, bf16_w)[:1], alone)
-    assert measured.count(torch.float32) == fp32_measurements, "fp32 was measured twice"
-    assert torch.equal(get_op("linear", "cpu")(pool[:3], w), get_op("linear", "cpu")(pool, w)[:3])
-
-    facts = kernel_facts("cpu", backend="native")
-    assert facts["native_fp32_platform"] == "refused: thread count"
-    assert facts["native_bf16_platform"] == "invariant"
-
-
-@pytest.mark.parametrize(
-    "dtype,advice",
-    [
-        (torch.float32, "Use backend 'cpp' for float32"),
-        (torch.bfloat16, "Use backend 'cpp' for bfloat16"),
-        (
-            torch.float64,
-            "No backend here is row-invariant for float64",
-        ),  # cpp's fp64 is a library GEMM
-    ],
-)
-def test_refusal_advice_names_a_backend_only_where_one_holds_the_contract(dtype, advice):
-    result = probe_module.ProbeResult(dtype, "cpu", (("row position", "rows reversed: 3 of 64"),))
-    message = probe_module.refusal_message(result)
-    assert advice in message and "rows reversed: 3 of 64" in message, message
-    assert "position in the tile" in message, message
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_probe_restores_the_thread_count(fresh_probe, threads):
-    def run():
-        fresh_probe.probe(torch.float32, "cpu")
-        return torch.get_num_threads()
-
-    assert _with_threads(threads, run) == threads
-
-
-def test_kernel_facts_record_tile_slices_and_probe_outcome():
-    facts = kernel_facts("cpu", backend="native")
-    assert facts["backend"] == "native"
-    assert (facts["native_tile_rows"], facts["native_fp32_k_slice"]) == ("64", "512")
-    assert facts["native_bf16_k_slice"] == "256"
-    for dtype in ("fp32", "bf16"):
-        outcome = facts[f"native_{dtype}_platform"]
-        assert outcome == "invariant" or outcome.startswith("refused: "), outcome
-    assert kernel_facts("cpu", backend="native") == facts
+def test_a_transposed_weight_gives_the_bits_of_its_contiguous_copy():
+    """The scheme makes a strided weight contiguous first, so the library sees one layout.
+    Negative control: the same values with one element changed give other bits."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(5, 40, generator=g)
+    wt = torch.randn(40, 7, generator=g)  # w = wt.t() is (7, 40) with stride (1, 7)
+    strided = tiles.tiled_matmul(x, wt.t(), out_dtype=torch.float32)
+    assert torch.equal(strided, tiles.tiled_matmul(x, wt.t().contiguous(), out_dtype=torch.float32))
+    changed = wt.t().contiguous()
+    changed[0, 0] += 1
+    assert not torch.equal(strided, tiles.tiled_matmul(x, changed, out_dtype=torch.float32))

@@ -13,6 +13,7 @@ import torch
 
 import rl_engine.kernels.cpp._extension as cpp_extension
 from rl_engine.kernels import backend_layout, get_op
+from rl_engine.kernels.cpp.packed_linear import PackedWeight
 
 ISAS = list(cpp_extension.ISA_PATHS)
 SHAPES = [(1, 1), (64, 576), (192, 576), (130, 33), (577, 1537), (49, 3)]  # (N, K)
@@ -77,6 +78,14 @@ def test_a_packed_weight_is_a_copy_and_repacking_into_it_sees_the_change(dtype):
     assert repacked.data.data_ptr() == buffer.data_ptr()  # in place: nothing allocated
     assert torch.equal(PACKING.project(x, repacked, None), linear(x, w))
     assert torch.equal(repacked.data, PACKING.pack(w).data)  # the panels are a function of w
+
+
+def test_a_packed_weight_records_its_shape_dtype_and_size():
+    _, w, _ = _case(70, 40, 3, torch.bfloat16)
+    packed = PACKING.pack(w)
+    assert isinstance(packed, PackedWeight) and packed.data.dim() == 1
+    assert (packed.out_features, packed.in_features, packed.dtype) == (70, 40, torch.bfloat16)
+    assert packed.nbytes == packed.data.numel() * 2 >= w.numel() * 2
 
 
 def test_packing_refuses_what_it_cannot_serve():
