@@ -5,6 +5,9 @@ a state gathered on one layout resumes on another and continues exactly.
 Negative control: torch's AdamW with DeepSpeed's own clip (the plain path) on the same
 gradients gives different bits between layouts (bf16 ZeRO-0's optimizer takes a zero-gradient
 step at construction, which decays the weights and shifts the bias correction).
+
+In-process: a sequence gets the same decoder and logprob spans (its lengths, in canonical order)
+padded or packed, and the parameters whose partials outgrow a slab form their gradients last.
 """
 
 from __future__ import annotations
@@ -12,6 +15,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rl_engine.base.slab_arena import SLAB_BYTES
+from rl_engine.executors.worker.batch import TrainBatch
+from rl_engine.executors.worker.layout_free.update import _release_order, micro_batch_spans
+from rl_engine.executors.worker.micro_batches import plan
+from tests.helpers.worker.completions import two_groups
 from tests.helpers.worker.launch import run_ranks
 
 JOB = "tests.helpers.worker.layout_free_job"
@@ -65,3 +73,26 @@ def test_a_state_resumes_on_another_layout_and_continues_exactly(tmp_path, befor
     _run(tmp_path, *before, dtype, steps=1, save=str(saved))
     resumed = _run(tmp_path, *after, dtype, steps=2, first_step=1, resume=str(saved))
     _assert_same_state(whole["state"], resumed["state"])
+
+
+def test_a_sequence_has_the_same_spans_padded_or_packed():
+    comps, rewards = two_groups()
+    batch = TrainBatch.from_completions(comps, rewards, samples_per_prompt=2, pad_token_id=0)
+    indices = [4, 5, 6, 7]  # canonical: this shard's first row is the mini-batch's fifth
+    (padded,) = plan(batch, micro_batch_size=4, max_tokens=0, packing=False)
+    (packed,) = plan(batch, micro_batch_size=4, max_tokens=0, packing=True)
+    padded_decoder, padded_logp = micro_batch_spans(padded, indices)
+    packed_decoder, packed_logp = micro_batch_spans(packed, indices)
+    lengths = tuple(batch.attention_mask.sum(dim=1).tolist())
+    assert padded_decoder.lengths == packed_decoder.lengths == lengths
+    assert padded_logp.lengths == packed_logp.lengths == tuple(n - 1 for n in lengths)
+    assert padded_decoder.indices == packed_decoder.indices == tuple(indices)
+    # negative control: the layouts do differ, in the rows the spans start at
+    assert padded_decoder.starts != packed_decoder.starts
+
+
+def test_parameters_larger_than_a_quarter_slab_form_their_gradients_last():
+    large = SLAB_BYTES // 16 + 1  # elements whose fp32 partials outgrow a quarter slab
+    sizes = [large, 3, large, 5]
+    params = [torch.empty(n, dtype=torch.bool) for n in sizes]
+    assert _release_order(params) == [1, 3, 0, 2]
