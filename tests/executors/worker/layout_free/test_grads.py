@@ -43,10 +43,16 @@ def test_the_norm_does_not_depend_on_order_shape_or_blocking(monkeypatch):
     assert norm == global_norm(gradients)
     squared = sum(float(g.double().square().sum()) for g in gradients)
     assert math.isclose(norm, math.sqrt(squared), rel_tol=1e-12)
-    # negative control: float32 sums of the squares depend on their order
-    flat = torch.cat([g.reshape(-1) for g in gradients]).square()
-    forward, backward = flat.cumsum(0)[-1], flat.flip(0).cumsum(0)[-1]
+    # negative control: float32's sum of the squares in order drops what the reverse keeps
+    large, ones = torch.tensor([1e4]), torch.ones(8)  # 1e8 + 1 rounds to 1e8 in float32
+    squares = [large.square().sum(), *ones.square()]
+    forward = backward = torch.zeros(())
+    for term in squares:
+        forward = forward + term
+    for term in squares[::-1]:
+        backward = backward + term
     assert not torch.equal(forward, backward)
+    assert global_norm([large, ones]) == global_norm([ones, large]) == math.sqrt(1e8 + 8)
 
 
 def test_a_gradients_norm_terms_are_one_per_row_and_the_tail():
