@@ -1,6 +1,6 @@
 """The layout-free update on real DeepSpeed ranks (gloo): the same whole gradients give the same
 weights and AdamW moments, bit for bit, on 1, 2 and 4 ranks at every ZeRO stage, fp32 and bf16;
-a state gathered on one layout resumes on another and continues exactly.
+(a state gathered on one layout resuming on another: test_state.py).
 
 Negative control: torch's AdamW with DeepSpeed's own clip (the plain path) on the same
 gradients gives different bits between layouts (bf16 ZeRO-0's optimizer takes a zero-gradient
@@ -20,24 +20,9 @@ from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.layout_free.update import _release_order, micro_batch_spans
 from rl_engine.executors.worker.micro_batches import plan
 from tests.helpers.worker.completions import two_groups
-from tests.helpers.worker.launch import run_ranks
+from tests.helpers.worker.layout_free_runs import assert_same_state, run_layout_free
 
-JOB = "tests.helpers.worker.layout_free_job"
 LAYOUTS = [(1, 0), (2, 3), (4, 1), (2, 2)]  # (ranks, ZeRO stage)
-
-
-def _run(tmp_path, world, stage, dtype, optimizer="invariant", **extra):
-    out = tmp_path / f"w{world}_z{stage}_{dtype}_{optimizer}_{extra.get('first_step', 0)}"
-    spec = {"job": JOB, "stage": stage, "dtype": dtype, "optimizer": optimizer, **extra}
-    results, error = run_ranks({"steps": 2, **spec}, world, out)
-    assert error is None, error
-    return results[0]["layout_free_job"]
-
-
-def _assert_same_state(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
 
 
 def _bits_differ(a: dict, b: dict) -> bool:
@@ -47,32 +32,18 @@ def _bits_differ(a: dict, b: dict) -> bool:
 @pytest.mark.exhaustive  # make test: the worker's and the job's layout tests use this path
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_every_layout_updates_to_the_same_bits(tmp_path, dtype):
-    runs = [_run(tmp_path, world, stage, dtype) for world, stage in LAYOUTS]
+    runs = [run_layout_free(tmp_path, world, stage, dtype) for world, stage in LAYOUTS]
     for run in runs[1:]:
-        _assert_same_state(runs[0]["state"], run["state"])
+        assert_same_state(runs[0]["state"], run["state"])
         assert run["norms"] == runs[0]["norms"]
     assert int(runs[0]["state"]["step"]) == 2
     assert runs[0]["norms"][0] > 1.0  # the clip acted
 
 
 def test_negative_control_torch_adamw_and_deepspeeds_clip_differ_between_layouts(tmp_path):
-    one = _run(tmp_path, 1, 0, "bfloat16", optimizer="torch")
-    two = _run(tmp_path, 2, 3, "bfloat16", optimizer="torch")
+    one = run_layout_free(tmp_path, 1, 0, "bfloat16", optimizer="torch")
+    two = run_layout_free(tmp_path, 2, 3, "bfloat16", optimizer="torch")
     assert _bits_differ(one["state"], two["state"])
-
-
-@pytest.mark.parametrize(
-    ("before", "after"),
-    [((2, 3), (1, 0)), ((1, 0), (4, 2))],
-)
-@pytest.mark.exhaustive
-def test_a_state_resumes_on_another_layout_and_continues_exactly(tmp_path, before, after):
-    dtype = "bfloat16"
-    whole = _run(tmp_path, *before, dtype, steps=3)
-    saved = tmp_path / f"state_{before[0]}_{before[1]}.pt"
-    _run(tmp_path, *before, dtype, steps=1, save=str(saved))
-    resumed = _run(tmp_path, *after, dtype, steps=2, first_step=1, resume=str(saved))
-    _assert_same_state(whole["state"], resumed["state"])
 
 
 def test_a_sequence_has_the_same_spans_padded_or_packed():
