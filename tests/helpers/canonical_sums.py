@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+import random
 
 import torch
+
+from rl_engine.exact.canonical_sum import CanonicalSum, combine, cover
+from rl_engine.exact.row_partial import RowPartial
 
 INT_OF = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float64: torch.int64}
 LEAF_SHAPE = (5, 53)  # 265 elements: a SIMD body and a scalar tail in every add
@@ -64,3 +68,74 @@ def adversarial_leaves(
     is_nan_kind = kind == 6
     bits[pick[:, 0][is_nan_kind], cols[is_nan_kind]] = payload[(cols[is_nan_kind] // 8) % 2]
     return list(out.view(n, *shape).unbind(0))
+
+
+def canonical_nans(t: torch.Tensor) -> torch.Tensor:
+    """bf16: every NaN as 0x7FC0 (torch's bf16 add gives a NaN's bits by its place)."""
+    if t.dtype != torch.bfloat16:
+        return t
+    bits = t.view(torch.int16).clone()
+    bits[t.isnan()] = 0x7FC0
+    return bits.view(torch.bfloat16)
+
+
+def expected_sum(leaves: list[torch.Tensor]) -> torch.Tensor:
+    return canonical_nans(reference_sum(leaves, 0, len(leaves)))
+
+
+def random_split(n: int, rng: random.Random) -> list[list[tuple[int, int]]]:
+    """Ranks (contiguous, possibly empty ranges) of micro-batches (sizes 1..k)."""
+    ranks = rng.choice([1, 2, 4, 3, 5, 7])
+    cuts = sorted(rng.randint(0, n) for _ in range(ranks - 1))
+    bounds = [0, *cuts, n]
+    k = rng.randint(1, 9)
+    split = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        batches, at = [], lo
+        while at < hi:
+            size = min(rng.randint(1, k), hi - at)
+            batches.append((at, at + size))
+            at += size
+        split.append(batches)
+    return split
+
+
+def sum_split(n: int, leaves, split, rng: random.Random):
+    """The root from the ranks' covers: each micro-batch a holder whose nodes its rank takes
+    (or the rank takes the leaves itself), the ranks' nodes combined in a shuffled list."""
+    gathered = []
+    for batches in split:
+        lo, hi = (batches[0][0], batches[-1][1]) if batches else (0, 0)
+        rank = CanonicalSum(n, lo, hi)
+        for b_lo, b_hi in batches:
+            if rng.random() < 0.5:
+                for s in range(b_lo, b_hi):
+                    rank.push(s, leaves[s])
+                continue
+            batch = CanonicalSum(n, b_lo, b_hi)
+            for s in range(b_lo, b_hi):
+                batch.push(s, leaves[s])
+            for node in batch.nodes():
+                rank.push_node(*node)
+        assert rank.complete
+        assert [(a, b) for a, b, _ in rank.nodes()] == cover(n, lo, hi)
+        gathered += rank.nodes()
+    rng.shuffle(gathered)
+    return combine(n, gathered)
+
+
+def row_leaves(n: int, dtype, seed: int, rows_total: int = 40, width: int = 9):
+    """n row partials of a (rows_total, width) tensor with adversarial values, and their dense
+    forms. Rows 0..7 are each held by one leaf only (left and right children alike: such a row
+    meets +0.0 at every add); the others by each leaf with chance 0, 0.2, 0.6 or 1 (s % 4)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    values = adversarial_leaves(n, dtype, seed, shape=(rows_total, width))
+    solo = torch.arange(8) * n // 8  # the leaf of each solo row
+    partials, dense = [], []
+    for s in range(n):
+        keep = torch.rand(rows_total, generator=g) < [0.0, 0.2, 0.6, 1.0][s % 4]
+        keep[:8] = solo == s
+        rows = keep.nonzero().flatten()
+        partials.append(RowPartial(rows, values[s][rows].clone()))
+        dense.append(partials[-1].densify((rows_total, width)))
+    return partials, dense

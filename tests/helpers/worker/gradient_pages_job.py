@@ -1,4 +1,4 @@
-"""One rank of the 2-rank gradient-release test (tests/executors/worker/test_gradient_pages.py),
+"""One rank of the 2-rank gradient-release test (tests/executors/worker/step/test_gradient_pages.py),
 run by ds_runner.py.
 
 ZeRO-3, bf16, three steps on the same shard, twice from the same initial weights: once with

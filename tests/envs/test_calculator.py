@@ -1,8 +1,10 @@
-"""The environments shipped with the package, and their data files in configs/data/.
+"""The Calculator environment (rl_engine/envs/calculator.py), and the shipped environments'
+data files in configs/data/ (the calculator's and the guessing game's, as
+scripts/make_env_data.py writes them; the game itself: test_guess_number.py).
 
 Calculator: `<calc>EXPR</calc>` at the end of a turn is a tool call whose observation is
 EXPR's value, evaluated by an AST walk over numbers and + - * / ( ) only; any other turn is
-the answer. GuessNumber: higher / lower feedback until the secret (the record's answer).
+the answer.
 """
 
 from __future__ import annotations
@@ -76,23 +78,6 @@ def test_calculator_turns_are_calls_or_the_answer():
     assert custom.step({"completion": "[[2+2]]"}) == ("4", 0.0, False)
     with pytest.raises(ValueError, match="needs a model with a tokenizer"):
         env.step({"completion_ids": [5], "completion": None})
-
-
-def test_guess_number_says_higher_or_lower():
-    env = GuessNumber(penalty=0.1)
-    env.reset({"answer": "42"})
-    assert env.step({"completion": "50"}) == ("Lower.", -0.1, False)
-    assert env.step({"completion": "maybe 10, no: 30"}) == ("Higher.", -0.1, False)
-    assert env.step({"completion": "no idea"}) == (
-        "Reply with one number from 1 to 100.",
-        -0.1,
-        False,
-    )
-    assert env.step({"completion": "42"}) == (None, 1.0, True)
-    with pytest.raises(ValueError, match="outside"):
-        GuessNumber().reset({"answer": "101"})
-    with pytest.raises(ValueError, match="low must be below high"):
-        GuessNumber(low=5, high=5)
 
 
 def test_the_data_files_are_what_the_script_writes(tmp_path):
