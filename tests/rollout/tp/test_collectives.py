@@ -7,8 +7,8 @@ Negative control: the tests' own Megatron row-parallel layer (tests/helpers/roll
 and a snippet are caught.
 
 The group itself (`ShardGroup`, in a world of one rank here): it refuses to exist without
-torch.distributed; a gather pads uneven pieces to the widest and drops the padding after
-(`_pad_last`); in a world of one every collective hands back its input bits.
+torch.distributed, and in a world of one every collective hands back its input bits (uneven
+gathers across ranks: test_launch.py's vocabularies of 999 and 1003).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import rl_engine.rollout.tp as tp
-from rl_engine.rollout.tp.collectives import ShardGroup, _pad_last
+from rl_engine.rollout.tp.collectives import ShardGroup
 
 TP_PACKAGE = Path(tp.__file__).parent
 SUMMING = ("all_reduce", "reduce", "reduce_scatter", "reduce_op", "ReduceOp")
@@ -69,16 +69,6 @@ def test_a_group_needs_torch_distributed():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="needs torch.distributed initialised"):
         ShardGroup()
-
-
-def test_padding_fills_the_last_dim_with_zeros_and_keeps_the_piece():
-    piece = torch.randn(2, 3)
-    padded = _pad_last(piece, 5)
-    assert padded.shape == (2, 5) and torch.equal(padded[:, :3], piece)
-    assert torch.equal(padded[:, 3:], torch.zeros(2, 2))
-    assert (
-        torch.equal(_pad_last(piece.t(), 2), piece.t()) and _pad_last(piece.t(), 2).is_contiguous()
-    )
 
 
 def test_a_world_of_one_hands_back_its_own_bits(one_rank_group):
