@@ -1,8 +1,8 @@
 """Continuous batching (rollout/scheduler.py): which request runs in which slot, at every step.
 
-What it checks, with a scripted stepper whose tokens are fixed (so the schedule follows from
-the requests' budgets alone): at most `num_slots` requests run; waiting requests enter the
-lowest free slots as soon as a request finishes; a finished request frees its slot (slot -1)
+What it checks, with the real Stepper on tiny-llama recording its forwards (no stop tokens,
+so the schedule follows from the requests' budgets alone): at most `num_slots` requests run;
+waiting requests enter the lowest free slots as soon as a request finishes; a finished request frees its slot (slot -1)
 and advances the bar once; the stats count every prefill and decode forward, each decode's
 batch and the admissions while others run; a continuation that `next_turn` returns keeps its
 slot and is prefilled at the next iteration, before any waiting request. The real engine
@@ -11,37 +11,38 @@ drives the same function: its stats show the same waves.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from rl_engine.rollout import RolloutEngine, SamplingParams
+from rl_engine.rollout import RolloutEngine, SamplingParams, SlotKVCache
 from rl_engine.rollout.completion import Request
 from rl_engine.rollout.scheduler import GenerateStats, run_continuous_batching
-from rl_engine.rollout.stepper import PrefillOutcome
+from rl_engine.rollout.stepper import Stepper
 from tests.helpers.rollout.common import patched_model, random_prompts
 
-SAMPLING = SamplingParams(max_new_tokens=8)
+SAMPLING = SamplingParams(max_new_tokens=8, seed=0)  # no stop tokens: budgets end requests
 
 
-class ScriptedStepper:
-    """Appends token 7 to every request it is given, and records (kind, [(prompt, slot)])."""
+class RecordingStepper(Stepper):
+    """The real Stepper, recording (kind, [(prompt index, slot)]) of every forward it runs."""
 
-    def __init__(self):
+    def __init__(self, num_slots: int):
+        engine = RolloutEngine(patched_model("tiny-llama"), device="cpu", progress=False)
+        super().__init__(engine, SlotKVCache(num_slots, 32, "cpu"), SAMPLING)
         self.calls = []
 
     def prefill(self, requests):
-        self._step("prefill", requests)
-        return PrefillOutcome(forwards=1, packed=False, shared=0, tokens=len(requests))
+        self.calls.append(("prefill", [(r.prompt_index, r.slot) for r in requests]))
+        return super().prefill(requests)
 
     def decode(self, requests):
-        self._step("decode", requests)
-
-    def _step(self, kind, requests):
-        self.calls.append((kind, [(r.prompt_index, r.slot) for r in requests]))
-        for request in requests:
-            request.append(7, -1.0, SAMPLING)
+        self.calls.append(("decode", [(r.prompt_index, r.slot) for r in requests]))
+        super().decode(requests)
 
 
 class Bar:
+    """Counts what the scheduler reports finished (the engine passes a tqdm bar)."""
+
     def __init__(self):
         self.count = 0
 
@@ -49,15 +50,26 @@ class Bar:
         self.count += n
 
 
+@pytest.fixture(autouse=True)
+def _inference_mode():
+    with torch.inference_mode():  # as the engine runs its forwards
+        yield
+
+
 def _requests(budgets):
     return [
-        Request(i, 0, [3, 4], torch.Generator(), max_new_tokens=budget)
+        Request(i, 0, [3 + i, 4, 5], torch.Generator().manual_seed(i), max_new_tokens=budget)
         for i, budget in enumerate(budgets)
     ]
 
 
 def test_requests_take_the_lowest_free_slot_as_soon_as_one_frees():
-    requests, step, stats, bar = _requests([2, 3, 1, 2]), ScriptedStepper(), GenerateStats(), Bar()
+    requests, step, stats, bar = (
+        _requests([2, 3, 1, 2]),
+        RecordingStepper(2),
+        GenerateStats(),
+        Bar(),
+    )
     run_continuous_batching(requests, step, 2, stats, bar)
     assert step.calls == [
         ("prefill", [(0, 0), (1, 1)]),
@@ -74,21 +86,28 @@ def test_requests_take_the_lowest_free_slot_as_soon_as_one_frees():
     assert (stats.batch_sizes, stats.admitted_while_running, stats.prefill_tokens) == (
         [2, 1, 1],
         1,
-        4,
+        12,
     )
 
 
 def test_a_continuation_keeps_its_slot_and_runs_before_waiting_requests():
-    requests, step, stats, bar = _requests([1, 1]), ScriptedStepper(), GenerateStats(), Bar()
-    follower = Request(0, 0, [3, 4, 7, 5], torch.Generator(), max_new_tokens=1, cached=3)
+    requests, step, stats, bar = _requests([1, 1]), RecordingStepper(1), GenerateStats(), Bar()
+    followers = []
 
     def next_turn(request):
-        return follower if request is requests[0] else None
+        if request is not requests[0]:
+            return None
+        held = request.length - 1  # its last sampled token was never fed: not in the slot
+        ids = [*request.prompt_ids, *request.token_ids, 9]
+        followers.append(Request(0, 0, ids, torch.Generator(), max_new_tokens=1, cached=held))
+        return followers[-1]
 
     run_continuous_batching(requests, step, 1, stats, bar, next_turn)
     assert step.calls == [("prefill", [(0, 0)]), ("prefill", [(0, 0)]), ("prefill", [(1, 0)])]
-    assert follower.token_ids == [7] and follower.slot == -1
+    (follower,) = followers
+    assert len(follower.token_ids) == 1 and follower.slot == -1
     assert (stats.continuations, stats.continued_while_running, stats.decode_forwards) == (1, 0, 0)
+    assert stats.prefill_tokens == 3 + 2 + 3  # the continuation prefills its 2 new ids only
     assert bar.count == 2  # the episode counts once, when its last turn ends
 
 
