@@ -1,4 +1,4 @@
-"""Engine plumbing: input validation, output order, the KV-cache protocol, invariance-off mode."""
+"""Engine plumbing: input validation, output order, invariance-off mode (the KV cache: test_kv_cache.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from rl_engine.patching import attention_name, is_patched
 from rl_engine.patching.attention import PLAIN_CACHED_NAME
-from rl_engine.rollout import RolloutEngine, SamplingParams, SlotKVCache
+from rl_engine.rollout import RolloutEngine, SamplingParams
 from rl_engine.rollout import engine as engine_module
 from tests.helpers.rollout.common import fresh_model, patched_model, random_prompts
 
@@ -88,56 +88,6 @@ def test_completions_carry_their_logprob_temperature(temperature, expected):
 
 def test_default_max_seq_len_is_the_models():
     assert _engine().max_seq_len == patched_model("tiny-llama").config.max_position_embeddings
-
-
-def test_the_cache_kwarg_reaches_every_attention_layer(monkeypatch):
-    # transformers passes `rl_kv_cache` through the decoder down to the attention function:
-    # every layer stores its keys once per forward (update() or update_slots()), in layer order.
-    calls = []
-    original = SlotKVCache._store
-
-    def spy(self, layer_idx, key, value):
-        calls.append((layer_idx, tuple(key.shape)))
-        return original(self, layer_idx, key, value)
-
-    monkeypatch.setattr(SlotKVCache, "_store", spy)
-    model = patched_model("tiny-qwen2")
-    engine = RolloutEngine(model, device="cpu", max_batch_size=2, progress=False)
-    engine.generate([[5, 6, 7], [8, 9]], SamplingParams(max_new_tokens=3))
-    layers = model.config.num_hidden_layers
-    forwards = engine.last_stats.prefill_forwards + engine.last_stats.decode_forwards
-    assert [i for i, _ in calls] == list(range(layers)) * forwards
-    head_dim = model.config.hidden_size // model.config.num_attention_heads
-    assert calls[0][1] == (
-        2,
-        model.config.num_key_value_heads,
-        3,
-        head_dim,
-    )  # prefill, right-padded
-    assert calls[-1][1][2] == 1  # decode: one query per sequence
-
-
-def test_slot_cache_is_aligned_and_gathers_any_slots():
-    cache = SlotKVCache(num_slots=3, capacity=8, device="cpu")
-    key = torch.arange(2 * 1 * 3 * 2, dtype=torch.float32).view(2, 1, 3, 2)  # (B, Hkv, Tq, D)
-    cache.bind(torch.tensor([2, 0]), torch.tensor([[0, 1, 2], [0, 1, -1]]))
-    keys, values, q_pos = cache.update(0, key, -key)
-    assert keys.shape == (2, 1, 3, 2) and torch.equal(q_pos, torch.tensor([[0, 1, 2], [0, 1, -1]]))
-    assert torch.equal(keys[0], key[0]) and torch.equal(keys[1, :, :2], key[1, :, :2])
-    assert torch.equal(keys[1, :, 2], torch.zeros(1, 2))  # the padding query wrote nothing
-    assert torch.equal(values, -keys)
-    cache.bind(torch.tensor([0, 1]), torch.tensor([[2], [0]]))  # contiguous slots: a view
-    step = torch.full((2, 1, 1, 2), 7.0)
-    keys, _, _ = cache.update(0, step, step)
-    assert keys.shape == (2, 1, 3, 2)
-    assert torch.equal(keys[0, :, :2], key[1, :, :2]) and torch.equal(
-        keys[0, :, 2], torch.full((1, 2), 7.0)
-    )
-    cache.unbind()
-    with pytest.raises(RuntimeError, match="bind"):
-        cache.update(0, step, step)
-    with pytest.raises(ValueError, match="holds 8 positions"):
-        cache.bind(torch.tensor([0]), torch.tensor([[8]]))
 
 
 def test_unpatched_model_runs_plain_cached_attention_and_is_restored():

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from rl_engine.config import RunConfig
-from rl_engine.rollout import RolloutEngine, SamplingParams, SlotKVCache
+from rl_engine.rollout import RolloutEngine, SamplingParams
 from rl_engine.rollout.completion import Request
 from rl_engine.rollout.prompt_sharing import PromptSharing
 from tests.helpers.invariance import run_with_threads
@@ -198,28 +198,6 @@ def test_prompts_after_an_environment_turn_never_share():
     assert_same_completions(continued, alone, "after_env_turn vs sharing off")
     with pytest.raises(ValueError, match="after_env_turn must be true or false, got 'yes'"):
         engine.generate(prompts, sampling, after_env_turn="yes")
-
-
-def test_copy_rows_copies_the_prompt_positions_of_every_layer():
-    cache = SlotKVCache(num_slots=3, capacity=8, device="cpu")
-    with pytest.raises(RuntimeError, match="no forward"):
-        cache.copy_rows(0, [1], 2)
-    key = torch.arange(1 * 2 * 3 * 4, dtype=torch.float32).view(1, 2, 3, 4)  # (B, Hkv, Tq, D)
-    cache.bind(torch.tensor([0]), torch.tensor([[0, 1, 2]]))
-    for layer in (0, 1):
-        cache.update_slots(layer, key + layer, -key)
-    cache.unbind()
-    cache.copy_rows(0, [2, 1], 2)
-    for layer in (0, 1):
-        keys, values = cache._keys[layer], cache._values[layer]
-        for slot in (1, 2):
-            assert torch.equal(keys[slot, :, :2], key[0, :, :2] + layer)
-            assert torch.equal(values[slot, :, :2], -key[0, :, :2])
-            assert torch.equal(keys[slot, :, 2:], torch.zeros(2, 6, 4))  # past length: untouched
-    with pytest.raises(ValueError, match="distinct slots"):
-        cache.copy_rows(0, [0], 2)
-    with pytest.raises(ValueError, match="length"):
-        cache.copy_rows(0, [1], 9)
 
 
 def test_share_prompt_prefill_must_be_a_bool():

@@ -2,7 +2,7 @@
 
 A sum across ranks (all_reduce, reduce_scatter) is never used here: its order
 changes with the number of ranks, and so would the bits (docs/scaling.md). The
-house test `tests/rollout/test_tp_house.py` checks every module of this package for it.
+house test `tests/rollout/tp/test_collectives.py` checks every module of this package for it.
 
 Uneven shards (a vocabulary of 1003 over 2 ranks): each piece is padded to the
 widest one before the gather and the padding is dropped after it, so padding

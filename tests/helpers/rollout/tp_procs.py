@@ -7,7 +7,7 @@ MLP width of 201 (both uneven at N = 2 and 4) and ONE KV head (replicated on eve
 
 `RowParallelLinear` is the negative control: a conventional Megatron row-parallel layer
 (its input features split, partial products all-reduced). It lives in tests on purpose:
-the package's TP modules must never sum across ranks (tests/rollout/test_tp_house.py).
+the package's TP modules must never sum across ranks (tests/rollout/tp/test_collectives.py).
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ No module of rl_engine/rollout/tp/ may call a collective that sums across ranks
 changes with the TP degree, and so do the bits. Gathers and broadcasts copy bits.
 Negative control: the tests' own Megatron row-parallel layer (tests/helpers/rollout/tp_procs.py)
 and a snippet are caught.
+
+The group itself (`ShardGroup`, in a world of one rank here): it refuses to exist without
+torch.distributed, and in a world of one every collective hands back its input bits (uneven
+gathers across ranks: test_launch.py's vocabularies of 999 and 1003).
 """
 
 from __future__ import annotations
@@ -12,7 +16,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+import torch
+import torch.distributed as dist
+
 import rl_engine.rollout.tp as tp
+from rl_engine.rollout.tp.collectives import ShardGroup
 
 TP_PACKAGE = Path(tp.__file__).parent
 SUMMING = ("all_reduce", "reduce", "reduce_scatter", "reduce_op", "ReduceOp")
@@ -43,7 +52,7 @@ def test_tp_modules_never_sum_across_ranks():
 
 
 def test_the_check_catches_row_parallel_layers():
-    control = (Path(__file__).parents[1] / "helpers" / "rollout" / "tp_procs.py").read_text()
+    control = (Path(__file__).parents[2] / "helpers" / "rollout" / "tp_procs.py").read_text()
     assert any(hit.startswith("all_reduce") for hit in summing_collectives(control))
     snippets = [
         "import torch.distributed as d\nd.reduce_scatter_tensor(out, x)",
@@ -54,3 +63,21 @@ def test_the_check_catches_row_parallel_layers():
     for snippet in snippets:
         assert summing_collectives(snippet), snippet
     assert summing_collectives("dist.all_gather(out, x); dist.broadcast(x, 0)") == []
+
+
+def test_a_group_needs_torch_distributed():
+    if dist.is_initialized():
+        pytest.skip("an earlier test in this process initialised torch.distributed")
+    with pytest.raises(RuntimeError, match="needs torch.distributed initialised"):
+        ShardGroup()
+
+
+def test_a_world_of_one_hands_back_its_own_bits(one_rank_group):
+    group = ShardGroup()
+    assert (group.rank, group.world, group.global_rank(0)) == (0, 1, 0)
+    piece = torch.randn(2, 4)
+    assert group.gather_last(piece, (4,)) is piece
+    assert group.gather_last_to_first(piece, (4,)) is piece
+    assert torch.equal(group.broadcast_from_first(piece.clone()), piece)
+    assert group.gather_objects({"rank": 0}) == [{"rank": 0}]
+    assert (group.sent_layer_bytes, group.sent_logit_bytes) == (0, 0)  # nothing left the rank
