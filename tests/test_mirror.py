@@ -2,17 +2,16 @@
 `tests/<path>/test_<module>.py` (docs/testing.md, "Where a test lives"), and every such file
 tests its module (imports it).
 
-The share of modules with logic that have their mirror file is a ratchet: MIN_FRACTION is
-what the tree holds now (138 of 239 on 2026-12-04), so it can only go up; raise it as test
-files move. The target is TARGET_FRACTION (docs/testing.md lists what is left)."""
+At least MIN_FRACTION of the modules with logic have their mirror file (214 of 239, 89%, on
+2026-12-04; docs/testing.md lists what is left): a module added without its tests eats into
+the margin, and the test prints the list."""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rl_engine"
-MIN_FRACTION = 0.57
-TARGET_FRACTION = 0.8
+MIN_FRACTION = 0.8
 
 
 def has_logic(path: Path) -> bool:
@@ -77,7 +76,7 @@ def test_most_modules_have_their_mirror_test():
     fraction = 1 - len(missing) / len(modules)
     assert fraction >= MIN_FRACTION, (
         f"{fraction:.0%} of {len(modules)} modules with logic have tests/<path>/test_<module>.py "
-        f"(at least {MIN_FRACTION:.0%} must, on the way to {TARGET_FRACTION:.0%}); without one:\n"
+        f"(at least {MIN_FRACTION:.0%} must); without one:\n"
         + "\n".join(missing)
     )
 

@@ -5,7 +5,7 @@ flavour of the instruction set it runs, the very values its extension module rep
 again gives the same dict (the job compares two of them); another backend gives other facts,
 so a rollout and a trainer on different backends cannot pass the job's comparison; triton's
 facts (under its interpreter on a CPU) name the numerics, Triton's version, the pinned
-FP-fusion setting and the mode. The native facts' values: tests/kernels/test_native_gemm.py.
+FP-fusion setting and the mode. The native facts' values: tests/kernels/native/test_platform_probe.py.
 """
 
 from rl_engine.kernels import list_backends

@@ -6,7 +6,7 @@ Negative control: plain F.linear breaks the first equality on this CPU.
 The invariance tests run on both CPU backends: cpp (the default) and native;
 native tests skip with the platform probe's reason where it refuses the dtype
 (tests/helpers/invariance.py::skip_if_refused). The native tile scheme's own tests are in
-test_native_gemm.py. The shared `Projection` (common/linear.py): its no-gradient path has
+tests/kernels/native/test_tiles.py. The shared `Projection` (common/linear.py): its no-gradient path has
 the autograd path's forward bits, and one built without an exact GEMM refuses the
 layout-invariant mode by name.
 """

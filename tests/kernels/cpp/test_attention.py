@@ -5,7 +5,7 @@ fp32 and bf16, grouped-query heads; keys past p (even nan) never reach row p; fp
 native op's forward, bit for bit. Accuracy (forward and SDPA's backward) against fp64
 SDPA. Negative controls: SDPA's decode row differs from its prefill row somewhere, and a
 key at a position <= p does change row p. Prefill at an offset and packed rows, every
-backend: tests/kernels/test_prefill_at_offset.py and tests/kernels/test_packed_attention.py.
+backend: tests/kernels/test_prefill_at_offset.py and tests/kernels/common/test_attention.py.
 """
 
 import pytest

@@ -4,7 +4,7 @@ Chain: `experts_forward` (csrc/moe_impl.h) == the per-expert composition of the 
 and `silu` (common/moe_experts.py, `composed_forward`), output and the tensors it keeps for
 the backward, torch.equal, fp32 and bf16; a token alone == the same token in the batch;
 fp64 (opted in) is the composition itself. Negative control: the same composition of plain
-F.linear and F.silu gives other bits. Across backends and against HF: tests/kernels/test_moe.py.
+F.linear and F.silu gives other bits. Across backends and against HF: tests/kernels/common/test_moe_experts.py.
 """
 
 import pytest

@@ -155,7 +155,7 @@ class LayoutFreeUpdate:
         # that no second copy of the model's gradient is ever held; the clip scales in the
         # optimizer (`arm`), so the gradients go in before their norm is known
         squares = []
-        for index in _release_order(self.params):
+        for index in release_order(self.params):
             param = self.params[index]
             grad = whole_gradient(self.sink, param, ranges).to(param.dtype)
             self.sink.release(param)
@@ -194,7 +194,7 @@ class LayoutFreeUpdate:
         held["bytes"] = max(held["bytes"], sum(t.numel() * t.element_size() for t in tensors))
 
 
-def _release_order(params) -> list[int]:
+def release_order(params) -> list[int]:
     """The order `finish` forms the gradients in (the same on every rank): the parameters'
     own, those whose partials outgrow a slab (an embedding, an LM head) last. Their whole
     gradient and the other ranks' covers are the step's largest transients; by their turn

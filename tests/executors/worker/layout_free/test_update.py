@@ -17,7 +17,7 @@ import torch
 
 from rl_engine.base.slab_arena import SLAB_BYTES
 from rl_engine.executors.worker.batch import TrainBatch
-from rl_engine.executors.worker.layout_free.update import _release_order, micro_batch_spans
+from rl_engine.executors.worker.layout_free.update import micro_batch_spans, release_order
 from rl_engine.executors.worker.micro_batches import plan
 from tests.helpers.worker.completions import two_groups
 from tests.helpers.worker.layout_free_runs import assert_same_state, run_layout_free
@@ -66,4 +66,4 @@ def test_parameters_larger_than_a_quarter_slab_form_their_gradients_last():
     large = SLAB_BYTES // 16 + 1  # elements whose fp32 partials outgrow a quarter slab
     sizes = [large, 3, large, 5]
     params = [torch.empty(n, dtype=torch.bool) for n in sizes]
-    assert _release_order(params) == [1, 3, 0, 2]
+    assert release_order(params) == [1, 3, 0, 2]
