@@ -76,8 +76,7 @@ def test_most_modules_have_their_mirror_test():
     fraction = 1 - len(missing) / len(modules)
     assert fraction >= MIN_FRACTION, (
         f"{fraction:.0%} of {len(modules)} modules with logic have tests/<path>/test_<module>.py "
-        f"(at least {MIN_FRACTION:.0%} must); without one:\n"
-        + "\n".join(missing)
+        f"(at least {MIN_FRACTION:.0%} must); without one:\n" + "\n".join(missing)
     )
 
 
