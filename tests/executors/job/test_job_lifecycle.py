@@ -15,7 +15,7 @@ from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import read_metrics
 from tests.helpers.job.jobs import job_config, private_ray, stopped_and_resumed, without_timings
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.deadline]  # a 3 s collective timeout
+pytestmark = [pytest.mark.multiprocess]
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +114,7 @@ def test_export_is_a_hf_folder_whose_patched_logprobs_equal_the_trainers(tmp_pat
     assert main(["export", str(run), "--to", str(out)]) == 2  # never into a non-empty folder
 
 
+@pytest.mark.deadline  # a 3 s collective timeout
 def test_a_rank_left_alone_in_a_collective_fails_after_the_timeout(tmp_path, local_ray):
     """Rank 1 never joins rank 0's train_step: rank 0 raises TimeoutError naming the setting."""
     from rl_engine.executors.job.actors.trainers import TrainerActor

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from rl_engine.exact.records import SequenceRecords, Sums
+from rl_engine.executors.worker.deepspeed_muon import skip_muon_probe
 from rl_engine.executors.worker.micro_batches import MicroBatch, MicroSlot
 from rl_engine.executors.worker.step.guard import StepGuard
 from rl_engine.executors.worker.step.recovery import MidStepFailures
@@ -45,6 +46,7 @@ def build_training_engine(
     trainable = [p for p in module.parameters() if p.requires_grad]  # LoRA: the adapters
     optimizer = kind.make_optimizer(trainable, lr=trainer.lr, weight_decay=trainer.weight_decay)
     guard = StepGuard(optimizer, comm)
+    skip_muon_probe()  # ZeRO asks whether `optimizer` is Muon: 1.3 s a rank to import it
     engine, ds_optimizer, _, _ = deepspeed.initialize(
         model=module, optimizer=optimizer, config=ds_config, dist_init_required=False
     )
