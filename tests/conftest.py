@@ -42,6 +42,36 @@ def smollm2():
     return load_model(SMOLLM2_NAME)
 
 
+RAY_FIXTURES = {"job_ray", "module_job_ray"}
+
+
+@pytest.fixture
+def job_ray():
+    """The pytest process's shared local Ray cluster (tests/helpers/job/jobs.py: shared_ray)."""
+    from tests.helpers.job.jobs import shared_ray
+
+    shared_ray()
+
+
+@pytest.fixture(scope="module")
+def module_job_ray():
+    """`job_ray` for a module fixture that runs a job."""
+    from tests.helpers.job.jobs import shared_ray
+
+    shared_ray()
+
+
+@pytest.fixture(autouse=True)
+def _ray_only_where_asked(request):
+    """A test that asked for no shared cluster (RAY_FIXTURES, itself or through a fixture it
+    uses) starts with Ray shut down, as if no job test had run before it in this process."""
+    if "ray" in sys.modules and not RAY_FIXTURES & set(request.fixturenames):
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+
+
 def _lane(item) -> str:
     if item.get_closest_marker("deadline"):
         return "deadlines"

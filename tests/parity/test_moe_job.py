@@ -17,17 +17,12 @@ import torch
 from rl_engine.cli import main
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
-from tests.helpers.job.jobs import job_config, private_ray
+from tests.helpers.job.jobs import job_config
 
 pytestmark = pytest.mark.multiprocess
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    yield from private_ray(2)
-
-
-def test_moe_job_has_parity_one_at_every_step_and_exports_the_same_logprobs(tmp_path, local_ray):
+def test_moe_job_has_parity_one_at_every_step_and_exports_the_same_logprobs(tmp_path, job_ray):
     from transformers import AutoModelForCausalLM
 
     from rl_engine.logprobs import token_logprobs

@@ -35,7 +35,7 @@ def _config(tmp_path, **trainer):
 @pytest.mark.multiprocess
 @pytest.mark.exhaustive  # report mode: the worker tests; a job each step: every other job test
 @pytest.mark.parametrize("parity", ["report", "off"])
-def test_ray_job_parity_modes(tmp_path, parity):
+def test_ray_job_parity_modes(tmp_path, parity, job_ray):
     """report: parity metrics every step, no error; off (written as YAML's unquoted `off`): none."""
     data = _config(tmp_path, num_ranks=1).to_dict()
     data.update(steps=1, batch_invariant=False)

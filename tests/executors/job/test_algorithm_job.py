@@ -13,7 +13,7 @@ from tests.helpers.job.jobs import job_config
 
 
 @pytest.mark.multiprocess
-def test_job_with_mini_batches_and_epochs(tmp_path):
+def test_job_with_mini_batches_and_epochs(tmp_path, job_ray):
     config = job_config(
         tmp_path / "run",
         steps=2,

@@ -19,7 +19,7 @@ from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import resume_config
 from tests.helpers.chat_model import save_chat_model
 from tests.helpers.data import verl_rows, write_parquet
-from tests.helpers.job.jobs import private_ray, without_timings, write_config
+from tests.helpers.job.jobs import without_timings, write_config
 
 REWARD_FILE = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -44,11 +44,6 @@ def files(tmp_path_factory):
         "val": write_parquet(root / "val.parquet", val),
         "reward": str(root / "reward.py"),
     }
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    yield from private_ray(3)
 
 
 def data_config(files, run_dir, *, steps=3, evaluate=True, backends=("jsonl",), **reward):
@@ -84,7 +79,7 @@ def installed_backends() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def whole(files, tmp_path_factory, local_ray):
+def whole(files, tmp_path_factory, module_job_ray):
     """3 steps with validation, every installed tracker and one Ray reward worker."""
     run_dir = tmp_path_factory.mktemp("whole") / "run"
     with pytest.MonkeyPatch.context() as patch:
@@ -186,7 +181,7 @@ def _check_mlflow(run_dir, history):
 
 
 @pytest.mark.multiprocess
-def test_a_failing_reward_under_on_error_fail_stops_the_job(files, tmp_path, local_ray):
+def test_a_failing_reward_under_on_error_fail_stops_the_job(files, tmp_path, job_ray):
     config = data_config(files, tmp_path / "run", steps=1, on_error="fail")
     with pytest.raises(JobStopped) as stopped:
         run_job(config)

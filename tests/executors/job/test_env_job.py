@@ -46,7 +46,7 @@ def test_preflight_names_an_environment_that_does_not_load(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.deadline  # a hanging environment is interrupted at rollout.env_timeout_s
-def test_multi_turn_job_on_two_zero3_ranks_with_failing_environments(tmp_path):
+def test_multi_turn_job_on_two_zero3_ranks_with_failing_environments(tmp_path, job_ray):
     run = tmp_path / "run"
     config = env_config(
         run,
@@ -79,7 +79,7 @@ def test_multi_turn_job_on_two_zero3_ranks_with_failing_environments(tmp_path):
 
 
 @pytest.mark.multiprocess
-def test_the_calculator_job_on_two_zero3_ranks_trains_and_validates_on_its_data(tmp_path):
+def test_the_calculator_job_on_two_zero3_ranks_trains_and_validates_on_its_data(tmp_path, job_ray):
     """The calculator on its data files, with text: a tiny Llama with a word-level tokenizer
     and chat template (tests/helpers/chat_model.py), 3 steps on 2 ZeRO-3 ranks, strict parity. A random
     tiny model never writes `<calc>...</calc>`, so the environment is the shipped Calculator
@@ -134,7 +134,7 @@ def test_the_calculator_job_on_two_zero3_ranks_trains_and_validates_on_its_data(
 @pytest.mark.slow
 @pytest.mark.exhaustive  # two more 2-rank jobs
 def test_a_tp2_engines_whole_transcript_episodes_equal_a_tp1_engines_continued_ones(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, job_ray
 ):
     """A TP = 2 engine plays episodes by whole transcripts, environments in the driver; a
     TP = 1 engine continues them in its KV slots, environments in its actor. Each turn is

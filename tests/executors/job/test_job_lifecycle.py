@@ -1,6 +1,6 @@
 """Checkpoints, resume, export and collective timeouts with real Ray actors and real DeepSpeed.
 
-One local Ray cluster (3 CPUs, started here, never an existing one) serves the module.
+The pytest process's shared local Ray cluster (the `job_ray` fixture) serves the module.
 """
 
 from __future__ import annotations
@@ -13,14 +13,9 @@ from rl_engine.cli import main
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import read_metrics
-from tests.helpers.job.jobs import job_config, private_ray, stopped_and_resumed, without_timings
+from tests.helpers.job.jobs import job_config, stopped_and_resumed, without_timings
 
 pytestmark = [pytest.mark.multiprocess]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    yield from private_ray(3)
 
 
 @pytest.mark.slow  # three jobs each: 2 steps, 1 step, 1 resumed step
@@ -36,7 +31,7 @@ def local_ray():
     ids=["1rank-zero0", "2ranks-zero3", "1rank-padded", "2ranks-zero3-budget"],
 )
 def test_stopped_and_resumed_run_equals_uninterrupted(
-    tmp_path, local_ray, num_ranks, zero_stage, layout
+    tmp_path, job_ray, num_ranks, zero_stage, layout
 ):
     """Run A: 2 steps. Run B: 1 step (checkpoint at the end), then --resume to 2 steps.
     metrics.jsonl of A == of B on every key but the `time/` ones, parity 1.0 at every step.
@@ -76,7 +71,7 @@ def _check_complete_run(run, history: list[dict], num_ranks: int) -> None:
 
 @pytest.mark.slow  # 15-50 s: a job, an export and one more DeepSpeed rank
 @pytest.mark.exhaustive  # make test exports in test_moe_job (logprobs equal) and test_ppo_job
-def test_export_is_a_hf_folder_whose_patched_logprobs_equal_the_trainers(tmp_path, local_ray):
+def test_export_is_a_hf_folder_whose_patched_logprobs_equal_the_trainers(tmp_path, job_ray):
     """checkpoint after step 1 -> export -> from_pretrained -> patched RolloutEngine samples;
     a DeepSpeed rank restored from the same checkpoint scores those tokens: torch.equal."""
     from transformers import AutoModelForCausalLM
@@ -115,7 +110,7 @@ def test_export_is_a_hf_folder_whose_patched_logprobs_equal_the_trainers(tmp_pat
 
 
 @pytest.mark.deadline  # a 3 s collective timeout
-def test_a_rank_left_alone_in_a_collective_fails_after_the_timeout(tmp_path, local_ray):
+def test_a_rank_left_alone_in_a_collective_fails_after_the_timeout(tmp_path, job_ray):
     """Rank 1 never joins rank 0's train_step: rank 0 raises TimeoutError naming the setting."""
     from rl_engine.executors.job.actors.trainers import TrainerActor
     from rl_engine.executors.worker.batch import TrainBatch

@@ -53,7 +53,7 @@ def _differing(a: dict, b: dict) -> list[str]:
 @pytest.mark.multiprocess
 @pytest.mark.slow  # 4 PPO jobs, 30-60 s each
 @pytest.mark.exhaustive  # make test: the worker-level pair of critic layouts
-def test_ppo_runs_on_other_policy_and_critic_layouts_write_the_same_run(tmp_path):
+def test_ppo_runs_on_other_policy_and_critic_layouts_write_the_same_run(tmp_path, job_ray):
     one, two = tmp_path / "one", tmp_path / "two"
     run_job(_config(one, POLICY_ONE_CRITIC_TWO))
     run_job(_config(two, POLICY_TWO_CRITIC_ONE))

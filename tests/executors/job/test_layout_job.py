@@ -1,7 +1,7 @@
 """trainer.layout_invariant as a whole Ray job: two layouts write the same run (metrics and
 training state), and a checkpoint of 2 ZeRO-3 ranks resumes on 1 ZeRO-0 rank exactly.
 
-One local Ray cluster (3 CPUs, started here) serves the module. The worker-level tests
+The shared local Ray cluster (`job_ray`) serves the module. The worker-level tests
 (tests/executors/worker/test_layout_invariance.py) cover more layouts and the negative control.
 """
 
@@ -15,17 +15,12 @@ from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import RunDirError, resume_config
 from rl_engine.executors.worker.layout_free.state import STATE_FILE
-from tests.helpers.job.jobs import job_config, private_ray, resumed_copy, without_timings
+from tests.helpers.job.jobs import job_config, resumed_copy, without_timings
 
 pytestmark = [pytest.mark.multiprocess]
 
 ONE_PACKED = {"num_ranks": 1, "zero_stage": 0, "micro_batch_size": 8, "packing": True}
 TWO_PADDED = {"num_ranks": 2, "zero_stage": 3, "micro_batch_size": 2, "packing": False}
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    yield from private_ray(3)
 
 
 def _config(run_dir, trainer: dict):
@@ -46,7 +41,7 @@ def _same(a: dict, b: dict) -> list[str]:
 
 
 @pytest.mark.slow  # 3 jobs (2 steps, 2 steps, 1 resumed step), 20-40 s each
-def test_two_layouts_write_the_same_run_and_a_run_resumes_on_another_layout(tmp_path, local_ray):
+def test_two_layouts_write_the_same_run_and_a_run_resumes_on_another_layout(tmp_path, job_ray):
     one, two = tmp_path / "one", tmp_path / "two"
     run_job(_config(one, ONE_PACKED))
     run_job(_config(two, TWO_PADDED))

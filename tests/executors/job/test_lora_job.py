@@ -19,7 +19,6 @@ from rl_engine.executors.job.ray_job import run_job
 from rl_engine.models import load_model
 from tests.helpers.job.jobs import (
     job_config,
-    private_ray,
     resumed_copy,
     without_timings,
 )
@@ -29,17 +28,12 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 LORA = {"rank": 4, "alpha": 8}
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    yield from private_ray(3)
-
-
 def _model_bytes(name: str) -> int:
     model, _ = load_model(name)  # parameters() yields a tied weight once
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def test_lora_job_exact_syncs_adapters_only_and_resumes_bitwise(tmp_path, local_ray):
+def test_lora_job_exact_syncs_adapters_only_and_resumes_bitwise(tmp_path, job_ray):
     trainer = {"num_ranks": 2, "zero_stage": 3}
     whole = tmp_path / "whole"
     run_job(job_config(whole, steps=2, trainer=trainer, lora=LORA, checkpoint={"every": 1}))

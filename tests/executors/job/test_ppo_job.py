@@ -33,7 +33,7 @@ CRITIC_KEYS = {
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_ppo_job_warms_up_keeps_parity_and_resumes_bitwise(tmp_path):
+def test_ppo_job_warms_up_keeps_parity_and_resumes_bitwise(tmp_path, job_ray):
     run = tmp_path / "run"
     config = job_config(
         run,
@@ -75,7 +75,7 @@ def test_ppo_job_warms_up_keeps_parity_and_resumes_bitwise(tmp_path):
 @pytest.mark.slow
 @pytest.mark.exhaustive  # make test keeps the LoRA job under GRPO and the critic's adapter at worker level
 @pytest.mark.multiprocess
-def test_ppo_job_with_lora_policy_and_critic_is_exact_and_resumes_bitwise(tmp_path):
+def test_ppo_job_with_lora_policy_and_critic_is_exact_and_resumes_bitwise(tmp_path, job_ray):
     """lora.rank > 0 under PPO, 2 ZeRO-3 ranks each for the policy and the critic: parity 1.0
     at every step; the critic's checkpoint (its optimizer's fp32 partitions) holds its own
     adapter and value head alone, the adapter moved by training; and a run stopped after 2

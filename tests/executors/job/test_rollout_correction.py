@@ -143,7 +143,7 @@ def test_each_correction_mode_trains_with_the_dropped_tokens_out_of_the_denomina
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_a_job_trains_on_a_rollout_file_and_saves_its_steps(foreign, tmp_path):
+def test_a_job_trains_on_a_rollout_file_and_saves_its_steps(foreign, tmp_path, job_ray):
     """Ray + DeepSpeed job on HF generate's file: sequence_mask, parity 'report' by default."""
     source = write_rollouts(tmp_path / "hf.jsonl", foreign)
     config = _config(

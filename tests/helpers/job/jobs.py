@@ -21,19 +21,23 @@ from rl_engine.executors.job.run_dir import read_metrics, resume_config
 REPO = Path(__file__).resolve().parents[3]
 
 
-def private_ray(num_cpus: int):
-    """A module fixture's body: a fresh local Ray cluster of its own (never RAY_ADDRESS's, never
-    a connection an earlier test in this process left behind), shut down afterwards."""
-    os.environ.pop("RAY_ADDRESS", None)
-    if ray.is_initialized():
-        ray.shutdown()
-    # address "local": always a new cluster, never one a test in the other xdist lane started
-    # (ray.cluster_utils.Cluster) and ray.init would otherwise find and join
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+SHARED_RAY_CPUS = 6  # the largest job that shares it: PPO's 2 policy + 2 critic ranks + 1 engine
+
+
+def shared_ray() -> None:
+    """The `job_ray` fixture's body: one local Ray cluster per pytest process, started by the
+    first job test that asks for it and kept for the next one (a cluster's start is 5-9 s of
+    CPU, more than a tiny job's steps). A job that finds Ray initialized joins it and never
+    shuts it down (`cluster.connect`). tests/conftest.py shuts it down before any test that
+    did not ask for it, so every other test sees Ray as before: not initialized."""
+    if not ray.is_initialized():
+        os.environ.pop("RAY_ADDRESS", None)
+        ray.init(
+            address="local",
+            num_cpus=SHARED_RAY_CPUS,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
 
 
 def job_config(run_dir: Path, *, steps: int = 3, **sections) -> RunConfig:
