@@ -9,15 +9,45 @@ accelerator is chosen.
 from __future__ import annotations
 
 import os
+import random
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+# Rendezvous ports are drawn from here (Ray's worker ports are 10002-19999 by default), less
+# the kernel's ephemeral range if it overlaps.
+RENDEZVOUS_PORTS = range(20000, 32768)
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def ephemeral_ports() -> range:
+    """The ports the kernel hands to outgoing connections and to binds of port 0."""
+    try:
+        low, high = map(int, Path(EPHEMERAL_RANGE_FILE).read_text().split())
+    except (OSError, ValueError):
+        return range(32768, 61000)  # Linux's default
+    return range(low, high + 1)
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on `host` (for MASTER_PORT; "" = every interface of this node)."""
+    """A TCP port free right now on `host` (for MASTER_PORT; "" = every interface of this node).
+
+    The port is bound again later by another process (a TCPStore, a gloo rendezvous). Drawn
+    at random outside the kernel's ephemeral range: a port of that range can be handed to any
+    outgoing connection on the node in between (Ray and gRPC open many), and the rendezvous
+    then failed with EADDRINUSE. Where no such port is free, the kernel picks one."""
+    ephemeral, draw = ephemeral_ports(), random.SystemRandom()
+    candidates = [p for p in RENDEZVOUS_PORTS if p not in ephemeral]
+    for port in draw.sample(candidates, min(64, len(candidates))):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

@@ -18,6 +18,7 @@ from rl_engine.executors.worker.deepspeed_muon import (
     MuonWithAuxAdam,
     skip_muon_probe,
 )
+from rl_engine.executors.worker.distributed import free_port
 from tests.helpers.job.jobs import REPO
 
 ZERO3_ENGINE = """
@@ -52,7 +53,7 @@ def test_a_zero3_engine_steps_without_importing_the_inductor_only_with_the_stand
             stderr=subprocess.PIPE,
             text=True,
         )
-        for mode, port in (("stand-in", "29571"), ("deepspeed", "29572"))
+        for mode, port in (("stand-in", str(free_port())), ("deepspeed", str(free_port())))
     }
     results = {}
     for mode, proc in procs.items():

@@ -9,7 +9,13 @@ import socket
 
 import pytest
 
-from rl_engine.executors.worker.distributed import DistEnv, free_port
+from rl_engine.executors.worker import distributed
+from rl_engine.executors.worker.distributed import (
+    RENDEZVOUS_PORTS,
+    DistEnv,
+    ephemeral_ports,
+    free_port,
+)
 
 VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -26,6 +32,27 @@ def test_free_port_can_be_bound():
     assert 0 < port < 65536
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_free_ports_are_drawn_outside_the_kernels_ephemeral_range():
+    """The kernel hands ephemeral ports to outgoing connections between the draw and the
+    rendezvous's bind; a drawn port is never one of them, and draws are not a fixed sequence."""
+    ephemeral = ephemeral_ports()
+    ports = [free_port() for _ in range(20)]
+    assert all(p in RENDEZVOUS_PORTS and p not in ephemeral for p in ports), ports
+    assert len(set(ports)) > 1
+    with socket.socket() as sock:  # control: the kernel's own pick is ephemeral
+        sock.bind(("127.0.0.1", 0))
+        assert sock.getsockname()[1] in ephemeral
+
+
+def test_a_taken_port_is_not_drawn(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        monkeypatch.setattr(distributed, "RENDEZVOUS_PORTS", range(port, port + 1))
+        monkeypatch.setattr(distributed, "ephemeral_ports", lambda: range(0))
+        assert free_port() != port  # the only candidate is bound: the kernel picks
 
 
 def test_a_single_process_gets_defaults_written_back(clean_env):

@@ -5,7 +5,6 @@ without the variable differs."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import urllib.request
 import pytest
 import torch
 
+from rl_engine.executors.worker.distributed import free_port
 from tests.helpers.rollout.vllm.common import (
     BLOCK,
     engine_env,
@@ -30,12 +30,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 VOCAB = 1000
 MAX_TOKENS = 6
 START_TIMEOUT_S = 400
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(folder, dtype, *, exact: bool):
