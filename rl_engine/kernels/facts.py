@@ -25,7 +25,13 @@ def kernel_facts(device: str | torch.device, backend: str | None = None) -> dict
     kernels are compiled or run by Triton's CPU interpreter (whose bits are its own).
     None of them needs a GPU: the job adds the device's compute capability.
     """
-    name = backend if backend is not None else list_backends(device)[0]
+    served = list_backends(device)
+    name = backend if backend is not None else served[0]
+    if name not in served:  # the facts of a backend that cannot run here would name nothing
+        raise ValueError(
+            f"kernel_facts: backend {name!r} does not serve device {str(device)!r}; "
+            f"backends for it: {', '.join(served)}"
+        )
     facts = {"backend": name}
     if name == "cpp":
         from rl_engine.kernels.cpp._extension import NUMERICS_VERSION, bf16_dot_flavour, current_isa

@@ -8,6 +8,8 @@ facts (under its interpreter on a CPU) name the numerics, Triton's version, the 
 FP-fusion setting and the mode. The native facts' values: tests/kernels/native/test_platform_probe.py.
 """
 
+import pytest
+
 from rl_engine.kernels import list_backends
 from rl_engine.kernels.cpp._extension import NUMERICS_VERSION, bf16_dot_flavour, current_isa
 from rl_engine.kernels.facts import kernel_facts
@@ -46,3 +48,8 @@ def test_triton_facts_name_the_compiler_and_its_mode():
     assert facts["triton_fp_fusion"] == "off"  # pinned at every launch
     assert facts["triton_mode"] == ("interpreter" if DEVICE == "cpu" else "compiled")
     assert facts["triton_numerics"].startswith("tritonk-")
+
+
+def test_a_backend_that_does_not_serve_the_device_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"backend 'bogus' does not serve device 'cpu'.*cpp"):
+        kernel_facts("cpu", backend="bogus")

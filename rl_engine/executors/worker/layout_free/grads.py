@@ -129,6 +129,12 @@ def inject_gradient(param: torch.nn.Parameter, grad: torch.Tensor, index: int = 
         # reduce (layout-invariant ranks mark every parameter not ready: its hooks skip them),
         # such as the zeros its leaf-module hook gives a MoE expert without a gradient
         param.grad = None
+    elif param.grad is None and not hasattr(param, "_hp_mapping"):
+        # DeepSpeed's safe_set_full_grad writes nothing for such a parameter, and says nothing
+        raise GradientInjectionError(
+            f"parameter {index} {shape}: neither a .grad nor a DeepSpeed gradient partition to "
+            "write into; it is not a parameter of a DeepSpeed engine's optimizer"
+        )
     try:
         safe_set_full_grad(param, _padded_for_zero3(param, grad.to(param.dtype)))
     except ValueError as err:  # DeepSpeed: "only available immediately after backward"

@@ -92,3 +92,16 @@ def test_a_gradient_of_the_wrong_shape_is_refused_by_index():
     param = torch.nn.Parameter(torch.zeros(2, 3))
     with pytest.raises(ValueError, match=r"gradient 7 has shape \(3, 2\), its parameter \(2, 3\)"):
         inject_gradient(param, torch.zeros(3, 2), 7)
+
+
+def test_a_parameter_with_nowhere_to_write_is_refused_and_a_grad_is_written():
+    """DeepSpeed's safe_set_full_grad silently writes nothing for a parameter with neither a
+    .grad nor a ZeRO partition: the injection refuses it by index instead."""
+    param = torch.nn.Parameter(torch.ones(3, 2))
+    with pytest.raises(
+        grads.GradientInjectionError, match=r"parameter 4 \(3, 2\): neither a .grad"
+    ):
+        inject_gradient(param, torch.full((3, 2), 2.0), 4)
+    param.grad = torch.zeros(3, 2)  # control: a .grad (ZeRO-0's) is written in place
+    inject_gradient(param, torch.full((3, 2), 2.0), 4)
+    assert torch.equal(param.grad, torch.full((3, 2), 2.0))
