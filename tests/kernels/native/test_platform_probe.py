@@ -14,24 +14,9 @@ import torch
 import rl_engine.kernels.native.platform_probe as probe_module
 from rl_engine.kernels import PlatformInvarianceError, get_op, kernel_facts
 from tests.helpers.invariance import skip_if_refused
+from tests.helpers.kernels.native_gemm import gemm_problem, with_threads
 
 TILE = 64
-
-
-def _problem(k, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    pool = torch.randn(256, k, generator=g).to(dtype)
-    w = (torch.randn(300, k, generator=g) / k**0.5).to(dtype)
-    return pool, w
-
-
-def _with_threads(threads, fn):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.fixture
@@ -109,7 +94,7 @@ def test_refusal_is_one_clear_error_for_that_dtype_only(monkeypatch, fresh_probe
         return out
 
     monkeypatch.setattr(fresh_probe, "_measure", mismatching_threads)
-    pool, w = _problem(600, torch.float32)
+    pool, w = gemm_problem(600, torch.float32)
     targets = torch.zeros(3, dtype=torch.long)
     for name, args in [
         ("linear", (pool[:3], w)),
@@ -161,7 +146,7 @@ def test_probe_restores_the_thread_count(fresh_probe, threads):
         fresh_probe.probe(torch.float32, "cpu")
         return torch.get_num_threads()
 
-    assert _with_threads(threads, run) == threads
+    assert with_threads(threads, run) == threads
 
 
 def test_kernel_facts_record_tile_slices_and_probe_outcome():

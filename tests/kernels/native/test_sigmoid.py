@@ -10,48 +10,38 @@ import torch
 
 from rl_engine.kernels import get_op
 from rl_engine.kernels.native.sigmoid import sigmoid, sigmoid_forward
-
-
-def _values(n=2000, seed=0):
-    return torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 4
-
-
-def _alone_and_in_a_tensor(fn, v):
-    alone = torch.cat([fn(v[i : i + 1]) for i in range(0, v.numel(), 3)])
-    return alone, fn(v)[::3]
+from tests.helpers.kernels.elementwise import (
+    ACCURACY_DTYPES,
+    alone_and_in_a_tensor,
+    assert_accurate,
+    assert_autograd_bits_equal_inference_bits,
+    assert_gradcheck,
+    values,
+)
 
 
 def test_an_element_alone_has_its_bits_inside_a_long_tensor():
-    alone, inside = _alone_and_in_a_tensor(sigmoid, _values())
+    alone, inside = alone_and_in_a_tensor(sigmoid, values())
     assert torch.equal(alone, inside)
 
 
 def test_negative_control_torch_sigmoid_depends_on_the_position():
-    alone, inside = _alone_and_in_a_tensor(torch.sigmoid, _values())
+    alone, inside = alone_and_in_a_tensor(torch.sigmoid, values())
     assert not torch.equal(alone, inside)
 
 
 def test_the_autograd_path_has_the_bits_of_the_inference_path():
-    v = _values(999, seed=1)
-    with_grad = sigmoid_forward(v.clone().requires_grad_())
-    assert with_grad.requires_grad
-    assert torch.equal(with_grad.detach(), sigmoid_forward(v))
+    assert_autograd_bits_equal_inference_bits(sigmoid_forward)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("dtype", ACCURACY_DTYPES)
 def test_sigmoid_is_accurate_in_the_input_dtype(dtype):
-    v = _values(777, seed=2).to(dtype)
-    got = sigmoid(v)
-    assert got.dtype == dtype and got.shape == v.shape
-    want = torch.sigmoid(v.double())
-    tol = {torch.float32: 1e-6, torch.float64: 1e-14}.get(dtype, 1e-2)  # 16-bit: one rounding
-    assert torch.allclose(got.double(), want, rtol=tol, atol=tol), (got.double() - want).abs().max()
+    assert_accurate(sigmoid, torch.sigmoid, dtype)
 
 
 def test_the_registry_serves_this_op_and_its_gradient_flows():
     assert get_op("sigmoid", "cpu", backend="native") is sigmoid
-    v = _values(10, seed=3).double().requires_grad_()
-    assert torch.autograd.gradcheck(sigmoid, (v,))
+    assert_gradcheck(sigmoid)
 
 
 def test_a_non_float_input_is_refused_by_name():

@@ -25,28 +25,12 @@ import rl_engine.kernels.native._tiles as tiles
 import rl_engine.kernels.native.platform_probe as probe_module
 from rl_engine.kernels import get_op
 from tests.helpers.invariance import garbage_like, probe_batches, skip_if_refused
+from tests.helpers.kernels.native_gemm import N, gemm_problem, with_threads
 
 DTYPES = [torch.float32, torch.bfloat16]
 K_SIZES = [300, 576, 1536, 2500, 4096]
 BATCHES = [1, 7, 16, 64, 100]
-N = 300
 TILE = tiles.TILE_ROWS
-
-
-def _problem(k, dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    pool = torch.randn(256, k, generator=g).to(dtype)
-    w = (torch.randn(N, k, generator=g) / k**0.5).to(dtype)
-    return pool, w
-
-
-def _with_threads(threads, fn):
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(before)
 
 
 def _positions(size):
@@ -80,15 +64,15 @@ def _assert_row_invariant(op, pool, w, g):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_row_alone_equals_row_in_any_batch_position_and_thread_count(dtype, k):
     skip_if_refused("native", dtype)
-    pool, w = _problem(k, dtype)
+    pool, w = gemm_problem(k, dtype)
     linear, lm_head = (get_op(name, "cpu", backend="native") for name in ("linear", "lm_head"))
     g = torch.Generator().manual_seed(1)
     # every placement once per thread count, alternating the two ops (the same GEMM)
-    alone_1 = _with_threads(1, functools.partial(_assert_row_invariant, linear, pool, w, g))
-    alone_2 = _with_threads(2, functools.partial(_assert_row_invariant, lm_head, pool, w, g))
+    alone_1 = with_threads(1, functools.partial(_assert_row_invariant, linear, pool, w, g))
+    alone_2 = with_threads(2, functools.partial(_assert_row_invariant, lm_head, pool, w, g))
     probe = pool[7:8]
-    assert torch.equal(_with_threads(2, lambda: linear(probe, w)[0]), alone_1), "1 vs 2 threads"
-    assert torch.equal(_with_threads(1, lambda: lm_head(probe, w)[0]), alone_2), "2 vs 1 threads"
+    assert torch.equal(with_threads(2, lambda: linear(probe, w)[0]), alone_1), "1 vs 2 threads"
+    assert torch.equal(with_threads(1, lambda: lm_head(probe, w)[0]), alone_2), "2 vs 1 threads"
 
 
 def test_negative_control_plain_linear_breaks_the_chain():
@@ -100,7 +84,7 @@ def test_negative_control_plain_linear_breaks_the_chain():
     broken = []
     for dtype in DTYPES:
         for k in K_SIZES:
-            pool, w = _problem(k, dtype)
+            pool, w = gemm_problem(k, dtype)
             alone = F.linear(pool[7:8], w)[0]
             for batch, row in probe_batches(pool[7], pool, BATCHES[1:]):
                 if not torch.equal(F.linear(batch, w)[row], alone):
@@ -114,7 +98,7 @@ def test_every_library_call_has_one_shape_per_slice(monkeypatch, dtype, widths):
     """K = 1100: full slices then a 76-column remainder; every call is (64 x width) @ (width x N)."""
     skip_if_refused("native", dtype)
     probe_module.probe(dtype, "cpu")  # measured (or cached) first: the spy must not see it
-    pool, w = _problem(widths[0] * (1100 // widths[0]) + widths[1], dtype)
+    pool, w = gemm_problem(widths[0] * (1100 // widths[0]) + widths[1], dtype)
     calls = set()
     real_mm = torch.mm
 
