@@ -64,6 +64,18 @@ def probe_batches(probe: torch.Tensor, pool: torch.Tensor, sizes, seed: int = 0)
         yield batch, row
 
 
+def plain_linear_depends_on_the_chunk(make_case) -> bool:
+    """Negative control of a chunked logprob op: F.linear in one-row chunks (M = 1: a GEMV
+    path) != F.linear on all rows at once, for some K of 32, 64, 300, 1024 (which shapes take
+    another path differs between CPUs). `make_case(k)` gives (8 rows of width k, a weight)."""
+    for k in (32, 64, 300, 1024):
+        h, w = make_case(k)
+        one_row_chunks = torch.cat([torch.nn.functional.linear(h[i : i + 1], w) for i in range(8)])
+        if not torch.equal(one_row_chunks, torch.nn.functional.linear(h, w)):
+            return True
+    return False
+
+
 def garbage_like(t: torch.Tensor, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(t.shape, generator=g) * 1e4).to(t.dtype)
