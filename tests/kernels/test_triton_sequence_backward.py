@@ -3,7 +3,12 @@
 The harness is tests/kernels/test_sequence_backward.py's (five sequences; each alone, in one
 shuffled left/right padded batch, in two micro-batches, packed; garbage in every padding
 row), run with backend="triton": on a CPU under TRITON_INTERPRET=1, with a GPU on cuda
-(scripts/gpu_check.sh). Chains checked:
+(scripts/gpu_check.sh). Its sequences are sized by the Triton kernels' constants, not by
+cpp's chunks (harness.LENGTHS, which the cpp and native cases keep): the interpreter pays
+per row, padding included. Two span a BLOCK_M-row tile and a remainder, the layouts move
+each across tile boundaries, and for linear / lm_head (the projection's weight partial, an
+exact_gemm with K = a sequence's length) the longest crosses a BLOCK_K step.
+Chains checked:
 - every sequence's partial of every parameter and every token's input gradient are
   torch.equal across the four layouts (per op; one dtype in `make test`, the other
   exhaustive, as the interpreter is slow);
@@ -25,7 +30,7 @@ import functools
 import pytest
 import torch
 
-from rl_engine.kernels.triton._matmul import exact_gemm
+from rl_engine.kernels.triton._matmul import BLOCK_K, BLOCK_M, exact_gemm
 from tests.helpers.kernels import sequence_backward as harness
 from tests.helpers.triton_marks import DEVICE, TRITON_MARKS, dtypes_keeping
 
@@ -43,6 +48,20 @@ KEPT = {
 }
 
 
+SHORT = (BLOCK_M + 3, 5, BLOCK_M + 1, 1, 9)
+# the projection's weight partial: exact_gemm over a sequence's tokens (K = its length), the
+# longest sequence crossing a BLOCK_K step. moe_router's partial is that projection's, and
+# linear_logp's the same exact_gemm over a sequence's rows (its chunk holds the whole sequence
+# at V = 300): they run SHORT, as the interpreter pays per row (padding rows included)
+K_IS_A_SEQUENCE = ("linear", "lm_head")
+
+
+def lengths_of(op: str) -> tuple[int, ...]:
+    if op in K_IS_A_SEQUENCE:
+        return (max(BLOCK_K + 2, SHORT[0]), *SHORT[1:])
+    return SHORT
+
+
 def _params():
     return [
         pytest.param(op, p.values[0], marks=p.marks)
@@ -53,13 +72,15 @@ def _params():
 
 @pytest.mark.parametrize(("op", "dtype"), _params())
 def test_partials_and_input_grads_do_not_depend_on_the_layout(op, dtype):
-    run = functools.partial(harness.run_layout, op, dtype=dtype, sink=True, backend="triton")
+    run = functools.partial(
+        harness.run_layout, op, dtype=dtype, sink=True, backend="triton", lengths=lengths_of(op)
+    )
     reference, ref_grads, plain = run("alone", fill="garbage")
     assert all(g is None for g in plain.values())  # the parameters' gradients went to the sink
     roles = set(harness.ROLES[op].values())
     assert reference.keys() == {(role, index) for role in roles for index in harness.INDICES}
     if op != "embedding":
-        assert ref_grads.keys() == set(range(len(harness.LENGTHS)))
+        assert ref_grads.keys() == set(range(len(harness.INDICES)))
     for layout in ("padded", "two_micro_batches", "packed"):
         records, grads, _ = run(layout, fill="garbage")
         assert records.keys() == reference.keys(), layout
@@ -76,7 +97,9 @@ def _cpu(value):
 @pytest.mark.parametrize("op", list(KEPT))
 def test_partials_and_input_grads_match_the_cpp_backend(op):
     """fp32, packed: the same torch row sums bit for bit; the backend's own GEMMs to rounding."""
-    run = functools.partial(harness.run_layout, op, "packed", torch.float32, sink=True)
+    run = functools.partial(
+        harness.run_layout, op, "packed", torch.float32, sink=True, lengths=lengths_of(op)
+    )
     records, grads, _ = run(fill="zeros", backend="triton")
     cpp_records, cpp_grads, _ = run(fill="zeros", backend="cpp")
     assert records.keys() == cpp_records.keys()
@@ -100,7 +123,13 @@ def test_negative_control_plain_backward_depends_on_the_layout():
     micro-batches (zero upstream gradient on padding), differ in some pair of layouts."""
     plains = [
         harness.run_layout(
-            "linear", layout, torch.float32, sink=False, fill="zeros", backend="triton"
+            "linear",
+            layout,
+            torch.float32,
+            sink=False,
+            fill="zeros",
+            backend="triton",
+            lengths=lengths_of("linear"),
         )[2]
         for layout in ("alone", "padded", "two_micro_batches", "packed")
     ]

@@ -5,6 +5,7 @@ recorded by a sink (the sequence-backward tests on cpp, native and triton)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 
@@ -61,6 +62,10 @@ class Call:
     rows: list[torch.Tensor]  # flat rows of each member's tokens, in token order
     spans: SequenceSpans
     packed: bool = False
+    lengths: tuple[int, ...] = LENGTHS  # every sequence's length (a member's: lengths[member])
+
+    def values(self, width: int, dtype, seed: int, scale: float = 1.0) -> list[torch.Tensor]:
+        return per_sequence(width, dtype, seed, scale, self.lengths)
 
     def positions(self) -> torch.Tensor:
         """(rows, cols) int64: each token's position in its sequence, -1 on padding."""
@@ -77,49 +82,62 @@ class Call:
         return out
 
 
-def alone(i: int) -> Call:
-    n = LENGTHS[i]
+def alone(i: int, lengths: tuple[int, ...] = LENGTHS) -> Call:
+    n = lengths[i]
     spans = SequenceSpans.from_padding_mask(torch.ones(1, n), [INDICES[i]])
-    return Call((1, n), [i], [torch.arange(n)], spans)
+    return Call((1, n), [i], [torch.arange(n)], spans, lengths=lengths)
 
 
-def padded(order: list[int], left: list[bool], extra: int) -> Call:
-    T = max(LENGTHS[i] for i in order) + extra
+def padded(order: list[int], left: list[bool], extra: int, lengths=LENGTHS) -> Call:
+    T = max(lengths[i] for i in order) + extra
     mask = torch.zeros(len(order), T, dtype=torch.long)
     rows = []
     for b, (i, is_left) in enumerate(zip(order, left)):
-        start = T - LENGTHS[i] if is_left else 0
-        mask[b, start : start + LENGTHS[i]] = 1
-        rows.append(b * T + start + torch.arange(LENGTHS[i]))
+        start = T - lengths[i] if is_left else 0
+        mask[b, start : start + lengths[i]] = 1
+        rows.append(b * T + start + torch.arange(lengths[i]))
     spans = SequenceSpans.from_padding_mask(mask, [INDICES[i] for i in order])
-    return Call((len(order), T), list(order), rows, spans)
+    return Call((len(order), T), list(order), rows, spans, lengths=lengths)
 
 
-def packed(row_lists: list[list[int]], width: int) -> Call:
+def packed(row_lists: list[list[int]], extra: int, lengths=LENGTHS) -> Call:
+    width = max(sum(lengths[i] for i in seqs) for seqs in row_lists) + extra
     segments = torch.full((len(row_lists), width), -1, dtype=torch.long)
     members, rows = [], []
     for r, seqs in enumerate(row_lists):
         col = 0
         for i in seqs:
-            segments[r, col : col + LENGTHS[i]] = len(members)
-            rows.append(r * width + col + torch.arange(LENGTHS[i]))
+            segments[r, col : col + lengths[i]] = len(members)
+            rows.append(r * width + col + torch.arange(lengths[i]))
             members.append(i)
-            col += LENGTHS[i]
+            col += lengths[i]
     spans = SequenceSpans.from_segments(segments, [INDICES[i] for i in members])
-    return Call((len(row_lists), width), members, rows, spans, packed=True)
+    return Call((len(row_lists), width), members, rows, spans, packed=True, lengths=lengths)
 
 
-LAYOUTS = {
-    "alone": [alone(i) for i in range(len(LENGTHS))],
-    "padded": [padded([4, 2, 0, 3, 1], [True, False, True, False, True], 3)],
-    "two_micro_batches": [padded([1, 3], [False, True], 0), padded([0, 4, 2], [True] * 3, 10)],
-    "packed": [packed([[2, 0], [4, 1, 3]], 110)],
-}
+@cache
+def layouts(lengths: tuple[int, ...] = LENGTHS) -> dict[str, list[Call]]:
+    """The four layouts of five sequences of these lengths (the same orders, sides and padding
+    for any lengths)."""
+    return {
+        "alone": [alone(i, lengths) for i in range(len(lengths))],
+        "padded": [padded([4, 2, 0, 3, 1], [True, False, True, False, True], 3, lengths)],
+        "two_micro_batches": [
+            padded([1, 3], [False, True], 0, lengths),
+            padded([0, 4, 2], [True] * 3, 10, lengths),
+        ],
+        "packed": [packed([[2, 0], [4, 1, 3]], 7, lengths)],
+    }
 
 
-def per_sequence(width: int, dtype, seed: int, scale: float = 1.0) -> list[torch.Tensor]:
+LAYOUTS = layouts(LENGTHS)
+
+
+def per_sequence(
+    width: int, dtype, seed: int, scale: float = 1.0, lengths: tuple[int, ...] = LENGTHS
+) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(n, width, generator=g) * scale).to(dtype) for n in LENGTHS]
+    return [(torch.randn(n, width, generator=g) * scale).to(dtype) for n in lengths]
 
 
 def scatter(values: list[torch.Tensor], call: Call, fill: str) -> torch.Tensor:
@@ -166,9 +184,9 @@ def run_projection(op_name):
 
     def run(call, dtype, params, sink, fill, backend):
         dev = device_of(backend)
-        x = scatter(per_sequence(K, dtype, 1), call, fill).to(dev).requires_grad_(True)
+        x = scatter(call.values(K, dtype, 1), call, fill).to(dev).requires_grad_(True)
         out_dtype = dtype if op_name == "linear" else torch.float32
-        dy = scatter(per_sequence(N, out_dtype, 2), call, fill).to(dev)
+        dy = scatter(call.values(N, out_dtype, 2), call, fill).to(dev)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
         get_op(op_name, dev, backend=backend)(
             x, params["weight"], params["bias"], **kwargs
@@ -184,10 +202,10 @@ def run_logp(small_chunks: bool):
     def run(call, dtype, params, sink, fill, backend):
         dev = device_of(backend)
         op = SMALL_CHUNK_LOGP if small_chunks else get_op("linear_logp", dev, backend=backend)
-        h = scatter(per_sequence(H, dtype, 3), call, fill).to(dev).requires_grad_(True)
+        h = scatter(call.values(H, dtype, 3), call, fill).to(dev).requires_grad_(True)
         g = torch.Generator().manual_seed(4)
         per_seq = []
-        for n in LENGTHS:
+        for n in call.lengths:
             t = torch.randint(0, V, (n,), generator=g)
             t[:3] = IGNORE  # the prompt: no target
             per_seq.append(t[:, None])
@@ -196,7 +214,7 @@ def run_logp(small_chunks: bool):
         for rows in call.rows:
             padding[rows] = False
         targets.view(-1)[padding] = IGNORE
-        coeff = scatter(per_sequence(1, torch.float32, 5), call, fill)[..., 0].to(dev)
+        coeff = scatter(call.values(1, torch.float32, 5), call, fill)[..., 0].to(dev)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
         targets = targets.to(dev)
         op(h, params["weight"], targets, params["bias"], temperature=0.7, **kwargs).backward(coeff)
@@ -214,14 +232,14 @@ def run_embedding():
 
     def run(call, dtype, params, sink, fill, backend):
         g = torch.Generator().manual_seed(6)
-        ids = [torch.randint(0, V, (n, 1), generator=g) for n in LENGTHS]  # many repeats
+        ids = [torch.randint(0, V, (n, 1), generator=g) for n in call.lengths]  # many repeats
         flat_ids = scatter(ids, call, "zeros")[..., 0]
         if fill == "garbage":
             flat_ids = torch.where(flat_ids == 0, V - 1, flat_ids)  # padding: some id
             for i, rows in zip(call.members, call.rows):
                 flat_ids.view(-1)[rows] = ids[i][: rows.numel(), 0]
         dev = device_of(backend)
-        dy = scatter(per_sequence(H, dtype, 7), call, fill).to(dev)
+        dy = scatter(call.values(H, dtype, 7), call, fill).to(dev)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
         get_op("embedding", dev, backend=backend)(
             flat_ids.to(dev), params["weight"], 2, **kwargs
@@ -236,8 +254,8 @@ def run_rms_norm():
 
     def run(call, dtype, params, sink, fill, backend):
         dev = device_of(backend)
-        x = scatter(per_sequence(H, dtype, 8), call, fill).to(dev).requires_grad_(True)
-        dy = scatter(per_sequence(H, dtype, 9), call, fill).to(dev)
+        x = scatter(call.values(H, dtype, 8), call, fill).to(dev).requires_grad_(True)
+        dy = scatter(call.values(H, dtype, 9), call, fill).to(dev)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
         get_op("rms_norm", dev, backend=backend)(x, params["weight"], 1e-6, **kwargs).backward(dy)
         return gather(x.grad, call)
@@ -251,12 +269,12 @@ def run_router():
     def run(call, dtype, params, sink, fill, backend):
         """moe_router, top 3 renormalised: gradients through the weights and the logits."""
         dev = device_of(backend)
-        x = scatter(per_sequence(H, dtype, 17), call, fill).to(dev).requires_grad_(True)
+        x = scatter(call.values(H, dtype, 17), call, fill).to(dev).requires_grad_(True)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
         router = get_op("moe_router", dev, backend=backend)
         logits, weights, _ = router(x, params["weight"], 3, renormalize=True, **kwargs)
-        dw = scatter(per_sequence(3, dtype, 18), call, fill).reshape(weights.shape).to(dev)
-        dl = scatter(per_sequence(E, dtype, 19), call, fill).reshape(logits.shape).to(dev)
+        dw = scatter(call.values(3, dtype, 18), call, fill).reshape(weights.shape).to(dev)
+        dl = scatter(call.values(E, dtype, 19), call, fill).reshape(logits.shape).to(dev)
         ((weights * dw).sum() + (logits * dl).sum()).backward()
         return gather(x.grad, call)
 
@@ -269,20 +287,20 @@ def run_experts():
     def run(call, dtype, params, sink, fill, backend):
         """moe_experts, top 2: input gradients of hidden and of the routing weights."""
         g = torch.Generator().manual_seed(20)
-        first = [torch.randint(0, E, (n, 1), generator=g) for n in LENGTHS]
+        first = [torch.randint(0, E, (n, 1), generator=g) for n in call.lengths]
         picks = [
             torch.cat([f, (f + 1 + torch.randint(0, E - 1, f.shape, generator=g)) % E], 1)
             for f in first
         ]
         dev = device_of(backend)
         indices = scatter(picks, call, "zeros").reshape(-1, TOP).to(dev)
-        x = scatter(per_sequence(H, dtype, 21), call, fill).reshape(-1, H).to(dev)
-        w = scatter(per_sequence(TOP, dtype, 22), call, fill).reshape(-1, TOP).to(dev)
+        x = scatter(call.values(H, dtype, 21), call, fill).reshape(-1, H).to(dev)
+        w = scatter(call.values(TOP, dtype, 22), call, fill).reshape(-1, TOP).to(dev)
         x, w = x.requires_grad_(True), w.requires_grad_(True)
         kwargs = {} if sink is None else {"spans": call.spans, "sink": sink}
         experts = get_op("moe_experts", dev, backend=backend)
         out = experts(x, params["gate_up"], params["down"], indices, w, **kwargs)
-        out.backward(scatter(per_sequence(H, dtype, 23), call, fill).reshape(-1, H).to(dev))
+        out.backward(scatter(call.values(H, dtype, 23), call, fill).reshape(-1, H).to(dev))
         grads = torch.cat([x.grad, w.grad], 1)
         return gather(grads, call)
 
@@ -296,13 +314,13 @@ def run_attention(call, dtype, params, sink, fill, backend):
     """cpp attention (no parameters): padded calls with k_positions, packed ones with segments."""
     B, T = call.shape
     leaves = [
-        scatter(per_sequence(h * HEAD_DIM, dtype, 11 + j), call, fill)
+        scatter(call.values(h * HEAD_DIM, dtype, 11 + j), call, fill)
         .view(B, T, h, HEAD_DIM)
         .requires_grad_(True)
         for j, h in enumerate((HEADS, KV_HEADS, KV_HEADS))
     ]
     q, k, v = (t.transpose(1, 2) for t in leaves)
-    dy = scatter(per_sequence(HEADS * HEAD_DIM, dtype, 14), call, fill)
+    dy = scatter(call.values(HEADS * HEAD_DIM, dtype, 14), call, fill)
     positions = call.positions()
     kwargs = {"q_positions": positions, "k_positions": positions}
     if call.packed:
@@ -314,9 +332,9 @@ def run_attention(call, dtype, params, sink, fill, backend):
 
 
 def run_silu(call, dtype, params, sink, fill, backend):
-    x = scatter(per_sequence(77, dtype, 15, scale=4.0), call, fill).requires_grad_(True)
+    x = scatter(call.values(77, dtype, 15, scale=4.0), call, fill).requires_grad_(True)
     get_op("silu", "cpu", backend=backend)(x).backward(
-        scatter(per_sequence(77, dtype, 16), call, fill)
+        scatter(call.values(77, dtype, 16), call, fill)
     )
     return gather(x.grad, call)
 
@@ -335,12 +353,14 @@ OPS = {
 }
 
 
-def run_layout(op: str, layout: str, dtype, *, sink: bool, fill: str, backend: str = "cpp"):
+def run_layout(
+    op: str, layout: str, dtype, *, sink: bool, fill: str, backend: str = "cpp", lengths=LENGTHS
+):
     """(sink records merged over the layout's calls, input grads by sequence, plain .grads)."""
     run, shapes = OPS[op]
     params = random_params(shapes, dtype, 10, device_of(backend))
     records, grads = {}, {}
-    for call in LAYOUTS[layout]:
+    for call in layouts(lengths)[layout]:
         recorder = RecordingSink() if sink else None
         grads.update(run(call, dtype, params, recorder, fill, backend))
         if sink:
