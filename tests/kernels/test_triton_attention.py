@@ -6,8 +6,8 @@ Chain checked, always with torch.equal: prefill of a sequence alone
 against a KV cache read through kv_index (rows in any order, caches longer than
 needed, finite garbage past each position) == chunked prefill. On the
 interpreter the tiles are 16 queries x 32 keys and a KV split is 4 blocks
-(128 positions), so the sequences here cross several splits; one test runs the
-GPU's constants. Negative control: a KV split chosen from the query count (as
+(128 positions), so the longest sequences here (130) cross a split with a remainder;
+one test runs the GPU's constants. Negative control: a KV split chosen from the query count (as
 flash-decoding heuristics do) breaks decode == prefill.
 Accuracy and gradients against a plain fp64 reference (tolerance).
 """
@@ -57,7 +57,7 @@ def _garbage(shape, dtype, seed):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_accuracy_gqa_and_output_dtype(dtype):
-    seq = _seq(150, hq=6, hkv=2, dtype=dtype)  # crosses a KV split on the interpreter
+    seq = _seq(130, hq=6, hkv=2, dtype=dtype)  # crosses a KV split on the interpreter
     out = _alone(seq)
     assert out.dtype == dtype and out.shape == seq[0].shape
     tol = 1e-5 if dtype == torch.float32 else 2e-2
@@ -66,7 +66,7 @@ def test_accuracy_gqa_and_output_dtype(dtype):
 
 @pytest.mark.parametrize("dtype", dtypes_keeping(torch.float32))
 def test_padding_layouts_and_batch_neighbours_do_not_change_a_row(dtype):
-    lengths = [37, 150, 5, 64]
+    lengths = [37, 130, 5, 64]
     seqs = [_seq(n, dtype=dtype, seed=i) for i, n in enumerate(lengths)]
     alone = [_alone(s) for s in seqs]
     total = max(lengths) + 3
@@ -94,10 +94,10 @@ def test_padding_layouts_and_batch_neighbours_do_not_change_a_row(dtype):
 @pytest.mark.parametrize("dtype", dtypes_keeping(torch.bfloat16))
 def test_decode_from_a_cache_equals_prefill(dtype):
     """Every decode row (one query, keys read in place through kv_index) == its prefill row."""
-    seqs = [_seq(n, dtype=dtype, seed=i) for i, n in enumerate([150, 40, 129])]
+    seqs = [_seq(n, dtype=dtype, seed=i) for i, n in enumerate([130, 40, 33])]
     alone = [_alone(s) for s in seqs]
-    positions = [(0, 0), (0, 31), (0, 32), (0, 127), (0, 128), (0, 149), (1, 17), (2, 128)]
-    cap, slots = 160, 5
+    positions = [(0, 0), (0, 31), (0, 32), (0, 127), (0, 128), (0, 129), (1, 17), (2, 32)]
+    cap, slots = 140, 5
     kc = _garbage((slots, 2, cap, 24), torch.float32, 4).clamp(-1e4, 1e4)  # finite garbage
     vc = _garbage((slots, 2, cap, 24), torch.float32, 5).clamp(-1e4, 1e4)
     slot_of = [3, 0, 4]
@@ -115,10 +115,10 @@ def test_decode_from_a_cache_equals_prefill(dtype):
 
 
 def test_chunked_prefill_equals_prefill():
-    seq = _seq(150)
+    seq = _seq(130)
     alone = _alone(seq)
     q, k, v = seq
-    for s, e in [(0, 20), (20, 129), (129, 150)]:
+    for s, e in [(0, 20), (20, 129), (129, 130)]:
         pos = torch.arange(s, e, device=DEVICE)[None]
         out = attention(q[None, :, s:e], k[None, :, :e], v[None, :, :e], q_positions=pos)
         assert torch.equal(out[0], alone[:, s:e]), (s, e)
@@ -138,12 +138,12 @@ def test_gpu_constants_keep_decode_equal_to_prefill(monkeypatch):
 
 def test_negative_control_split_size_that_follows_the_query_count(monkeypatch):
     """A decode that picked its own KV split (flash-decoding heuristics) would not equal prefill."""
-    seq = _seq(150, hq=2, hkv=1, d=16)
+    seq = _seq(130, hq=2, hkv=1, d=16)
     prefill = _alone(seq)
     q, k, v = seq
     monkeypatch.setattr(attn_module, "SPLIT_BLOCKS", 1)
-    decode = attention(q[None, :, 149:150], k[None], v[None], q_positions=torch.tensor([[149]]))
-    assert not torch.equal(decode[0, :, 0], prefill[:, 149])
+    decode = attention(q[None, :, 129:130], k[None], v[None], q_positions=torch.tensor([[129]]))
+    assert not torch.equal(decode[0, :, 0], prefill[:, 129])
 
 
 def test_validation_errors_name_the_tensor():
@@ -186,7 +186,7 @@ def test_decode_padding_row_is_exactly_zero_and_leaves_the_others_alone():
 @pytest.mark.parametrize("dtype", dtypes_keeping(torch.bfloat16))
 def test_tile_groups_do_not_change_the_bits(dtype, monkeypatch):
     """The split partials of one group of tiles at a time: one tile a group == all at once."""
-    lengths = (200, 90)  # the first crosses a KV split (128 positions on the interpreter)
+    lengths = (130, 40)  # the first crosses a KV split (128 positions on the interpreter)
     T = max(lengths)
     q = _garbage((2, 4, T, 24), dtype, 1)
     k, v = _garbage((2, 2, T, 24), dtype, 2), _garbage((2, 2, T, 24), dtype, 3)
