@@ -25,7 +25,7 @@ from tests.helpers.triton_marks import DEVICE, TRITON_MARKS
 
 pytestmark = TRITON_MARKS
 DTYPES = [torch.float32, torch.bfloat16]
-BATCH_SIZES = [1, 2, 17, 33]
+BATCH_SIZES = [1, 2, 17]  # 17: a BLOCK_M (16) row tile and a remainder on the interpreter
 
 
 def op(name):

@@ -4,7 +4,7 @@ test_moe_experts.py and test_elementwise.py (sigmoid), on the interpreter.
 On a CPU these run under Triton's interpreter (TRITON_INTERPRET=1, set by
 tests/conftest.py) at tiny shapes; with a GPU the same tests run the compiled
 kernels. Chains checked with torch.equal: the router's logits, weights and
-expert ids of a token alone == its row in batches of 1..33 (garbage rows
+expert ids of a token alone == its row in batches of 1..17 (garbage rows
 included); a tie between two identical expert rows goes to the lower index;
 the experts' output of a token alone == its row in any batch, and == HF's
 eager loop run with the triton linear and silu. Gradcheck in fp64.
@@ -62,7 +62,7 @@ def test_routing_kernel_rows_invariant_and_ties_to_the_lowest_index(dtype):
     pool[:, 4] = pool[:, 1]  # an exact tie in every row
     probe = pool[3]
     alone = route_forward(probe[None], 6, True, dtype)
-    for batch, row in probe_batches(probe.cpu(), pool.cpu(), [1, 2, 33]):
+    for batch, row in probe_batches(probe.cpu(), pool.cpu(), [1, 2, 17]):
         noisy = garbage_like(batch)
         noisy[row] = probe.cpu()
         for layout in (batch, noisy):
@@ -85,7 +85,7 @@ def test_router_rows_invariant(dtype):
     pool = _randn(40, 40, dtype=dtype, seed=2)
     probe = pool[3]
     alone = router(probe[None], weight, 6, renormalize=True)
-    for batch, row in probe_batches(probe.cpu(), pool.cpu(), [1, 2, 33]):
+    for batch, row in probe_batches(probe.cpu(), pool.cpu(), [1, 2, 17]):
         noisy = garbage_like(batch)
         noisy[row] = probe.cpu()
         for layout in (batch, noisy):
