@@ -11,7 +11,7 @@ backward's exact GEMM, so jitted, compiles two binaries for weight partials over
 and 16 rows (the pinned kernel: one). The manifest holds that backward's launches too
 (aot_cases.py, `backward_seq*`). Plus the facts the job compares, which need no GPU.
 
-The compiles run in a fresh interpreter (`_in_compiled_process`) that imports the package
+The compiles run in one fresh interpreter (`compiled_process`) that imports the package
 module and calls it: `triton.jit` reads TRITON_INTERPRET when a kernel is decorated, and this
 process decorated the kernels under the interpreter (tests/conftest.py).
 """
@@ -34,8 +34,11 @@ from rl_engine.kernels.registry import OP_NAMES
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _in_compiled_process(fn, *args):
-    """`fn(*args)` in a fresh interpreter started without TRITON_INTERPRET (compiled kernels)."""
+@pytest.fixture(scope="module")
+def compiled_process():
+    """A fresh interpreter started without TRITON_INTERPRET (compiled kernels), one for the
+    module's compiles: each call of `.apply` (fn, args) runs there (the start and the imports,
+    seconds, paid once; every call sets the stub driver it compiles with)."""
     context = multiprocessing.get_context("spawn")
     saved = os.environ.pop("TRITON_INTERPRET", None)
     try:
@@ -44,7 +47,7 @@ def _in_compiled_process(fn, *args):
         if saved is not None:
             os.environ["TRITON_INTERPRET"] = saved
     with pool:
-        return pool.apply(fn, args)
+        yield pool
 
 
 def _compile_check(argv: list[str]) -> int:
@@ -54,10 +57,10 @@ def _compile_check(argv: list[str]) -> int:
 
 
 @pytest.fixture(scope="module")
-def sm90_manifest(tmp_path_factory):
+def sm90_manifest(tmp_path_factory, compiled_process):
     out = tmp_path_factory.mktemp("gpu_kernels")
     argv = ["--targets", "sm_90", "--cases", "ci", "--out", str(out)]
-    assert _in_compiled_process(_compile_check, argv) == 0  # every check of the module holds
+    assert compiled_process.apply(_compile_check, (argv,)) == 0  # every check of the module holds
     return out, json.loads((out / "manifest.json").read_text())
 
 
@@ -183,18 +186,18 @@ def _exact_gemm_specialisation() -> dict[str, list[str]]:
 
 @pytest.mark.triton
 @pytest.mark.slow
-def test_negative_control_default_specialisation_splits_sequence_lengths():
+def test_negative_control_default_specialisation_splits_sequence_lengths(compiled_process):
     """The backward's GEMM sums a weight partial over K = a sequence's length: Triton's default
     specialisation (K % 16) compiles two binaries for 7 and 16 rows; the pinned one, one."""
-    hashes = _in_compiled_process(_exact_gemm_specialisation)
+    hashes = compiled_process.apply(_exact_gemm_specialisation)
     assert hashes["pinned"][0] == hashes["pinned"][1]
     assert hashes["plain"][0] != hashes["plain"][1]
 
 
 @pytest.mark.triton
 @pytest.mark.slow
-def test_negative_control_default_specialisation_splits_a_batch_from_a_view():
-    hashes = _in_compiled_process(_default_vs_pinned_specialisation)
+def test_negative_control_default_specialisation_splits_a_batch_from_a_view(compiled_process):
+    hashes = compiled_process.apply(_default_vs_pinned_specialisation)
     assert hashes["pinned"][0] == hashes["pinned"][1]
     assert hashes["plain"][0] != hashes["plain"][1]
 
