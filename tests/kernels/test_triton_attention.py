@@ -188,15 +188,16 @@ def test_tile_groups_do_not_change_the_bits(dtype, monkeypatch):
     """The split partials of one group of tiles at a time: one tile a group == all at once."""
     lengths = (130, 40)  # the first crosses a KV split (128 positions on the interpreter)
     T = max(lengths)
-    q = _garbage((2, 4, T, 24), dtype, 1)
-    k, v = _garbage((2, 2, T, 24), dtype, 2), _garbage((2, 2, T, 24), dtype, 3)
+    q = _garbage((2, 2, T, 24), dtype, 1)  # 2 query heads to 1 KV head: a group costs per head
+    k, v = _garbage((2, 1, T, 24), dtype, 2), _garbage((2, 1, T, 24), dtype, 3)
     pos = torch.full((2, T), -1, dtype=torch.long, device=DEVICE)
     for i, n in enumerate(lengths):
         pos[i, :n] = torch.arange(n, device=DEVICE)
     whole = attention(q, k, v, q_positions=pos)
     monkeypatch.setattr(attn_module, "PARTIALS_BYTES", 1)  # one tile per group
     assert torch.equal(attention(q, k, v, q_positions=pos), whole)
-    monkeypatch.setattr(attn_module, "PARTIALS_BYTES", 5 * 4 * 2 * 16 * (32 + 2) * 4)  # 5 tiles
+    # 5 of the 12 tiles a group: 2 heads x 2 splits x 16 rows x (32 + 2) fp32 a tile
+    monkeypatch.setattr(attn_module, "PARTIALS_BYTES", 5 * 2 * 2 * 16 * (32 + 2) * 4)
     assert torch.equal(attention(q, k, v, q_positions=pos), whole)
 
 
