@@ -13,12 +13,12 @@ from rl_engine.cli import main
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import read_metrics
-from tests.helpers.job.jobs import job_config, stopped_and_resumed, without_timings
+from tests.helpers.job.jobs import job_config, resumed_copy, without_timings
 
 pytestmark = [pytest.mark.multiprocess]
 
 
-@pytest.mark.slow  # three jobs each: 2 steps, 1 step, 1 resumed step
+@pytest.mark.slow  # two jobs each: 2 steps, 1 resumed step
 @pytest.mark.parametrize(
     ("num_ranks", "zero_stage", "layout"),
     [
@@ -33,15 +33,17 @@ pytestmark = [pytest.mark.multiprocess]
 def test_stopped_and_resumed_run_equals_uninterrupted(
     tmp_path, job_ray, num_ranks, zero_stage, layout
 ):
-    """Run A: 2 steps. Run B: 1 step (checkpoint at the end), then --resume to 2 steps.
-    metrics.jsonl of A == of B on every key but the `time/` ones, parity 1.0 at every step.
-    With a token budget the micro-batch plan (a function of the lengths) is the same too.
-    (The stop after step 1 already carries AdamW moments, sampling state and a weight version.)"""
+    """Run A: 2 steps, a checkpoint after each. Run B: A's copy cut back to its step-1
+    checkpoint, then resumed to 2 steps. metrics.jsonl of A == of B on every key but the
+    `time/` ones, parity 1.0 at every step. With a token budget the micro-batch plan (a function
+    of the lengths) is the same too. (The checkpoint after step 1 already carries AdamW moments,
+    sampling state and a weight version.) A run stopped by a signal writes the same checkpoint
+    (test_job_faults: SIGTERM), and a killed one resumes from its last (the weight-sync kill)."""
     trainer = {"num_ranks": num_ranks, "zero_stage": zero_stage, **layout}
     whole = tmp_path / "whole"
-    history = run_job(job_config(whole, steps=2, trainer=trainer))
+    history = run_job(job_config(whole, steps=2, trainer=trainer, checkpoint={"every": 1}))
     _check_complete_run(whole, history, num_ranks)
-    part = stopped_and_resumed(tmp_path / "part", steps=2, trainer=trainer)
+    part = resumed_copy(whole, tmp_path / "part", step=1)
 
     expected = without_timings(whole)
     assert [m["step"] for m in expected] == [0, 1]
