@@ -103,6 +103,19 @@ def resumed_copy(run_dir: Path, copy: Path, step: int, overrides: tuple[str, ...
     return copy
 
 
+def check_complete_run(run: Path, history: list[dict], num_ranks: int) -> None:
+    """Every step exact (max |dlogp| 0 over > 0 tokens), every file in place, no temporaries."""
+    assert [m["step"] for m in history] == [m["step"] for m in read_metrics(run)]
+    for m in history:
+        assert m["parity/max_abs_diff"] == 0.0 and m["parity/num_tokens"] > 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["steps"] == history
+    assert summary["config"]["trainer"]["num_ranks"] == num_ranks
+    assert len(json.loads((run / "actors.json").read_text())) == num_ranks + 1
+    assert (run / "training.png").is_file() and (run / "config.yaml").is_file()
+    assert not list(run.rglob(".*.tmp")), "atomic writes left temporary files behind"
+
+
 def without_timings(run_dir: Path) -> list[dict]:
     """metrics.jsonl with every wall-clock field (the `time/` keys) removed."""
     return [
