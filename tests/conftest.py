@@ -61,6 +61,15 @@ def module_job_ray():
     shared_ray()
 
 
+@pytest.fixture
+def shared_ray_address() -> str:
+    """The shared cluster's address, for a job in another process (the CLI) to join; this
+    process stays disconnected."""
+    from tests.helpers.job.jobs import shared_cluster
+
+    return shared_cluster().address
+
+
 @pytest.fixture(autouse=True)
 def _ray_only_where_asked(request):
     """A test that asked for no shared cluster (RAY_FIXTURES, itself or through a fixture it

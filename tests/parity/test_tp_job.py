@@ -73,6 +73,7 @@ def _lora_job(tmp_path, name: str, tensor_parallel_size: int) -> list[dict]:
     return run_job(config)
 
 
+@pytest.mark.exhaustive  # make test runs its LoRA job on a TP = 2 engine: test_lora_job
 def test_tp2_engine_serves_a_lora_policy_with_parity_one_and_adapter_only_syncs(
     tmp_path, monkeypatch
 ):

@@ -5,7 +5,6 @@ worker pool that kills and replaces a worker whose reward never returns."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -95,33 +94,26 @@ def test_raises_bad_results_and_timeouts_are_scores_of_zero(verl_file):
 
 @pytest.mark.multiprocess
 @pytest.mark.deadline  # a stuck worker is replaced at its timeout
-def test_ray_pool_scores_in_order_and_replaces_a_stuck_worker(verl_file):
+def test_ray_pool_scores_in_order_and_replaces_a_stuck_worker(verl_file, job_ray):
     """Two workers; a reward blocking the time-limit signal cannot be interrupted inside its
     worker, so the driver kills that worker at timeout + grace and starts another."""
-    import ray
-
     from rl_engine.executors.job.reward_workers import KILL_GRACE_S, RewardPool
 
-    os.environ.pop("RAY_ADDRESS", None)
-    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        pool = RewardPool(verl_file, {}, 1.0, 2)
-        samples = [sample(str(i), str(i)) for i in range(4)]
-        samples[1] = sample("1", "stuck")
-        samples[2] = sample("2", "spin")
-        samples.append(sample("9", "boom"))
-        started = time.monotonic()
-        scores = pool.score(samples)
-        assert time.monotonic() - started < 1.0 + KILL_GRACE_S + 20
-        assert [s.value for s in scores] == [1.0, 0.0, 0.0, 1.0, 0.0]
-        assert scores[1].timed_out and "worker killed" in scores[1].error
-        assert scores[2].timed_out and "worker killed" not in scores[2].error  # its own limit
-        assert "RuntimeError" in scores[4].error and not scores[4].timed_out
-        assert pool.replaced == 1 and len(pool.workers) == 2
-        assert [s.value for s in pool.score([sample("3", "3")])] == [1.0]  # the new worker scores
-        pool.close()
-    finally:
-        ray.shutdown()
+    pool = RewardPool(verl_file, {}, 1.0, 2)
+    samples = [sample(str(i), str(i)) for i in range(4)]
+    samples[1] = sample("1", "stuck")
+    samples[2] = sample("2", "spin")
+    samples.append(sample("9", "boom"))
+    started = time.monotonic()
+    scores = pool.score(samples)
+    assert time.monotonic() - started < 1.0 + KILL_GRACE_S + 20
+    assert [s.value for s in scores] == [1.0, 0.0, 0.0, 1.0, 0.0]
+    assert scores[1].timed_out and "worker killed" in scores[1].error
+    assert scores[2].timed_out and "worker killed" not in scores[2].error  # its own limit
+    assert "RuntimeError" in scores[4].error and not scores[4].timed_out
+    assert pool.replaced == 1 and len(pool.workers) == 2
+    assert [s.value for s in pool.score([sample("3", "3")])] == [1.0]  # the new worker scores
+    pool.close()
 
 
 @pytest.mark.parametrize(

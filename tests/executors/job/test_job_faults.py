@@ -1,6 +1,7 @@
 """Faults on a real job run through the CLI: a killed actor process, SIGTERM, Ctrl-C.
 
-Each run is `rl-engine train` in its own session with its own local Ray cluster.
+Each run is `rl-engine train` in its own session, joining the pytest process's shared local
+Ray cluster (RAY_ADDRESS): the faults are the job's, and the cluster outlives each of them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rl_engine.executors.job.faults import KILL_IN_WEIGHT_SYNC_ENV
 from rl_engine.executors.job.run_dir import read_metrics
 from tests.helpers.job.jobs import actor_pid, job_config, start_cli, wait_for, write_config
 
-# each test runs `rl-engine train` (its own Ray cluster) once or twice: 35-75 s each
+# each test runs `rl-engine train` once or twice: 25-60 s each
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.deadline]
 
 STEPS = 30  # long enough to be stopped mid-run (about 0.1-0.3 s a step)
@@ -30,17 +31,17 @@ def _finish(proc, timeout=180) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _resume(run_dir, log_path) -> int:
-    return _finish(start_cli(["train", "--resume", str(run_dir)], log_path))
+def _resume(run_dir, log_path, ray_address: str) -> int:
+    return _finish(start_cli(["train", "--resume", str(run_dir)], log_path, ray_address))
 
 
 @pytest.mark.exhaustive  # make test kills an actor in the weight-sync test below
-def test_killed_trainer_is_named_checkpoint_kept_and_run_resumes(tmp_path):
+def test_killed_trainer_is_named_checkpoint_kept_and_run_resumes(tmp_path, shared_ray_address):
     run = tmp_path / "run"
     config = write_config(
         job_config(run, steps=STEPS, checkpoint={"every": 2}), tmp_path / "c.yaml"
     )
-    proc = start_cli(["train", "--config", str(config)], tmp_path / "first.log")
+    proc = start_cli(["train", "--config", str(config)], tmp_path / "first.log", shared_ray_address)
     wait_for(lambda: ckpt.complete_tags(run), 240, proc, "the first checkpoint")
     pid = actor_pid(run, "trainer rank", 0)
     os.kill(pid, signal.SIGKILL)
@@ -55,7 +56,7 @@ def test_killed_trainer_is_named_checkpoint_kept_and_run_resumes(tmp_path):
     done = len(read_metrics(run))
     assert done >= kept.step
 
-    assert _resume(run, tmp_path / "resume.log") == 0
+    assert _resume(run, tmp_path / "resume.log", shared_ray_address) == 0
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == list(range(STEPS))
     assert all(m["parity/exact_match_fraction"] == 1.0 for m in metrics)
@@ -69,11 +70,13 @@ def test_killed_trainer_is_named_checkpoint_kept_and_run_resumes(tmp_path):
     ],
     ids=["sigterm", "ctrl-c"],
 )
-def test_signal_stops_at_end_of_step_with_checkpoint(tmp_path, signum, to_group, code):
+def test_signal_stops_at_end_of_step_with_checkpoint(
+    tmp_path, shared_ray_address, signum, to_group, code
+):
     """SIGTERM to the driver, or SIGINT to the whole process group as a terminal's Ctrl-C sends it."""
     run = tmp_path / "run"
     config = write_config(job_config(run, steps=STEPS), tmp_path / "c.yaml")
-    proc = start_cli(["train", "--config", str(config)], tmp_path / "run.log")
+    proc = start_cli(["train", "--config", str(config)], tmp_path / "run.log", shared_ray_address)
     wait_for(lambda: read_metrics(run), 240, proc, "the first step")
     (os.killpg if to_group else os.kill)(proc.pid, signum)
     assert _finish(proc) == code
@@ -88,7 +91,7 @@ def test_signal_stops_at_end_of_step_with_checkpoint(tmp_path, signum, to_group,
     "victim", ["rollout engine 0", pytest.param("trainer rank 0", marks=pytest.mark.exhaustive)]
 )
 def test_actor_killed_during_a_weight_sync_is_named_and_the_run_resumes(
-    tmp_path, monkeypatch, victim
+    tmp_path, shared_ray_address, monkeypatch, victim
 ):
     """The victim SIGKILLs itself after the first bucket of the sync to version 2 (step 1),
     while its partner is mid-transfer: the failure names the victim (not the partner that
@@ -100,7 +103,7 @@ def test_actor_killed_during_a_weight_sync_is_named_and_the_run_resumes(
         job_config(run, steps=4, checkpoint={"every": 1}, trainer=trainer), tmp_path / "c.yaml"
     )
     monkeypatch.setenv(KILL_IN_WEIGHT_SYNC_ENV, f"{victim}@2")
-    proc = start_cli(["train", "--config", str(config)], tmp_path / "first.log")
+    proc = start_cli(["train", "--config", str(config)], tmp_path / "first.log", shared_ray_address)
     assert _finish(proc) == 1
     monkeypatch.delenv(KILL_IN_WEIGHT_SYNC_ENV)
     out = (tmp_path / "first.log").read_text()
@@ -113,7 +116,7 @@ def test_actor_killed_during_a_weight_sync_is_named_and_the_run_resumes(
     assert "in the weight sync to version 2" in failed[0]
     assert ckpt.latest(run).step == 1 and [m["step"] for m in read_metrics(run)] == [0]
 
-    assert _resume(run, tmp_path / "resume.log") == 0
+    assert _resume(run, tmp_path / "resume.log", shared_ray_address) == 0
     metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == list(range(4))
     assert [m["weight_version"] for m in metrics] == [1, 2, 3, 4]

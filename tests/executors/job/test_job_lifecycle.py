@@ -13,12 +13,12 @@ from rl_engine.cli import main
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import read_metrics
-from tests.helpers.job.jobs import job_config, stopped_and_resumed, without_timings
+from tests.helpers.job.jobs import check_complete_run, job_config, resumed_copy, without_timings
 
 pytestmark = [pytest.mark.multiprocess]
 
 
-@pytest.mark.slow  # three jobs each: 2 steps, 1 step, 1 resumed step
+@pytest.mark.slow  # two jobs each: 2 steps, 1 resumed step
 @pytest.mark.parametrize(
     ("num_ranks", "zero_stage", "layout"),
     [
@@ -26,22 +26,26 @@ pytestmark = [pytest.mark.multiprocess]
         pytest.param(1, 0, {}, marks=pytest.mark.exhaustive),
         pytest.param(2, 3, {}, marks=pytest.mark.exhaustive),
         pytest.param(1, 0, {"packing": False}, marks=pytest.mark.exhaustive),  # padded layout
-        (2, 3, {"max_tokens_per_micro_batch": 30}),  # packed, 2-3 sequences per micro-batch
+        # packed, 2-3 sequences per micro-batch; make test resumes such a run, with mini-batches
+        # and epochs too, in test_algorithm_job
+        pytest.param(2, 3, {"max_tokens_per_micro_batch": 30}, marks=pytest.mark.exhaustive),
     ],
     ids=["1rank-zero0", "2ranks-zero3", "1rank-padded", "2ranks-zero3-budget"],
 )
 def test_stopped_and_resumed_run_equals_uninterrupted(
     tmp_path, job_ray, num_ranks, zero_stage, layout
 ):
-    """Run A: 2 steps. Run B: 1 step (checkpoint at the end), then --resume to 2 steps.
-    metrics.jsonl of A == of B on every key but the `time/` ones, parity 1.0 at every step.
-    With a token budget the micro-batch plan (a function of the lengths) is the same too.
-    (The stop after step 1 already carries AdamW moments, sampling state and a weight version.)"""
+    """Run A: 2 steps, a checkpoint after each. Run B: A's copy cut back to its step-1
+    checkpoint, then resumed to 2 steps. metrics.jsonl of A == of B on every key but the
+    `time/` ones, parity 1.0 at every step. With a token budget the micro-batch plan (a function
+    of the lengths) is the same too. (The checkpoint after step 1 already carries AdamW moments,
+    sampling state and a weight version.) A run stopped by a signal writes the same checkpoint
+    (test_job_faults: SIGTERM), and a killed one resumes from its last (the weight-sync kill)."""
     trainer = {"num_ranks": num_ranks, "zero_stage": zero_stage, **layout}
     whole = tmp_path / "whole"
-    history = run_job(job_config(whole, steps=2, trainer=trainer))
-    _check_complete_run(whole, history, num_ranks)
-    part = stopped_and_resumed(tmp_path / "part", steps=2, trainer=trainer)
+    history = run_job(job_config(whole, steps=2, trainer=trainer, checkpoint={"every": 1}))
+    check_complete_run(whole, history, num_ranks)
+    part = resumed_copy(whole, tmp_path / "part", step=1)
 
     expected = without_timings(whole)
     assert [m["step"] for m in expected] == [0, 1]
@@ -52,21 +56,6 @@ def test_stopped_and_resumed_run_equals_uninterrupted(
     for phase in ("step", "rollout", "batch", "train", "weight_sync", "driver_overhead"):
         assert timings[f"time/{phase}"] >= 0
     assert ckpt.latest(part).step == 2 and ckpt.complete_tags(part) == ["step000001", "step000002"]
-
-
-def _check_complete_run(run, history: list[dict], num_ranks: int) -> None:
-    """Every step exact (max |dlogp| 0 over > 0 tokens), every file in place, no temporaries."""
-    import json
-
-    assert [m["step"] for m in history] == [m["step"] for m in read_metrics(run)]
-    for m in history:
-        assert m["parity/max_abs_diff"] == 0.0 and m["parity/num_tokens"] > 0
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "complete" and summary["steps"] == history
-    assert summary["config"]["trainer"]["num_ranks"] == num_ranks
-    assert len(json.loads((run / "actors.json").read_text())) == num_ranks + 1
-    assert (run / "training.png").is_file() and (run / "config.yaml").is_file()
-    assert not list(run.rglob(".*.tmp")), "atomic writes left temporary files behind"
 
 
 @pytest.mark.slow  # 15-50 s: a job, an export and one more DeepSpeed rank

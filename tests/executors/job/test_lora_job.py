@@ -1,4 +1,6 @@
-"""A LoRA policy as a whole job: real Ray actors, 2 DeepSpeed ranks at ZeRO-3, one engine.
+"""A LoRA policy as a whole job: real Ray actors, 2 DeepSpeed ranks at ZeRO-3, one engine of
+two tensor-parallel ranks (each loads the whole policy, then holds its rows of W and B and all
+of A; the syncs after the first send each TP rank its B rows and the whole A).
 
 Parity is strict (1.0) at every step, the sync after the first moves only the adapters
 (`weight_sync/bytes` under 10% of the model's), and a run resumed from its step-1 checkpoint
@@ -34,9 +36,12 @@ def _model_bytes(name: str) -> int:
 
 
 def test_lora_job_exact_syncs_adapters_only_and_resumes_bitwise(tmp_path, job_ray):
-    trainer = {"num_ranks": 2, "zero_stage": 3}
+    trainer, rollout = {"num_ranks": 2, "zero_stage": 3}, {"tensor_parallel_size": 2}
     whole = tmp_path / "whole"
-    run_job(job_config(whole, steps=2, trainer=trainer, lora=LORA, checkpoint={"every": 1}))
+    config = job_config(
+        whole, steps=2, trainer=trainer, rollout=rollout, lora=LORA, checkpoint={"every": 1}
+    )
+    run_job(config)
     part = resumed_copy(whole, tmp_path / "part", step=1)
 
     expected = without_timings(whole)

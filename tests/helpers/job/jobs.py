@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import ray
 import yaml
+from ray.cluster_utils import Cluster
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.job import job_checkpoints as ckpt
@@ -23,21 +25,36 @@ REPO = Path(__file__).resolve().parents[3]
 
 SHARED_RAY_CPUS = 6  # the largest job that shares it: PPO's 2 policy + 2 critic ranks + 1 engine
 
+_shared_cluster: Cluster | None = None
+
+
+def shared_cluster() -> Cluster:
+    """One local Ray cluster per pytest process, started by the first test that asks for it and
+    kept until the process exits: a cluster's start is 5-9 s of CPU, a driver's connection to a
+    running one 0.3 s (docs/testing.md). Its processes are not the driver's, so the tests that
+    disconnect (tests/conftest.py: `_ray_only_where_asked`) leave it running."""
+    global _shared_cluster
+    if _shared_cluster is None:
+        _shared_cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": SHARED_RAY_CPUS, "include_dashboard": False},
+        )
+        atexit.register(_stop_shared_cluster)
+    return _shared_cluster
+
+
+def _stop_shared_cluster() -> None:
+    ray.shutdown()  # Ray refuses to remove the node its driver is connected to
+    _shared_cluster.shutdown()
+
 
 def shared_ray() -> None:
-    """The `job_ray` fixture's body: one local Ray cluster per pytest process, started by the
-    first job test that asks for it and kept for the next one (a cluster's start is 5-9 s of
-    CPU, more than a tiny job's steps). A job that finds Ray initialized joins it and never
-    shuts it down (`cluster.connect`). tests/conftest.py shuts it down before any test that
-    did not ask for it, so every other test sees Ray as before: not initialized."""
+    """The `job_ray` fixture's body: this pytest process joins its shared cluster. A job that
+    finds Ray initialized joins it too and never shuts it down (`cluster.connect`); the job's
+    actors end with the driver's connection (`ray.shutdown`), the cluster stays."""
     if not ray.is_initialized():
         os.environ.pop("RAY_ADDRESS", None)
-        ray.init(
-            address="local",
-            num_cpus=SHARED_RAY_CPUS,
-            include_dashboard=False,
-            log_to_driver=False,
-        )
+        ray.init(address=shared_cluster().address, log_to_driver=False)
 
 
 def job_config(run_dir: Path, *, steps: int = 3, **sections) -> RunConfig:
@@ -86,6 +103,19 @@ def resumed_copy(run_dir: Path, copy: Path, step: int, overrides: tuple[str, ...
     return copy
 
 
+def check_complete_run(run: Path, history: list[dict], num_ranks: int) -> None:
+    """Every step exact (max |dlogp| 0 over > 0 tokens), every file in place, no temporaries."""
+    assert [m["step"] for m in history] == [m["step"] for m in read_metrics(run)]
+    for m in history:
+        assert m["parity/max_abs_diff"] == 0.0 and m["parity/num_tokens"] > 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["steps"] == history
+    assert summary["config"]["trainer"]["num_ranks"] == num_ranks
+    assert len(json.loads((run / "actors.json").read_text())) == num_ranks + 1
+    assert (run / "training.png").is_file() and (run / "config.yaml").is_file()
+    assert not list(run.rglob(".*.tmp")), "atomic writes left temporary files behind"
+
+
 def without_timings(run_dir: Path) -> list[dict]:
     """metrics.jsonl with every wall-clock field (the `time/` keys) removed."""
     return [
@@ -93,10 +123,13 @@ def without_timings(run_dir: Path) -> list[dict]:
     ]
 
 
-def start_cli(args: list[str], log_path: Path) -> subprocess.Popen:
-    """`rl-engine ...` in a new session (so a test can signal its whole process group)."""
+def start_cli(args: list[str], log_path: Path, ray_address: str | None = None) -> subprocess.Popen:
+    """`rl-engine ...` in a new session (so a test can signal its whole process group); with
+    `ray_address` its job joins that cluster (RAY_ADDRESS), else it starts its own."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(PYTHONPATH=str(REPO), DS_ACCELERATOR="cpu")
+    if ray_address is not None:
+        env["RAY_ADDRESS"] = ray_address
     return subprocess.Popen(
         [sys.executable, "-m", "rl_engine.cli", *args],
         env=env,
