@@ -8,7 +8,8 @@ returns either
   padding), or
 - raises NonInvariantDtypeError naming the op, the backend, the dtype and the opt-in
   (PlatformInvarianceError, its subclass, where native's platform probe refuses the dtype
-  on this machine),
+  on this machine: native's GEMM ops and attention, and cpp's attention in fp16 / fp64,
+  which runs native's forward),
 and `get_op(..., allow_non_invariant=True)` runs every combination, with exactly the
 strict op's bits wherever the strict op runs. Which combinations refuse is the table in
 docs/backends.md: `REFUSED` below, plus the native probe's verdict here. The guard itself (the
@@ -40,12 +41,19 @@ GEMM_OPS = ("linear", "lm_head", "linear_logp", "moe_router", "moe_experts")
 # its fp64 / fp16 GEMM would be a padded torch GEMM whose rows follow the batch.
 REFUSED = {("cpp", op, dtype) for op in GEMM_OPS for dtype in ("fp16", "fp64")}
 
+# What runs on native's fixed-shape library GEMMs, refused wherever native's probe refuses the
+# dtype: native's GEMM ops and attention (torch.bmm), cpp's attention in native's dtypes.
+PROBED = {("native", op, dtype) for op in (*GEMM_OPS, "attention") for dtype in DTYPES} | {
+    ("cpp", "attention", dtype) for dtype in ("fp16", "fp64")
+}
+
+
 probe_module = importlib.import_module("rl_engine.kernels.native.platform_probe")
 
 
 def _refused(backend: str, op: str, dtype: str) -> bool:
-    """By design (REFUSED), or measured: native's GEMM ops where this machine's probe refuses."""
-    if backend == "native" and op in GEMM_OPS:
+    """By design (REFUSED), or measured: PROBED where this machine's probe refuses the dtype."""
+    if (backend, op, dtype) in PROBED:
         return not probe_module.probe(DTYPES[dtype], "cpu").accepted
     return (backend, op, dtype) in REFUSED
 

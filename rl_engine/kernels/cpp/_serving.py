@@ -1,9 +1,11 @@
 """What the cpp backend promises: its C++ kernels' dtypes on cpu tensors, and nothing silently else.
 
 The C++ kernels compute fp32 and bf16. For fp64 and fp16:
-- `attention` and `silu` run the native op's forward (`native.attention`, native's
-  `x / (1 + exp(-x))`), which is row-invariant in every dtype (other bits than the
-  cpp kernels', but the same for every batch): served (`KERNELS`);
+- `silu` runs native's `x / (1 + exp(-x))`, row-invariant in every dtype (other bits
+  than the cpp kernel's, but the same for every batch): served (`KERNELS`);
+- `attention` runs native's forward, whose fixed-shape `torch.bmm` calls rest on
+  native's platform assumption: served where native's probe accepts the dtype, else
+  PlatformInvarianceError, as native's own attention (`ATTENTION`);
 - the GEMM ops (`linear`, `lm_head`, `linear_logp`, `moe_router`, `moe_experts`) would
   run a padded, K-sliced torch GEMM (`_torch_gemm.py`) whose call shape follows the
   batch, so a row's bits may change with it: refused with NonInvariantDtypeError
@@ -16,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from rl_engine.kernels.common.op import Serving
+from rl_engine.kernels.native.platform_probe import platform_refusal
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -37,4 +40,20 @@ GEMM = Serving(
         "size, so a row's bits may change with the batch"
     ),
     check_device=check_device,
+)
+
+
+def _native_forward_refusal(dtype: torch.dtype, device_type: str) -> str | None:
+    """Native's probe decides for the dtypes cpp's attention hands to native's forward."""
+    if dtype in KERNEL_DTYPES:
+        return None
+    reason = platform_refusal(dtype, device_type)
+    if reason is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return f"backend 'cpp' runs native's attention forward for {name}: {reason}"
+
+
+ATTENTION = Serving(
+    backend="cpp", check_device=check_device, platform_refusal=_native_forward_refusal
 )

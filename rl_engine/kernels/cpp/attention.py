@@ -30,7 +30,8 @@ Backward: torch's SDPA backward on a recomputed forward, one sequence at a
 time in a call of its own (`sequence_backward`): accurate, and a sequence's
 gradients do not depend on the other sequences, the padding or the packing
 (tests/kernels/test_sequence_backward.py), which layout-invariant training needs. fp64 (gradcheck) and fp16 run the native forward and the shared backward
-(row-invariant as native is). The op's signature and checks are the shared ones
+(row-invariant as native is: where native's platform probe refuses the dtype, this op
+raises PlatformInvarianceError for it too, `cpp/_serving.py: ATTENTION`). The op's signature and checks are the shared ones
 (rl_engine/kernels/common/attention.py).
 """
 
@@ -50,7 +51,7 @@ from rl_engine.kernels.common.segments import (
     sequences_of,
 )
 from rl_engine.kernels.cpp._extension import current_isa, extension
-from rl_engine.kernels.cpp._serving import KERNEL_DTYPES, KERNELS
+from rl_engine.kernels.cpp._serving import ATTENTION, KERNEL_DTYPES
 from rl_engine.kernels.native.attention import attention_forward as native_attention_forward
 
 
@@ -298,4 +299,4 @@ def _backward(grad_out, q, k, v, q_positions, k_positions, scale, q_segments, k_
     return backward(grad_out, q, k, v, q_positions, k_positions, scale, q_segments, k_segments)
 
 
-attention = attention_op(_forward, KERNELS, __name__, backward=_backward)
+attention = attention_op(_forward, ATTENTION, __name__, backward=_backward)

@@ -1,10 +1,10 @@
 """What the native backend promises: every floating dtype, where this machine's probe accepts it.
 
-The GEMM ops (`linear`, `lm_head`, `linear_logp`, `moe_router`, `moe_experts`) rest on
-one platform assumption that `platform_probe.py` measures per dtype and process; a
-dtype it refuses raises PlatformInvarianceError there. The other ops are invariant by
-their formulation in every dtype (attention's fixed-shape `torch.bmm` calls are
-checked by the tests, not by the probe: docs/operators.md).
+The GEMM ops (`linear`, `lm_head`, `linear_logp`, `moe_router`, `moe_experts`) and
+`attention` (its scores and p @ v are fixed-shape `torch.bmm` calls, library GEMMs
+like the tiles') rest on one platform assumption that `platform_probe.py` measures per
+dtype and process; a dtype it refuses raises PlatformInvarianceError there. The other
+ops (`PLAIN`) call no library GEMM and are invariant by their formulation in every dtype.
 """
 
 from __future__ import annotations

@@ -28,8 +28,11 @@ Invariance: the output row of (sequence, head, position p) is bitwise the same
 whatever the batch composition, the padding (left / right / any Tk, any finite
 garbage in empty or past-the-end slots), the packing (alone or packed with other
 sequences in a row), prefill vs decode vs chunked prefill, and the intra-op
-thread count. Packed rows change the bookkeeping only: tiles and key blocks
-belong to sequences (common/segments.py), never to rows.
+thread count, for every dtype this machine's platform probe accepts (the
+fixed-shape GEMMs below rest on its assumption: platform_probe.py); a dtype it
+refuses raises PlatformInvarianceError, as the GEMM ops do. Packed rows change
+the bookkeeping only: tiles and key blocks belong to sequences
+(common/segments.py), never to rows.
 
 Algorithm
 ---------
@@ -75,7 +78,7 @@ import torch
 from rl_engine.kernels.common.attention import attention_op
 from rl_engine.kernels.common.attention import compute_dtype as _compute_dtype
 from rl_engine.kernels.common.segments import Sequences, sequence_lengths, sequences_of
-from rl_engine.kernels.native._serving import PLAIN
+from rl_engine.kernels.native._serving import GEMM
 
 # Query tile rows and key block length (positions). BLOCK_K must be a multiple
 # of BLOCK_Q, and both are part of the numerics: changing them changes the bits.
@@ -434,4 +437,6 @@ def attention_forward(
     return out.to(q.dtype)
 
 
-attention = attention_op(attention_forward, PLAIN, __name__)
+# The scores and p @ v are fixed-shape library GEMMs (torch.bmm): their bits rest on the
+# platform assumption the probe measures (a thread count changed them on an AVX-512 Xeon).
+attention = attention_op(attention_forward, GEMM, __name__)

@@ -12,11 +12,13 @@ each output row's bits depend on that row's data alone. Concretely:
   rollout engine hold the same weights at different addresses).
 
 Nobody can list every CPU this code meets, so the first native
-linear / lm_head / linear_logp / moe_router / moe_experts call with a dtype on a
-device type measures the assumption on probe tiles (two K slices: a full one and a
-narrow remainder; N = 1 and N = 333), in the production code path, and caches the
-outcome for the process. Where it fails, those ops raise PlatformInvarianceError
-for that dtype only, every time, naming the dtype and the assumption (the op's
+linear / lm_head / linear_logp / moe_router / moe_experts / attention call with a
+dtype on a device type measures the assumption on probe tiles (two K slices: a full
+one and a narrow remainder; N = 1 and N = 333), in the production code path, and
+caches the outcome for the process (attention's scores and p @ v are fixed-shape
+`torch.bmm` calls, library GEMMs resting on the same assumption, so it asks the same
+probe). Where it fails, those ops raise PlatformInvarianceError for that dtype only,
+every time, naming the dtype and the assumption (the op's
 guard asks `platform_refusal`; `require_invariant_platform` is the same check for
 callers of the tile scheme outside an op). Nothing skips it but a caller's explicit
 `get_op(..., allow_non_invariant=True)`, which gives up the guarantee: a native

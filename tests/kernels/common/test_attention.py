@@ -12,7 +12,8 @@ causal mask of a packed row (what transformers builds for it) differs from SDPA
 on the padded layout. Gradients: against a plain fp64 reference (tolerance),
 deterministic, exact zeros for padding. The shared builder (`attention_op`, common/attention.py)
 validates the inputs before the dtype gate and, without a gradient wanted, runs the same
-forward outside autograd (the same bits).
+forward outside autograd (the same bits). A case whose dtype a backend refuses on this machine
+(native's platform probe: PlatformInvarianceError) skips with the op's reason.
 """
 
 import functools
@@ -25,6 +26,11 @@ from rl_engine.kernels import NonInvariantDtypeError, get_op
 from rl_engine.kernels.common.attention import attention_op
 from rl_engine.kernels.native.attention import BLOCK_K, BLOCK_Q, attention_forward
 from tests.helpers.invariance import assert_equal_across_threads
+from tests.helpers.kernels.attention import (
+    served_dtypes,
+    skip_if_attention_refused,
+    skip_if_case_refused,
+)
 from tests.helpers.kernels.rowwise import FP32_ONLY
 from tests.helpers.triton_marks import TRITON_MARKS, dtypes_keeping
 
@@ -39,6 +45,15 @@ BACKENDS = ["cpp", "native", pytest.param("triton", marks=TRITON_SLOW)]
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _skip_refused_case(request):
+    """A case with a `backend` (fixture or parameter) skips where that backend's attention
+    refuses the case's dtype here (native's platform probe)."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and "backend" in callspec.params:
+        skip_if_case_refused(request, callspec.params["backend"])
 
 
 def _op(backend):
@@ -230,26 +245,29 @@ def test_decode_and_chunks_equal_packed_rows(dtype, backend):
 
 @pytest.mark.multiprocess
 @pytest.mark.threads
-def test_packed_thread_count_invariance():
+@pytest.mark.parametrize("cpu_backend", CPU_BACKENDS)
+def test_packed_thread_count_invariance(cpu_backend):
     code = """
     from rl_engine.kernels import get_op
     g = torch.Generator().manual_seed(0)
     result = {}
-    for backend in ("cpp", "native"):
-        attention = get_op("attention", "cpu", backend=backend)
-        for dtype in (torch.float32, torch.bfloat16):
-            lengths = [300, 1, 40, 129, 17]
-            n = sum(lengths)
-            q = torch.randn(1, 9, n, 64, generator=g).to(dtype)
-            k = torch.randn(1, 3, n, 64, generator=g).to(dtype)
-            v = torch.randn(1, 3, n, 64, generator=g).to(dtype)
-            pos = torch.cat([torch.arange(m) for m in lengths])[None]
-            seg = torch.cat([torch.full((m,), i) for i, m in enumerate(lengths)])[None]
-            result[f"{backend}-{dtype}"] = attention(
-                q, k, v, q_positions=pos, k_positions=pos, q_segments=seg, k_segments=seg
-            )
+    attention = get_op("attention", "cpu", backend="BACKEND")
+    for dtype in DTYPES_SERVED:
+        lengths = [300, 1, 40, 129, 17]
+        n = sum(lengths)
+        q = torch.randn(1, 9, n, 64, generator=g).to(dtype)
+        k = torch.randn(1, 3, n, 64, generator=g).to(dtype)
+        v = torch.randn(1, 3, n, 64, generator=g).to(dtype)
+        pos = torch.cat([torch.arange(m) for m in lengths])[None]
+        seg = torch.cat([torch.full((m,), i) for i, m in enumerate(lengths)])[None]
+        result[f"BACKEND-{dtype}"] = attention(
+            q, k, v, q_positions=pos, k_positions=pos, q_segments=seg, k_segments=seg
+        )
     """
-    assert_equal_across_threads(code)
+    served = served_dtypes(cpu_backend, DTYPES)  # a refused dtype is left out, not the backend
+    assert_equal_across_threads(
+        code.replace("BACKEND", cpu_backend).replace("DTYPES_SERVED", repr(served))
+    )
 
 
 def test_negative_control_segments_matter(backend):
@@ -320,19 +338,20 @@ def test_packed_backward_matches_reference_and_is_deterministic(dtype, tol, back
         assert not t.transpose(1, 2)[pos < 0].any()
 
 
-def test_packed_gradcheck_fp64():
-    """fp64 runs the native op on every CPU backend."""
+@pytest.mark.parametrize("cpu_backend", ["native", "cpp"])
+def test_packed_gradcheck_fp64(cpu_backend):
+    """fp64 runs the native op on every CPU backend (where native's probe accepts fp64)."""
+    skip_if_attention_refused(cpu_backend, torch.float64)
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, 7, 4, generator=g, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 2, 7, 4, generator=g, dtype=torch.float64, requires_grad=True)
     v = torch.randn(1, 2, 7, 4, generator=g, dtype=torch.float64, requires_grad=True)
     pos = torch.tensor([[0, 1, 2, 0, 1, 0, -1]])
     seg = torch.tensor([[0, 0, 0, 4, 4, 2, 0]])
-    for backend in ("native", "cpp"):
-        fn = functools.partial(
-            _op(backend), q_positions=pos, k_positions=pos, q_segments=seg, k_segments=seg
-        )
-        assert torch.autograd.gradcheck(fn, (q, k, v), fast_mode=True)
+    fn = functools.partial(
+        _op(cpu_backend), q_positions=pos, k_positions=pos, q_segments=seg, k_segments=seg
+    )
+    assert torch.autograd.gradcheck(fn, (q, k, v), fast_mode=True)
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -369,10 +388,13 @@ def _args(**over):
         ),
     ],
 )
-def test_bad_packed_inputs_raise(over, needle, backend):
+@pytest.mark.parametrize("any_backend", BACKENDS)
+def test_bad_packed_inputs_raise(over, needle, any_backend):
     args = _args(**over)
+    # the opt-in op: its argument checks run on every machine, refused dtype or not
+    opted_in = get_op("attention", "cpu", backend=any_backend, allow_non_invariant=True)
     with pytest.raises(ValueError) as err:
-        _op(backend)(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+        opted_in(args.pop("q"), args.pop("k"), args.pop("v"), **args)
     assert needle in str(err.value), str(err.value)
 
 

@@ -2,7 +2,8 @@
 
 Chain: a decode query at position p (Tq = 1) == row p of the full causal prefill, torch.equal,
 fp32 and bf16, grouped-query heads; keys past p (even nan) never reach row p; fp64 is the
-native op's forward, bit for bit. Accuracy (forward and SDPA's backward) against fp64
+native op's forward, bit for bit, and refused (PlatformInvarianceError) where native's
+platform probe refuses it, as native refuses it; fp32 / bf16 never ask the probe. Accuracy (forward and SDPA's backward) against fp64
 SDPA. Negative controls: SDPA's decode row differs from its prefill row somewhere, and a
 key at a position <= p does change row p. Prefill at an offset and packed rows, every
 backend: tests/kernels/test_prefill_at_offset.py and tests/kernels/common/test_attention.py.
@@ -12,8 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rl_engine.kernels import get_op
+from rl_engine.kernels import PlatformInvarianceError, get_op
 from rl_engine.kernels.cpp.attention import attention
+from rl_engine.kernels.native.platform_probe import platform_refusal
 
 B, HQ, HKV, T, D = 2, 4, 2, 40, 16
 
@@ -85,11 +87,30 @@ def test_forward_and_backward_are_accurate_against_float64_sdpa():
 
 
 def test_fp64_is_the_native_forward():
+    """The opt-in ops: their bits, on every machine (the strict ones: the next test)."""
     q, k, v = _qkv(torch.float64)
-    native = get_op("attention", "cpu", backend="native")
+    cpp = get_op("attention", "cpu", backend="cpp", allow_non_invariant=True)
+    native = get_op("attention", "cpu", backend="native", allow_non_invariant=True)
     assert torch.equal(
-        attention(q, k, v, q_positions=_positions()), native(q, k, v, q_positions=_positions())
+        cpp(q, k, v, q_positions=_positions()), native(q, k, v, q_positions=_positions())
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.float32, torch.bfloat16])
+def test_native_forward_dtypes_refuse_where_natives_probe_refuses(dtype):
+    """fp64 / fp16 run native's forward (fixed-shape library GEMMs): where native's probe
+    refuses the dtype here, cpp refuses it by name too, never a silent non-invariant result.
+    fp32 / bf16 are the C++ kernel's, served whatever the probe says."""
+    q, k, v = _qkv(dtype)
+    reason = None if dtype in (torch.float32, torch.bfloat16) else platform_refusal(dtype, "cpu")
+    if reason is None:
+        assert attention(q, k, v, q_positions=_positions()).dtype == dtype
+        return
+    with pytest.raises(PlatformInvarianceError) as err:
+        attention(q, k, v, q_positions=_positions())
+    message = str(err.value)
+    for named in ("'attention'", "'cpp'", str(dtype).removeprefix("torch."), reason):
+        assert named in message, message
 
 
 def test_bad_inputs_are_named():

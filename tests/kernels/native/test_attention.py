@@ -9,6 +9,9 @@ Negative control: F.scaled_dot_product_attention breaks decode == prefill here.
 Every test runs on both CPU backends (cpp, the default, and native), whose
 numerics differ from each other but hold the same chain. BLOCK_K / BLOCK_Q are
 the native tile sizes: the lengths around them are the interesting ones there.
+A case whose dtype a backend refuses on this machine (native's platform probe:
+PlatformInvarianceError, for native in any dtype, for cpp in fp64 / fp16) skips
+with the op's reason; test_refuses_where_the_platform_probe_refuses checks the refusal.
 Accuracy and gradients are checked against a plain fp64 reference (tolerance).
 """
 
@@ -18,9 +21,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rl_engine.kernels import get_op
+from rl_engine.kernels import PlatformInvarianceError, get_op
 from rl_engine.kernels.native.attention import BLOCK_K, BLOCK_Q
+from rl_engine.kernels.native.platform_probe import platform_refusal
 from tests.helpers.invariance import assert_equal_across_threads
+from tests.helpers.kernels.attention import served_dtypes, skip_if_case_refused
 
 DTYPES = [torch.float32, torch.bfloat16]
 HEADS = [(4, 2), (3, 1), (2, 2)]  # (Hq, Hkv)
@@ -34,7 +39,16 @@ BACKENDS = ["cpp", "native"]
 
 @pytest.fixture(params=BACKENDS)
 def attention(request):
+    """The backend's op; the test skips where it refuses the test's dtype here (the platform
+    probe: native in every dtype, cpp in fp64 / fp16)."""
+    skip_if_case_refused(request, request.param)
     return get_op("attention", "cpu", backend=request.param)
+
+
+@pytest.fixture(params=BACKENDS)
+def opted_in_attention(request):
+    """The backend's opt-in op: its argument checks run on every machine, refused dtype or not."""
+    return get_op("attention", "cpu", backend=request.param, allow_non_invariant=True)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -324,7 +338,7 @@ def test_thread_count_invariance(backend):
     attention = get_op("attention", "cpu", backend="BACKEND")
     g = torch.Generator().manual_seed(0)
     result = {}
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in DTYPES_SERVED:
         for hq, hkv, d, n in [(4, 2, 64, 300), (9, 3, 64, 257), (3, 1, 16, 70)]:
             q = torch.randn(2, hq, n, d, generator=g).to(dtype)
             k = torch.randn(2, hkv, n, d, generator=g).to(dtype)
@@ -336,7 +350,9 @@ def test_thread_count_invariance(backend):
             p = torch.tensor([[n - 1], [n // 2 - 1]])
             result[f"decode{hq}{dtype}"] = attention(qd, k, v, q_positions=p)
     """
-    out = assert_equal_across_threads(code.replace("BACKEND", backend))
+    served = served_dtypes(backend, DTYPES)  # a refused dtype is left out, not the backend
+    code = code.replace("BACKEND", backend).replace("DTYPES_SERVED", repr(served))
+    out = assert_equal_across_threads(code)
     for key in out:
         if key.startswith("decode"):
             pre = out[key.replace("decode", "prefill")]
@@ -363,14 +379,37 @@ def test_negative_control_sdpa_is_not_invariant(dtype):
     assert not all(same), "SDPA became prefill/decode invariant: re-check the negative control"
 
 
+# ----------------------------------------------------------------------------- platform
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_refuses_where_the_platform_probe_refuses(dtype):
+    """The scores and p @ v are fixed-shape library GEMMs (torch.bmm), resting on the platform
+    assumption native's probe measures: a dtype it refuses here raises PlatformInvarianceError
+    naming the op, the backend and the dtype (fail closed); a dtype it accepts is served."""
+    attention = get_op("attention", "cpu", backend="native")
+    q = torch.randn(1, 2, 3, 8).to(dtype)
+    call = functools.partial(attention, q, q[:, :1], q[:, :1], q_positions=torch.arange(3)[None])
+    reason = platform_refusal(dtype, "cpu")
+    if reason is None:
+        assert call().dtype == dtype
+        return
+    with pytest.raises(PlatformInvarianceError) as err:
+        call()
+    message = str(err.value)
+    for named in ("'attention'", "'native'", str(dtype).removeprefix("torch."), reason):
+        assert named in message, message
+
+
 # ----------------------------------------------------------------------------- gradients
 
 
-def test_gradcheck_fp64(attention):
+@pytest.mark.parametrize("dtype", [torch.float64])
+def test_gradcheck_fp64(dtype, attention):
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 4, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    k = torch.randn(2, 2, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    v = torch.randn(2, 2, 5, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(2, 4, 5, 4, generator=g, dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 2, 5, 4, generator=g, dtype=dtype, requires_grad=True)
+    v = torch.randn(2, 2, 5, 4, generator=g, dtype=dtype, requires_grad=True)
     left = torch.tensor([[-1, -1, 0, 1, 2], [0, 1, 2, 3, 4]])
     right = torch.tensor([[0, 1, 2, -1, -1], [0, 1, 2, 3, 4]])
     for qp, kp in ((left, left), (right, None)):
@@ -466,10 +505,10 @@ def _ok(**over):
         ),
     ],
 )
-def test_bad_inputs_raise(over, needle, attention):
+def test_bad_inputs_raise(over, needle, opted_in_attention):
     args = _ok(**over)
     with pytest.raises(ValueError) as err:
-        attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+        opted_in_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
     assert needle in str(err.value), str(err.value)
 
 
