@@ -5,7 +5,9 @@ shards) and tiny-llama-1003 (vocabulary 1003, MLP 201, one KV head replicated), 
 continuous batching (10 sequences through 3 slots, stop tokens), uneven prompts
 (packed prefills), 1 thread per rank against the test process's own threads; plus the
 negative control: the same engine with Megatron's row-parallel o_proj / down_proj
-(partial sums all-reduced) differs. TP = 4 runs tiny-mistral (8 query, 4 KV heads).
+(partial sums all-reduced) differs. The same spawn runs prompt sharing's TP = 2 case
+(tests/rollout/test_prompt_sharing.py): sharing on == TP = 1 without sharing. TP = 4 runs
+tiny-mistral (8 query, 4 KV heads).
 """
 
 from __future__ import annotations
@@ -37,14 +39,26 @@ def reference(key: str, dtype: str) -> dict:
 LOADS = (("tiny-llama", "fp32"), ("tiny-qwen2", "bf16"))  # an HF folder, a weights file
 
 
+SHARING = ("tiny-qwen3", "bf16")  # the prompt-sharing scenario (test_prompt_sharing.py)
+
+
 @pytest.fixture(scope="module")
-def tp2_runs(tmp_path_factory) -> dict:
+def tp2_world(tmp_path_factory) -> dict:
+    """Every TP = 2 run of this module in one spawn of 2 ranks."""
     loads = tuple(
         (key, dtype, tp_procs.save_weights(key, dtype, tmp_path_factory.mktemp(key)))
         for key, dtype in LOADS
     )
-    fn = functools.partial(tp_procs.generate_sharded, TP2, NEGATIVE, loads=loads)
-    return launch(fn, 2)
+    parts = {
+        "sharded": functools.partial(tp_procs.generate_sharded, TP2, NEGATIVE, loads=loads),
+        "sharing": functools.partial(tp_procs.generate_sharing_on_ranks, *SHARING),
+    }
+    return launch(functools.partial(tp_procs.run_parts, parts), 2)
+
+
+@pytest.fixture(scope="module")
+def tp2_runs(tp2_world) -> dict:
+    return tp2_world["sharded"]
 
 
 def assert_same(got: dict, want: dict) -> None:
@@ -98,6 +112,18 @@ def test_row_parallel_all_reduce_differs(tp2_runs):
     want, got = reference(*NEGATIVE), tp2_runs["row_parallel"]
     first = [a[:1] for a in got["logprobs"]], [b[:1] for b in want["logprobs"]]
     assert not all(torch.equal(a, b) for a, b in zip(*first))
+
+
+def test_tp2_shares_with_the_bits_of_tp1_without_sharing(tp2_world):
+    """Sharing on a TP = 2 engine (each rank copies its own KV heads) == TP = 1 without it."""
+    got = tp2_world["sharing"]
+    want = tp_procs.generate_sharing(*SHARING, share=False)
+    assert got["shared_prefills"] > 0 and want["shared_prefills"] == 0
+    assert got["prefill_forwards"] < want["prefill_forwards"]
+    assert got["tokens"] == want["tokens"] and got["finish"] == want["finish"]
+    assert got["batch_sizes"] == want["batch_sizes"]
+    for a, b in zip(got["logprobs"], want["logprobs"], strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.slow
