@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -32,6 +31,7 @@ from rl_engine.benchmarks.args import bench_parser
 from rl_engine.benchmarks.timing import (
     current_rss_bytes,
     interleaved_ratio,
+    peak_extra_memories,
     peak_extra_memory,
     peak_rss_bytes,
     reset_peak_rss,
@@ -169,25 +169,11 @@ def run_memory(dtypes, sizes: Block = FULL) -> list[tuple[str, int, dict[str, in
         for experts in sizes.memory_experts:
             args = (str(experts), str(sizes.train), name, spec)
             if sizes == TINY:  # a smoke run: both probes in one fresh process, invariant first
-                peaks = _peaks_in_one_process(IMPLEMENTATIONS, *args)
+                peaks = peak_extra_memories(__name__, IMPLEMENTATIONS, *args)
             else:
                 peaks = {impl: peak_extra_memory(__name__, impl, *args) for impl in IMPLEMENTATIONS}
             out.append((name, experts, peaks))
     return out
-
-
-def _peaks_in_one_process(implementations, *args: str) -> dict[str, int]:
-    """{implementation: peak extra bytes}, measured one after the other in one new process."""
-    proc = subprocess.run(
-        [sys.executable, "-m", __name__, ",".join(implementations), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"memory probes {implementations} failed:\n{proc.stderr[-2000:]}")
-    lines = proc.stdout.strip().splitlines()[-len(implementations) :]
-    return {impl: json.loads(line)["peak_extra"] for impl, line in zip(implementations, lines)}
 
 
 def render(results: list[Result], memory, sizes: Block = FULL) -> str:
