@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from rl_engine.benchmarks.args import bench_parser
 from rl_engine.benchmarks.logp_memory import materialised_logprobs
-from rl_engine.benchmarks.timing import interleaved_ratio, peak_extra_memory
+from rl_engine.benchmarks.timing import interleaved_ratio, peak_extra_memories, peak_extra_memory
 from rl_engine.kernels import get_op, kernel_facts
 
 
@@ -209,16 +209,13 @@ def run_timings(
 
 def run_memory(dtypes=("float32", "bfloat16"), s: Sizes = FULL) -> list[tuple[str, int, int]]:
     """(dtype, fused bytes, materialised bytes) at tokens x vocab."""
-    module = "rl_engine.benchmarks.logp_memory"
+    module, cases = "rl_engine.benchmarks.logp_memory", ("fused", "materialise")
     dims = (str(s.tokens), str(s.hidden), str(s.vocab))
-    return [
-        (
-            dt,
-            peak_extra_memory(module, "fused", *dims, dt),
-            peak_extra_memory(module, "materialise", *dims, dt),
-        )
-        for dt in dtypes
-    ]
+    if s == TINY:  # a smoke run: both probes in one fresh process, fused first
+        peaks = [peak_extra_memories(module, cases, *dims, dt) for dt in dtypes]
+    else:
+        peaks = [{c: peak_extra_memory(module, c, *dims, dt) for c in cases} for dt in dtypes]
+    return [(dt, p["fused"], p["materialise"]) for dt, p in zip(dtypes, peaks, strict=True)]
 
 
 def render(results: list[Result], memory: list[tuple[str, int, int]], s: Sizes = FULL) -> str:
@@ -252,7 +249,7 @@ def main(argv: list[str] | None = None) -> str:
     dtypes = (torch.float32,) if args.quick else (torch.float32, torch.bfloat16)
     sizes, reps = (TINY, 1) if args.tiny else (FULL, 3 if args.quick else 5)
     results = run_timings(dtypes, reps=reps, s=sizes)
-    memory_dtypes = dtypes[:1] if args.tiny else dtypes  # one fresh process per probe
+    memory_dtypes = dtypes[:1] if args.tiny else dtypes  # a fresh process per probe (tiny: one)
     memory = run_memory(tuple(str(d).removeprefix("torch.") for d in memory_dtypes), sizes)
     table = render(results, memory, sizes)
     print(table)

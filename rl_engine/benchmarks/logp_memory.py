@@ -3,7 +3,7 @@
 Run as `python -m rl_engine.benchmarks.logp_memory {fused|materialise} N H V DTYPE`;
 prints {"peak_extra": bytes}: the peak RSS while the op runs (VmHWM, reset just
 before it) minus the RSS just before, inputs already allocated. One case per
-fresh process.
+fresh process (a smoke run may pass "fused,materialise": a line each, in order).
 """
 
 from __future__ import annotations
@@ -26,6 +26,11 @@ def materialised_logprobs(hidden, weight, targets, temperature=1.0):
 
 
 def main(case: str, n: int, hidden_size: int, vocab: int, dtype: str) -> None:
+    for one in case.split(","):
+        _measure(one, n, hidden_size, vocab, dtype)
+
+
+def _measure(case: str, n: int, hidden_size: int, vocab: int, dtype: str) -> None:
     torch.manual_seed(0)
     dt = getattr(torch, dtype)
     hidden = torch.randn(n, hidden_size, dtype=dt)

@@ -2,7 +2,7 @@
 
 The block is transformers' Qwen3-MoE sparse block with 64 experts, top-8 and
 renormalised weights, hidden 1024, expert width 256 (`Block`; `--tiny` shrinks
-it). "plain" is the block as HF runs it here, with the experts implementation
+it, and takes both peak-memory probes in one process). "plain" is the block as HF runs it here, with the experts implementation
 transformers picks for a model on this CPU (`grouped_mm`: `torch._grouped_mm`,
 printed in the header) and, for reference, its `eager` loop; "invariant" is the
 same block with its router and experts patched (`moe_router`, `moe_experts` of
@@ -31,6 +31,7 @@ from rl_engine.benchmarks.args import bench_parser
 from rl_engine.benchmarks.timing import (
     current_rss_bytes,
     interleaved_ratio,
+    peak_extra_memories,
     peak_extra_memory,
     peak_rss_bytes,
     reset_peak_rss,
@@ -54,6 +55,7 @@ class Block:
 FULL = Block()
 # widths that are multiples of 8: HF's grouped_mm runs them in bf16 on a CPU
 TINY = Block(experts=8, top_k=2, hidden=32, width=16, train=24, decode=3, memory_experts=(8,))
+IMPLEMENTATIONS = ("invariant", "grouped_mm")  # the peak-memory probes
 
 
 def block(
@@ -165,10 +167,11 @@ def run_memory(dtypes, sizes: Block = FULL) -> list[tuple[str, int, dict[str, in
     for dtype in dtypes:
         name = str(dtype).removeprefix("torch.")
         for experts in sizes.memory_experts:
-            peaks = {
-                impl: peak_extra_memory(__name__, impl, str(experts), str(sizes.train), name, spec)
-                for impl in ("invariant", "grouped_mm")
-            }
+            args = (str(experts), str(sizes.train), name, spec)
+            if sizes == TINY:  # a smoke run: both probes in one fresh process, invariant first
+                peaks = peak_extra_memories(__name__, IMPLEMENTATIONS, *args)
+            else:
+                peaks = {impl: peak_extra_memory(__name__, impl, *args) for impl in IMPLEMENTATIONS}
             out.append((name, experts, peaks))
     return out
 
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> str:
     args = bench_parser(__doc__, quick="fp32 only, 3 repetitions").parse_args(argv)
     dtypes = (torch.float32,) if args.quick else (torch.float32, torch.bfloat16)
     sizes, reps = (TINY, 1) if args.tiny else (FULL, 3 if args.quick else 5)
-    memory_dtypes = dtypes[:1] if args.tiny else dtypes  # one fresh process per probe
+    memory_dtypes = dtypes[:1] if args.tiny else dtypes  # a fresh process per probe (tiny: one)
     table = render(run_timings(dtypes, reps, sizes), run_memory(memory_dtypes, sizes), sizes)
     print(table)
     return table
@@ -228,4 +231,7 @@ def _memory_probe(
 if __name__ == "__main__":
     given = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
     given["memory_experts"] = tuple(given.get("memory_experts", FULL.memory_experts))
-    _memory_probe(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], Block(**given))
+    for implementation in sys.argv[1].split(","):  # each prints its {"peak_extra": bytes} line
+        _memory_probe(
+            implementation, int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], Block(**given)
+        )

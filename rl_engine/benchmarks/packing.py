@@ -16,7 +16,7 @@ both alike (the median of each layout's steps is reported). A process scores the
 logprobs: an on-policy step, and a warm-up of every kernel), then times
 `train_step`s. Reported: the median step time (`time/train_compute` of a job)
 and the peak RSS above the process's RSS before its first step. `--tiny`: 6 short
-sequences on a 1-layer model of a tiny config, one process per layout.
+sequences on a 1-layer model of a tiny config, both layouts in one process.
 """
 
 from __future__ import annotations
@@ -181,22 +181,31 @@ def serve(packed: bool, case: Case, steps: int, threads: int) -> None:
     print(REPLY + json.dumps(reply), flush=True)
 
 
-def _run(packed: bool, case: Case, steps: int, threads: int) -> dict:
+def _run(layouts: tuple[str, ...], case: Case, steps: int, threads: int) -> list[dict]:
+    """One child process serving `layouts` one after the other: a reply each, in order."""
     env = child_env()
     spec = json.dumps(dataclasses.asdict(case))
-    args = [sys.executable, "-m", __name__, str(int(packed)), spec, str(steps), str(threads)]
+    packed = ",".join(str(int(name == "packed")) for name in layouts)
+    args = [sys.executable, "-m", __name__, packed, spec, str(steps), str(threads)]
     proc = subprocess.run(args, capture_output=True, text=True, env=env, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith(REPLY):
-            return json.loads(line.removeprefix(REPLY))
-    raise RuntimeError(f"packing benchmark child {args[3:]} failed:\n{proc.stderr[-3000:]}")
+    replies = [
+        json.loads(line.removeprefix(REPLY))
+        for line in proc.stdout.splitlines()
+        if line.startswith(REPLY)
+    ]
+    if proc.returncode != 0 or len(replies) != len(layouts):
+        raise RuntimeError(f"packing benchmark child {args[3:]} failed:\n{proc.stderr[-3000:]}")
+    return replies
 
 
 def run(case: Case, threads: int, steps: int = 1) -> dict[str, dict]:
-    """{layout: {"seconds" (median), "peak" (bytes), "parity" (min)}} over the case's processes."""
+    """{layout: {"seconds" (median), "peak" (bytes), "parity" (min)}} over the case's processes
+    (a process per layout; `--tiny`, whose figures mean nothing: one for all)."""
     runs = {"padded": [], "packed": []}
-    for name in case.order:
-        runs[name].append(_run(name == "packed", case, steps, threads))
+    groups = [case.order] if case == TINY else [(name,) for name in case.order]
+    for layouts in groups:
+        for name, reply in zip(layouts, _run(layouts, case, steps, threads), strict=True):
+            runs[name].append(reply)
     return {
         name: {
             "seconds": statistics.median(s for r in rs for s in r["seconds"]),
@@ -261,4 +270,5 @@ def main(argv: list[str] | None = None) -> str:
 if __name__ == "__main__":
     spec = json.loads(sys.argv[2])
     spec.update(shape=tuple(spec["shape"]), order=tuple(spec["order"]))
-    serve(sys.argv[1] == "1", Case(**spec), int(sys.argv[3]), int(sys.argv[4]))
+    for packed in sys.argv[1].split(","):  # "1,0": packed, then padded, in this one process
+        serve(packed == "1", Case(**spec), int(sys.argv[3]), int(sys.argv[4]))

@@ -86,3 +86,17 @@ def peak_extra_memory(module: str, case: str, *args: str) -> int:
     if proc.returncode != 0:
         raise RuntimeError(f"memory probe {case} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["peak_extra"]
+
+
+def peak_extra_memories(module: str, cases: tuple[str, ...], *args: str) -> dict[str, int]:
+    """Run `python -m <module> <case,case,...> ...` in ONE fresh process; it measures the cases
+    in order, printing a {"peak_extra": bytes} line each. For smoke runs (`--tiny`) only: memory
+    an earlier case freed but the allocator kept can lower a later case's figure."""
+    joined = ",".join(cases)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, joined, *args], capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory probes {joined} failed:\n{proc.stderr[-2000:]}")
+    lines = proc.stdout.strip().splitlines()[-len(cases) :]
+    return {case: json.loads(line)["peak_extra"] for case, line in zip(cases, lines, strict=True)}

@@ -10,7 +10,8 @@ figure is the median of each. The rollout logprobs are the worker's own
 
 Also: peak memory of the logprob path alone (forward + backward), fused
 `linear_logp` vs. materialised logits + log_softmax, on the same 1024 tokens.
-`--tiny`: tiny-llama, 4 x 12 tokens, fp32, ZeRO-0 only, one timed step.
+`--tiny`: tiny-llama, 4 x 12 tokens, fp32, ZeRO-0 only, one timed step, both logprob
+probes in one process.
 """
 
 from __future__ import annotations
@@ -163,6 +164,11 @@ def interleaved_case(zero_stage: int, dtype: str, steps: int, case: Case = FULL)
 
 def logp_memory_case(fused: bool, dtype: str, case: Case = FULL) -> dict:
     """Peak extra memory of scoring the batch's tokens with forward + backward through the LM head only."""
+    return {"peak_extra": _logp_peaks((fused,), dtype, case)[fused]}
+
+
+def _logp_peaks(variants, dtype: str, case: Case) -> dict[bool, int]:
+    """{fused: peak extra bytes} of each variant, one after the other in this process."""
     from rl_engine.benchmarks.timing import current_rss_bytes, peak_rss_bytes, reset_peak_rss
     from rl_engine.kernels import get_op
     from rl_engine.models import load_model
@@ -170,17 +176,31 @@ def logp_memory_case(fused: bool, dtype: str, case: Case = FULL) -> dict:
     model, _ = load_model(case.model, dtype=getattr(torch, dtype))
     weight = model.lm_head.weight
     tokens = case.seqs * case.seq_len
-    hidden = torch.randn(tokens, weight.shape[1], dtype=weight.dtype, requires_grad=True)
-    targets = torch.randint(0, weight.shape[0], (tokens,))
-    reset_peak_rss()
-    before = current_rss_bytes()
-    if fused:
-        logp = get_op("linear_logp", "cpu")(hidden, weight, targets)
-    else:
-        logits = torch.nn.functional.linear(hidden, weight).float()
-        logp = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
-    logp.sum().backward()
-    return {"peak_extra": peak_rss_bytes() - before}
+    peaks = {}
+    for fused in variants:
+        hidden = torch.randn(tokens, weight.shape[1], dtype=weight.dtype, requires_grad=True)
+        targets = torch.randint(0, weight.shape[0], (tokens,))
+        reset_peak_rss()
+        before = current_rss_bytes()
+        if fused:
+            logp = get_op("linear_logp", "cpu")(hidden, weight, targets)
+        else:
+            logits = torch.nn.functional.linear(hidden, weight).float()
+            logp = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+        logp.sum().backward()
+        peaks[fused] = peak_rss_bytes() - before
+    return peaks
+
+
+def logp_memory_pair(dtype: str, case: Case, *, one_process: bool) -> tuple[int, int]:
+    """(fused, materialised) peak extra bytes: each in a fresh process, or (`--tiny`, whose
+    figures mean nothing) both in one, fused first."""
+    spec = json.dumps(dataclasses.asdict(case))
+    if one_process:
+        peaks = _subprocess("logp", "both", dtype, spec)
+        return peaks["fused"], peaks["materialised"]
+    fused, plain = (_subprocess("logp", flag, dtype, spec)["peak_extra"] for flag in ("1", "0"))
+    return fused, plain
 
 
 def _subprocess(*args: str) -> dict:
@@ -204,15 +224,8 @@ def run(case: Case, dtypes, stages, steps: int) -> tuple[list[tuple], list[tuple
     steps_table = []
     for dtype, zero in tqdm([(d, z) for d in dtypes for z in stages], desc="train-step"):
         steps_table.append((dtype, zero, interleaved_case(zero, dtype, steps, case)))
-    spec = json.dumps(dataclasses.asdict(case))
-    memory = [
-        (
-            d,
-            _subprocess("logp", "1", d, spec)["peak_extra"],
-            _subprocess("logp", "0", d, spec)["peak_extra"],
-        )
-        for d in dtypes
-    ]
+    one_process = case == TINY
+    memory = [(d, *logp_memory_pair(d, case, one_process=one_process)) for d in dtypes]
     return steps_table, memory
 
 
@@ -259,5 +272,8 @@ if __name__ == "__main__":
     kind, spec = sys.argv[1], json.loads(sys.argv[-1])
     if kind == "serve":
         serve_steps(int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4], Case(**spec))
+    elif sys.argv[2] == "both":
+        peaks = _logp_peaks((True, False), sys.argv[3], Case(**spec))
+        print(json.dumps({"fused": peaks[True], "materialised": peaks[False]}))
     else:
         print(json.dumps(logp_memory_case(sys.argv[2] == "1", sys.argv[3], Case(**spec))))

@@ -162,9 +162,12 @@ def test_token_logprobs_never_calls_the_lm_head_module():
 
 
 # A 1-layer Llama whose (B, T, V) logits dwarf everything else it allocates: 4 x 1025 tokens
-# x 32768 words of fp32 logits are 537 MB, its weights and activations a few MB.
+# x 32768 words of fp32 logits are 537 MB, its weights and activations a few MB. One fresh
+# process measures token_logprobs first (nothing large was ever allocated before it), then the
+# plain forward: memory the allocator kept from the first could only lower the second's peak,
+# so the negative control cannot pass by it.
 _PEAK_MEMORY_PROBE = """
-import json, sys, torch
+import json, torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 from rl_engine.benchmarks.timing import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 from rl_engine.logprobs import token_logprobs
@@ -175,25 +178,30 @@ config = LlamaConfig(vocab_size=32768, hidden_size=64, intermediate_size=128,
 model = AutoModelForCausalLM.from_config(config).eval()
 apply_batch_invariant(model)
 ids = torch.randint(0, 32768, (4, 1025))
+peaks = {}
 with torch.no_grad():
     token_logprobs(model, ids[:, :16])  # first-call allocations are not the op's peak
-    reset_peak_rss()
-    before = current_rss_bytes()
-    token_logprobs(model, ids) if sys.argv[1] == "token_logprobs" else model(ids).logits
-    print(json.dumps({"peak_extra": peak_rss_bytes() - before}))
+    for case, call in [("token_logprobs", lambda: token_logprobs(model, ids)),
+                       ("forward", lambda: model(ids).logits)]:
+        reset_peak_rss()
+        before = current_rss_bytes()
+        call()
+        peaks[case] = peak_rss_bytes() - before
+print(json.dumps(peaks))
 """
 
 
-def _peak_extra_bytes(case: str) -> int:
+def _peak_extra_bytes() -> dict[str, int]:
+    """{"token_logprobs": bytes, "forward": bytes}: each call's peak RSS above the RSS before it."""
     import json
     import subprocess
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-c", _PEAK_MEMORY_PROBE, case], capture_output=True, text=True
+        [sys.executable, "-c", _PEAK_MEMORY_PROBE], capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_extra"]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.multiprocess
@@ -201,12 +209,12 @@ def test_token_logprobs_never_materialises_full_logits():
     """Peak RSS while scoring stays far below the (B, T-1, V) fp32 logits; the plain forward,
     which does materialise them (the negative control), reaches at least their size.
 
-    Measured in a fresh process (VmHWM reset just before the call), so any tensor of that size,
+    Measured in a fresh process (VmHWM reset just before each call), so any tensor of that size,
     whatever op allocates it, shows up."""
     full_logits = 4 * 1024 * 32768 * 4
-    plain = _peak_extra_bytes("forward")
+    peaks = _peak_extra_bytes()
+    plain, fused = peaks["forward"], peaks["token_logprobs"]
     assert plain >= full_logits, f"the probe missed the plain forward's logits: {plain} bytes"
-    fused = _peak_extra_bytes("token_logprobs")
     assert fused < full_logits // 2, f"token_logprobs peaked at {fused} extra bytes"
 
 

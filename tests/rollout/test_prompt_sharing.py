@@ -8,13 +8,12 @@ of 7 prompts of mixed lengths, two of them repeated across groups, 28 requests t
 slots (admissions mid-run, some copying a live slot's prompt rows), stop tokens ending
 completions early (an EOS id among them: one path, `SamplingParams.stops_on`). Four dense families and one MoE, fp32 and bf16 (tiny-llama fp32
 in `make test`, the rest exhaustive); 1 and 2 threads; TP = 2 (each rank copies its own KV
-heads) against TP = 1 without sharing. Negative control: an unpatched fp32 model, whose
+heads) against TP = 1 without sharing (run in tests/rollout/tp/test_launch.py's spawn of 2
+ranks). Negative control: an unpatched fp32 model, whose
 prefill depends on its batch, gives other bits when it shares.
 """
 
 from __future__ import annotations
-
-import functools
 
 import pytest
 import torch
@@ -24,7 +23,6 @@ from rl_engine.rollout import RolloutEngine, SamplingParams
 from rl_engine.rollout.completion import Request
 from rl_engine.rollout.prompt_sharing import PromptSharing
 from tests.helpers.invariance import run_with_threads
-from tests.helpers.rollout import tp_procs
 from tests.helpers.rollout.common import (
     DENSE_FAMILIES,
     SHARING_SLOTS,
@@ -120,24 +118,8 @@ def test_sharing_on_equals_off_at_one_and_two_threads(name):
 # ------------------------------------------------------------------------------ TP = 2
 
 
-@functools.cache
-def _tp1_without_sharing(key: str, dtype: str) -> dict:
-    return tp_procs.generate_sharing(key, dtype, share=False)
-
-
-@pytest.mark.multiprocess
-def test_tp2_shares_with_the_bits_of_tp1_without_sharing():
-    from rl_engine.rollout.tp import launch
-
-    scenario = ("tiny-qwen3", "bf16")
-    got = launch(functools.partial(tp_procs.generate_sharing_on_ranks, *scenario), 2)
-    want = _tp1_without_sharing(*scenario)
-    assert got["shared_prefills"] > 0 and want["shared_prefills"] == 0
-    assert got["prefill_forwards"] < want["prefill_forwards"]
-    assert got["tokens"] == want["tokens"] and got["finish"] == want["finish"]
-    assert got["batch_sizes"] == want["batch_sizes"]
-    for a, b in zip(got["logprobs"], want["logprobs"], strict=True):
-        assert torch.equal(a, b)
+# tests/rollout/tp/test_launch.py::test_tp2_shares_with_the_bits_of_tp1_without_sharing: the
+# TP = 2 case runs in that module's one spawn of 2 ranks.
 
 
 # ------------------------------------------------------------------------------ the parts

@@ -152,6 +152,12 @@ def load_and_generate(key: str, dtype: str, path: str) -> dict:
     return result
 
 
+def run_parts(parts: dict, rank: int, world: int) -> dict:
+    """Several scenarios in one TP world, one after another: {name: part(rank, world)}. One
+    spawn of ranks (each an interpreter importing torch) serves the tests of a module."""
+    return {name: part(rank, world) for name, part in parts.items()}
+
+
 def generate_sharded(
     scenarios, row_parallel: tuple[str, str] | None, rank: int, world: int, loads=()
 ):

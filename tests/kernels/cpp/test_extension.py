@@ -11,6 +11,8 @@ equalities (F.linear, F.silu), and the bf16 paths do differ on subnormals,
 which is why the bf16 dot flavour is a parity fact.
 """
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -36,42 +38,66 @@ def isa_path(request, monkeypatch):
 
 # ----------------------------------------------------------------------------- one process
 
+THREAD_COUNTS = (1, 2, 4)
+
+# `ops()` per thread count in one process: the kernels read torch's thread count on every call
+# (at::get_num_threads() sizes their at::parallel_for splits and scratch), so
+# torch.set_num_threads between calls changes how they split the work, as a new process would.
 OPS_CODE = """
 import os
 from rl_engine.kernels import get_op
 linear, lm_head = get_op("linear", "cpu"), get_op("lm_head", "cpu")
 silu, attention = get_op("silu", "cpu"), get_op("attention", "cpu")
-g = torch.Generator().manual_seed(0)
+
+
+def ops():
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(300, 1100, generator=g).to(dtype)
+        w = (torch.randn(530, 1100, generator=g) / 33).to(dtype)
+        out[f"linear{dtype}"] = linear(x, w)
+        out[f"lm_head{dtype}"] = lm_head(x[:37], w)
+        out[f"silu{dtype}"] = silu(torch.randn(333, 1001, generator=g).to(dtype) * 4)
+        q = torch.randn(2, 6, 150, 40, generator=g).to(dtype)
+        k, v = (torch.randn(2, 2, 150, 40, generator=g).to(dtype) for _ in range(2))
+        positions = torch.arange(150).expand(2, 150)
+        out[f"attention{dtype}"] = attention(q, k, v, q_positions=positions)
+        decode_pos = torch.tensor([[149], [70]])  # one query block per sequence: keys packed per task
+        qd = torch.stack([q[0, :, 149:], q[1, :, 70:71]])
+        out[f"attention_decode{dtype}"] = attention(qd, k, v, q_positions=decode_pos)
+    return out
+
+
 result = {}
-for dtype in (torch.float32, torch.bfloat16):
-    x = torch.randn(300, 1100, generator=g).to(dtype)
-    w = (torch.randn(530, 1100, generator=g) / 33).to(dtype)
-    result[f"linear{dtype}"] = linear(x, w)
-    result[f"lm_head{dtype}"] = lm_head(x[:37], w)
-    result[f"silu{dtype}"] = silu(torch.randn(333, 1001, generator=g).to(dtype) * 4)
-    q = torch.randn(2, 6, 150, 40, generator=g).to(dtype)
-    k, v = (torch.randn(2, 2, 150, 40, generator=g).to(dtype) for _ in range(2))
-    result[f"attention{dtype}"] = attention(q, k, v, q_positions=torch.arange(150).expand(2, 150))
-    decode_pos = torch.tensor([[149], [70]])  # one query block per sequence: keys packed per task
-    qd = torch.stack([q[0, :, 149:], q[1, :, 70:71]])
-    result[f"attention_decode{dtype}"] = attention(qd, k, v, q_positions=decode_pos)
+for threads in THREADS:
+    torch.set_num_threads(threads)
+    assert torch.get_num_threads() == threads
+    result[threads] = ops()
 """
 
 
-def _ops_on(isa: str | None, threads: int) -> dict:
+def _ops_on(isa: str | None, threads: tuple[int, ...]) -> dict[int, dict]:
+    """{thread count: {op and dtype: output}} of one new process on path `isa` (None: default)."""
     env = "" if isa is None else f"os.environ['{cpp_extension.ISA_ENV}'] = '{isa}'\n"
-    return run_with_threads("import os\n" + env + OPS_CODE, threads, fresh=True)
+    code = f"import os\n{env}THREADS = {threads!r}\n{OPS_CODE}"
+    return run_with_threads(code, threads[0], fresh=True)
+
+
+@functools.cache
+def _default_path_one_thread() -> dict:
+    return _ops_on(None, (1,))[1]
 
 
 @pytest.mark.multiprocess
 @pytest.mark.threads
 @pytest.mark.parametrize("isa", ISAS)
 def test_every_isa_path_and_thread_count_gives_the_same_bits(isa):
-    """Subprocesses: path `isa` with 1, 2 and 4 threads == the default path with 1 thread."""
+    """A new process on path `isa` (the ISA is read at import) runs the ops with 1, 2 and 4
+    threads; each == the default path with 1 thread (one process, shared by the paths)."""
     _supported(isa)
-    reference = _ops_on(None, 1)
-    for threads in (1, 2, 4):
-        got = _ops_on(isa, threads)
+    reference = _default_path_one_thread()
+    for threads, got in _ops_on(isa, THREAD_COUNTS).items():
         for key, value in reference.items():
             assert torch.equal(got[key], value), f"{key}: {isa} with {threads} threads differs"
 
