@@ -42,7 +42,7 @@ def smollm2():
     return load_model(SMOLLM2_NAME)
 
 
-RAY_FIXTURES = {"job_ray", "module_job_ray"}
+RAY_FIXTURES = {"job_ray", "module_job_ray", "shared_ray_address"}
 
 
 @pytest.fixture
@@ -63,11 +63,10 @@ def module_job_ray():
 
 @pytest.fixture
 def shared_ray_address() -> str:
-    """The shared cluster's address, for a job in another process (the CLI) to join; this
-    process stays disconnected."""
-    from tests.helpers.job.jobs import shared_cluster
+    """`job_ray`'s cluster address, for a job in another process (the CLI) to join."""
+    from tests.helpers.job.jobs import shared_ray
 
-    return shared_cluster().address
+    return shared_ray()
 
 
 @pytest.fixture(autouse=True)

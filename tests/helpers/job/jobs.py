@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import shutil
@@ -13,7 +12,6 @@ from pathlib import Path
 
 import ray
 import yaml
-from ray.cluster_utils import Cluster
 
 from rl_engine.config import RunConfig
 from rl_engine.executors.job import job_checkpoints as ckpt
@@ -25,36 +23,26 @@ REPO = Path(__file__).resolve().parents[3]
 
 SHARED_RAY_CPUS = 6  # the largest job that shares it: PPO's 2 policy + 2 critic ranks + 1 engine
 
-_shared_cluster: Cluster | None = None
 
-
-def shared_cluster() -> Cluster:
-    """One local Ray cluster per pytest process, started by the first test that asks for it and
-    kept until the process exits: a cluster's start is 5-9 s of CPU, a driver's connection to a
-    running one 0.3 s (docs/testing.md). Its processes are not the driver's, so the tests that
-    disconnect (tests/conftest.py: `_ray_only_where_asked`) leave it running."""
-    global _shared_cluster
-    if _shared_cluster is None:
-        _shared_cluster = Cluster(
-            initialize_head=True,
-            head_node_args={"num_cpus": SHARED_RAY_CPUS, "include_dashboard": False},
-        )
-        atexit.register(_stop_shared_cluster)
-    return _shared_cluster
-
-
-def _stop_shared_cluster() -> None:
-    ray.shutdown()  # Ray refuses to remove the node its driver is connected to
-    _shared_cluster.shutdown()
-
-
-def shared_ray() -> None:
-    """The `job_ray` fixture's body: this pytest process joins its shared cluster. A job that
-    finds Ray initialized joins it too and never shuts it down (`cluster.connect`); the job's
-    actors end with the driver's connection (`ray.shutdown`), the cluster stays."""
+def shared_ray() -> str:
+    """The `job_ray` fixture's body: one local Ray cluster per pytest process, started by the
+    first job test that asks for it and kept for the next one (a cluster's start is 5-9 s of
+    CPU, more than a tiny job's steps); returns its address, for a job in another process (the
+    CLI) to join. A job that finds Ray initialized joins it and never shuts it down
+    (`cluster.connect`). tests/conftest.py shuts it down before any test that did not ask for
+    it, so every other test sees Ray as before: not initialized. (A cluster that outlives the
+    driver's connection, `ray.cluster_utils.Cluster`, was tried: after a reconnect in the same
+    process Ray 2.60 cancelled the next job's actor creations, "all references to the actor
+    were removed".)"""
     if not ray.is_initialized():
         os.environ.pop("RAY_ADDRESS", None)
-        ray.init(address=shared_cluster().address, log_to_driver=False)
+        ray.init(
+            address="local",
+            num_cpus=SHARED_RAY_CPUS,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    return ray.get_runtime_context().gcs_address
 
 
 def job_config(run_dir: Path, *, steps: int = 3, **sections) -> RunConfig:
