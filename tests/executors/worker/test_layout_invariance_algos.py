@@ -3,19 +3,15 @@ real DeepSpeed ranks (gloo): one rank ZeRO-0 with one packed micro-batch of 8 an
 ranks with padded micro-batches of 2 end every step with the same weights and AdamW moments,
 bit for bit, and write the same metrics (all but time/*). Negative control: the same pair
 with the flag off differs. The per-sequence reduction itself: tests/exact/test_float_sums.py.
+The selected tests' runs share one launch per world size (the `runs` fixture).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.helpers.worker.layout_runs import (
-    PACKED_ONE,
-    PADDED_TWO,
-    run_layout,
-    same_metrics,
-    same_state,
-)
+from tests.helpers.worker.launch import selected_runs
+from tests.helpers.worker.layout_runs import layout_pair, run_layouts, same_metrics, same_state
 
 GSPO = {"ratio_level": "sequence", "loss_aggregation": "seq-mean-token-mean"}
 # step 1 is on-policy (every ratio exactly 1); from step 2 on the trainer has moved off the
@@ -30,15 +26,43 @@ ACTS = {  # mode -> the metric that shows it did something
 }
 
 
-def _pair(tmp_path, completions, *, invariant=True, **extra):
-    return [
-        run_layout(tmp_path, completions, layout, "bfloat16", invariant=invariant, **extra)
-        for layout in (PACKED_ONE, PADDED_TWO)
-    ]
+def _correction(mode: str, **algorithm) -> dict:
+    return {**algorithm, "rollout_correction": mode, "correction_threshold": THRESHOLD}
 
 
-def test_gspo_takes_the_same_steps_in_two_layouts(tmp_path, completions):
-    one, two = _pair(tmp_path, completions, algorithm=GSPO)
+# each test's runs, each a pair of layouts (PACKED_ONE, PADDED_TWO); the module's selected
+# tests' runs share one launch per world size (the `runs` fixture)
+RUNS = {
+    "test_gspo_takes_the_same_steps_in_two_layouts": layout_pair("gspo", algorithm=GSPO),
+    **{
+        f"test_each_rollout_correction_takes_the_same_steps_in_two_layouts[{mode}]": layout_pair(
+            mode, algorithm=_correction(mode)
+        )
+        for mode in ACTS
+    },
+    "test_a_sequence_mask_correction_under_gspo_takes_the_same_steps": layout_pair(
+        "gspo_sequence_mask", algorithm=_correction("sequence_mask", **GSPO)
+    ),
+    "test_negative_control_gspo_with_a_correction_differs_with_the_flag_off": layout_pair(
+        "plain_gspo_token_truncate",
+        invariant=False,
+        algorithm=_correction("token_truncate", **GSPO),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory, completions) -> dict:
+    out_dir = tmp_path_factory.mktemp("algos")
+    return run_layouts(out_dir, completions, selected_runs(request, RUNS))
+
+
+def _pair(runs: dict, name: str) -> tuple[dict, dict]:
+    return runs[f"{name}/one"], runs[f"{name}/two"]
+
+
+def test_gspo_takes_the_same_steps_in_two_layouts(runs):
+    one, two = _pair(runs, "gspo")
     assert same_state(one["state"], two["state"]) == []
     assert same_metrics(one["metrics"], two["metrics"]) == []
     assert int(one["state"]["step"]) == 3
@@ -46,33 +70,23 @@ def test_gspo_takes_the_same_steps_in_two_layouts(tmp_path, completions):
 
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("mode", sorted(ACTS))
-def test_each_rollout_correction_takes_the_same_steps_in_two_layouts(
-    tmp_path,
-    completions,
-    mode,
-):
-    algorithm = {"rollout_correction": mode, "correction_threshold": THRESHOLD}
-    one, two = _pair(tmp_path, completions, algorithm=algorithm)
+def test_each_rollout_correction_takes_the_same_steps_in_two_layouts(runs, mode):
+    one, two = _pair(runs, mode)
     assert same_state(one["state"], two["state"]) == []
     assert same_metrics(one["metrics"], two["metrics"]) == []
     _assert_acts(one["metrics"], mode)
 
 
 @pytest.mark.exhaustive  # make test: GSPO alone (above)
-def test_a_sequence_mask_correction_under_gspo_takes_the_same_steps(tmp_path, completions):
-    algorithm = {**GSPO, "rollout_correction": "sequence_mask", "correction_threshold": THRESHOLD}
-    one, two = _pair(tmp_path, completions, algorithm=algorithm)
+def test_a_sequence_mask_correction_under_gspo_takes_the_same_steps(runs):
+    one, two = _pair(runs, "gspo_sequence_mask")
     assert same_state(one["state"], two["state"]) == []
     assert same_metrics(one["metrics"], two["metrics"]) == []
     _assert_acts(one["metrics"], "sequence_mask")
 
 
-def test_negative_control_gspo_with_a_correction_differs_with_the_flag_off(
-    tmp_path,
-    completions,
-):
-    algorithm = {**GSPO, "rollout_correction": "token_truncate", "correction_threshold": THRESHOLD}
-    one, two = _pair(tmp_path, completions, invariant=False, algorithm=algorithm)
+def test_negative_control_gspo_with_a_correction_differs_with_the_flag_off(runs):
+    one, two = _pair(runs, "plain_gspo_token_truncate")
     assert same_state(one["state"], two["state"]) != []
 
 

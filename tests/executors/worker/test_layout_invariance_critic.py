@@ -3,6 +3,7 @@ differ only in layout keys (critic.num_ranks, critic.zero_stage, micro-batch siz
 score the same values for GAE, end every step with the same weights and AdamW moments, bit
 for bit, and report the same critic/* metrics; a critic state saved on one layout resumes on
 another and continues exactly. Negative control: the same layouts with the flag off differ.
+The layout pair and its control share one launch per world size (the `runs` fixture).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from tests.helpers.worker.cell import cached_completions
-from tests.helpers.worker.launch import run_ranks
+from tests.helpers.worker.launch import run_ranks, run_worlds, selected_runs
 
 JOB = "tests.helpers.worker.critic_layout_job"
 # (critic ranks, critic ZeRO stage, trainer keys: the critic's micro-batching is the trainer's)
@@ -26,11 +27,9 @@ def completions(tmp_path_factory):
     return str(path)
 
 
-def _run(tmp_path, completions, layout, *, invariant=True, steps=3, tag="", **extra) -> dict:
+def _spec(completions, layout, *, invariant=True, steps=3, **extra) -> tuple[int, dict]:
     world, stage, trainer = layout
-    out = tmp_path / f"w{world}_z{stage}_{invariant}_{tag}_{len(list(tmp_path.iterdir()))}"
     spec = {
-        "job": JOB,
         "dtype": "bfloat16",
         "model": "tiny-qwen3",
         "steps": steps,
@@ -39,9 +38,34 @@ def _run(tmp_path, completions, layout, *, invariant=True, steps=3, tag="", **ex
         "trainer": {**trainer, "layout_invariant": invariant},
         **extra,
     }
-    results, error = run_ranks(spec, world, out, timeout=600)
+    return world, spec
+
+
+def _run(tmp_path, completions, layout, *, invariant=True, steps=3, tag="", **extra) -> dict:
+    """One run in its own launch (the resume tests: a run restores another's saved state)."""
+    world, spec = _spec(completions, layout, invariant=invariant, steps=steps, **extra)
+    out = tmp_path / f"w{world}_z{layout[1]}_{invariant}_{tag}_{len(list(tmp_path.iterdir()))}"
+    results, error = run_ranks({"job": JOB, **spec}, world, out, timeout=600)
     assert error is None, error
     return results[0]["critic_layout_job"]
+
+
+# each test's runs; the selected tests' runs share one launch per world size (`runs`)
+RUNS = {
+    "test_two_critic_layouts_take_the_same_steps_and_score_the_same_values": {
+        "one": (PACKED_ONE, {}),
+        "two": (PADDED_TWO, {}),
+        "plain/one": (PACKED_ONE, {"invariant": False}),
+        "plain/two": (PADDED_TWO, {"invariant": False}),
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory, completions) -> dict:
+    wanted = selected_runs(request, RUNS)
+    specs = {name: _spec(completions, layout, **kw) for name, (layout, kw) in wanted.items()}
+    return run_worlds(JOB, specs, tmp_path_factory.mktemp("critic"))
 
 
 def _differing_state(a: dict, b: dict) -> list[str]:
@@ -49,9 +73,8 @@ def _differing_state(a: dict, b: dict) -> list[str]:
     return [key for key in a if not torch.equal(a[key], b[key])]
 
 
-def test_two_critic_layouts_take_the_same_steps_and_score_the_same_values(tmp_path, completions):
-    one = _run(tmp_path, completions, PACKED_ONE)
-    two = _run(tmp_path, completions, PADDED_TWO)
+def test_two_critic_layouts_take_the_same_steps_and_score_the_same_values(runs):
+    one, two = runs["one"], runs["two"]
     assert _differing_state(one["state"], two["state"]) == []
     assert one["metrics"] == two["metrics"]  # critic/value_loss, clip_fraction, updates, skips
     assert all(torch.equal(a, b) for a, b in zip(one["values"], two["values"], strict=True))
@@ -61,9 +84,7 @@ def test_two_critic_layouts_take_the_same_steps_and_score_the_same_values(tmp_pa
     assert int(one["state"]["step"]) == 3
 
     # negative control: the plain update's sums follow the layout
-    plain = [
-        _run(tmp_path, completions, layout, invariant=False) for layout in (PACKED_ONE, PADDED_TWO)
-    ]
+    plain = [runs["plain/one"], runs["plain/two"]]
     assert _differing_state(plain[0]["state"], plain[1]["state"]) != []
 
 

@@ -3,7 +3,8 @@
 the same adapters and AdamW moments, bit for bit, and write the same metrics; the layout-free
 state holds the adapters alone, a checkpoint saved on one layout resumes on the other and
 continues exactly, and one resumed onto another base is refused (its content hash). Negative
-control: the same layouts with the flag off differ.
+control: the same layouts with the flag off differ. The selected tests' runs share one launch
+per world size (the `runs` fixture).
 """
 
 from __future__ import annotations
@@ -13,15 +14,34 @@ import pytest
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker
 from rl_engine.patching.lora import is_adapter_name
 from tests.helpers.worker.cell import cached_completions, cell_config, to_batch
+from tests.helpers.worker.launch import selected_runs
 from tests.helpers.worker.layout_runs import (
     PACKED_ONE,
     PADDED_TWO,
+    layout_pair,
     run_layout,
+    run_layouts,
     same_metrics,
     same_state,
 )
 
 LORA = {"rank": 4, "alpha": 8, "target_modules": "all-linear"}
+# each test's runs; the selected tests' runs share one launch per world size (`runs`)
+RUNS = {
+    **{
+        f"test_two_layouts_take_the_same_lora_steps[{dtype}]": layout_pair(dtype, dtype, lora=LORA)
+        for dtype in ("float32", "bfloat16")
+    },
+    "test_negative_control_the_plain_lora_update_differs_between_layouts": layout_pair(
+        "plain", "float32", lora=LORA, invariant=False
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory, completions) -> dict:
+    out_dir = tmp_path_factory.mktemp("lora")
+    return run_layouts(out_dir, completions, selected_runs(request, RUNS))
 
 
 def _lora_run(tmp_path, completions, layout, dtype, **extra):
@@ -39,9 +59,8 @@ def _check_adapters_trained(state: dict) -> None:
 @pytest.mark.parametrize(
     "dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.exhaustive)]
 )
-def test_two_layouts_take_the_same_lora_steps(tmp_path, completions, dtype):
-    one = _lora_run(tmp_path, completions, PACKED_ONE, dtype)
-    two = _lora_run(tmp_path, completions, PADDED_TWO, dtype)
+def test_two_layouts_take_the_same_lora_steps(runs, dtype):
+    one, two = runs[f"{dtype}/one"], runs[f"{dtype}/two"]
     _check_adapters_trained(one["state"])
     assert same_state(one["state"], two["state"]) == []
     assert same_metrics(one["metrics"], two["metrics"]) == []
@@ -49,9 +68,8 @@ def test_two_layouts_take_the_same_lora_steps(tmp_path, completions, dtype):
 
 
 @pytest.mark.exhaustive  # make test: the policy's negative control (test_layout_invariance.py)
-def test_negative_control_the_plain_lora_update_differs_between_layouts(tmp_path, completions):
-    one = _lora_run(tmp_path, completions, PACKED_ONE, "float32", invariant=False)
-    two = _lora_run(tmp_path, completions, PADDED_TWO, "float32", invariant=False)
+def test_negative_control_the_plain_lora_update_differs_between_layouts(runs):
+    one, two = runs["plain/one"], runs["plain/two"]
     assert same_state(one["state"], two["state"]) != []
 
 

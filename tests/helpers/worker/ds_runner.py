@@ -6,11 +6,15 @@ start and rendezvous once), the completions file of each dtype and the output
 folder. After every cell the rank rewrites `rank{RANK}.pt` (torch.save of
 {cell name: result}); on an error it writes `rank{RANK}.error` with the cell
 and the traceback and exits 1 (the other ranks may be stuck in a collective:
-the parent kills them).
+the parent kills them). A `job` spec with `runs` (a list of dicts, each laid over the rest of
+the spec) runs them one after the other in this one world, each from a fresh process's seed,
+and saves the list of their results.
 """
 
 from __future__ import annotations
 
+import gc
+import importlib
 import json
 import os
 import sys
@@ -20,6 +24,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root
+
+# What a freshly started rank holds, restored before each run of a `runs` job so that a run
+# sees what it would as the first of its own launch.
+FRESH_SEED = torch.initial_seed()
+FRESH_DTYPE = torch.get_default_dtype()
 
 
 def main(spec_path: str) -> int:
@@ -44,16 +53,32 @@ def main(spec_path: str) -> int:
 
 
 def _run_job(spec: dict, out_dir: Path, rank: int) -> int:
-    import importlib
-
     module = importlib.import_module(spec["job"])  # a dotted name: tests.helpers.parity.packing_job
-    try:
-        result = module.run(spec, out_dir, rank)
-    except Exception:
-        (out_dir / f"rank{rank}.error").write_text(f"job {spec['job']}:\n{traceback.format_exc()}")
-        return 1
-    torch.save({spec["job"].rsplit(".", 1)[-1]: result}, out_dir / f"rank{rank}.pt")
+    key = spec["job"].rsplit(".", 1)[-1]
+    shared = {name: value for name, value in spec.items() if name != "runs"}
+    runs = spec.get("runs")
+    results = []
+    for index, run in enumerate(runs if runs is not None else [{}]):
+        if runs is not None:
+            _fresh_process_state(spec)
+        try:
+            results.append(module.run({**shared, **run}, out_dir, rank))
+        except Exception:
+            where = f"job {spec['job']}" + (f" run {index} {run.get('name', '')}" if runs else "")
+            (out_dir / f"rank{rank}.error").write_text(f"{where}:\n{traceback.format_exc()}")
+            return 1
+        torch.save({key: results if runs is not None else results[0]}, out_dir / f"rank{rank}.pt")
     return 0
+
+
+def _fresh_process_state(spec: dict) -> None:
+    """The process-wide torch state a run may change, as a fresh rank starts with it; the
+    previous run's engine and model are collected (DeepSpeed's hooks go with them)."""
+    gc.collect()
+    torch.manual_seed(FRESH_SEED)
+    torch.set_default_dtype(FRESH_DTYPE)
+    torch.set_grad_enabled(True)
+    torch.set_num_threads(int(spec.get("threads", 1)))
 
 
 if __name__ == "__main__":

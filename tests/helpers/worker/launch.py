@@ -84,3 +84,43 @@ def _error_text(out_dir: Path, rank: int, code: int) -> str:
 
 def _load(path: Path) -> dict:
     return torch.load(path, weights_only=False) if path.is_file() else {}
+
+
+def run_worlds(
+    job: str, runs: dict[str, tuple[int, dict]], out_dir: Path, timeout: float = 300
+) -> dict[str, dict]:
+    """Rank 0's result of each named run of `job` ({name: (world size, spec)}): the runs of one
+    world size share one launch and run in turn in its processes (ds_runner.py's `runs`);
+    `timeout` is per run."""
+    by_world: dict[int, dict[str, dict]] = {}
+    for name, (world, spec) in runs.items():
+        by_world.setdefault(world, {})[name] = spec
+    results = {}
+    for world, named in sorted(by_world.items()):
+        spec = {"job": job, "runs": [{"name": name, **spec} for name, spec in named.items()]}
+        ranks, error = run_ranks(spec, world, out_dir / f"world{world}", timeout * len(named))
+        assert error is None, error
+        results.update(zip(named, ranks[0][job.rsplit(".", 1)[-1]], strict=True))
+    return results
+
+
+def selected_runs(request, runs_by_test: dict[str, dict]) -> dict:
+    """The runs that this module's selected tests need (`runs_by_test`: a test's name, or its
+    name with parameters, -> its {run name: run}), so a module fixture launches only those."""
+    selected = set()
+    for item in request.session.items:
+        if item.module is request.module:
+            selected |= {item.name, getattr(item, "originalname", item.name)}
+    unknown = [test for test in runs_by_test if test.split("[")[0] not in _test_names(request)]
+    assert not unknown, f"runs planned for tests this module does not hold: {unknown}"
+    wanted = {}
+    for test, runs in runs_by_test.items():
+        if test in selected:
+            clash = [name for name in runs if wanted.get(name, runs[name]) != runs[name]]
+            assert not clash, f"runs {clash} are planned twice with different specs"
+            wanted.update(runs)
+    return wanted
+
+
+def _test_names(request) -> set[str]:
+    return {name for name in dir(request.module) if name.startswith("test_")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.helpers.worker.launch import run_ranks
+from tests.helpers.worker.launch import run_ranks, run_worlds
 
 JOB = "tests.helpers.worker.layout_free_job"
 
@@ -17,6 +17,16 @@ def run_layout_free(tmp_path, world, stage, dtype, optimizer="invariant", **extr
     results, error = run_ranks({"steps": 2, **spec}, world, out)
     assert error is None, error
     return results[0]["layout_free_job"]
+
+
+def run_layout_frees(out_dir, runs: dict) -> dict:
+    """Rank 0's result of each named run ({name: (world, stage, dtype, optimizer)}, 2 steps);
+    the runs of one world size share one launch (`run_worlds`)."""
+    specs = {
+        name: (world, {"steps": 2, "stage": stage, "dtype": dtype, "optimizer": optimizer})
+        for name, (world, stage, dtype, optimizer) in runs.items()
+    }
+    return run_worlds(JOB, specs, out_dir)
 
 
 def assert_same_state(a: dict, b: dict) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.helpers.worker.launch import run_ranks
+from tests.helpers.worker.launch import run_ranks, run_worlds
 
 JOB = "tests.helpers.worker.layout_job"
 
@@ -16,11 +16,10 @@ BUDGET_TWO = (2, 2, {"micro_batch_size": 4, "max_tokens_per_micro_batch": 40})
 LAYOUT_KEYS = {"time/"}  # metric keys allowed to differ: timings only
 
 
-def run_layout(tmp_path, completions, layout, dtype, *, invariant=True, steps=3, tag="", **extra):
+def layout_spec(completions, layout, dtype, *, invariant=True, steps=3, **extra) -> tuple:
+    """(world size, spec) of one layout job run on the `completions` of `dtype`."""
     world, stage, trainer = layout
-    out = tmp_path / f"w{world}_z{stage}_{dtype}_{invariant}_{tag}_{len(list(tmp_path.iterdir()))}"
     spec = {
-        "job": JOB,
         "stage": stage,
         "dtype": dtype,
         "steps": steps,
@@ -28,9 +27,37 @@ def run_layout(tmp_path, completions, layout, dtype, *, invariant=True, steps=3,
         "trainer": {**trainer, "layout_invariant": invariant},
         **extra,
     }
-    results, error = run_ranks(spec, world, out, timeout=600)
+    return world, spec
+
+
+def run_layout(tmp_path, completions, layout, dtype, *, invariant=True, steps=3, tag="", **extra):
+    """One run in its own launch (a run that needs another's saved state: resume tests)."""
+    world, spec = layout_spec(completions, layout, dtype, invariant=invariant, steps=steps, **extra)
+    out = (
+        tmp_path
+        / f"w{world}_z{spec['stage']}_{dtype}_{invariant}_{tag}_{len(list(tmp_path.iterdir()))}"
+    )
+    results, error = run_ranks({"job": JOB, **spec}, world, out, timeout=600)
     assert error is None, error
     return results[0]["layout_job"]
+
+
+def layout_pair(name: str, dtype: str = "bfloat16", **kwargs) -> dict:
+    """{name/one: PACKED_ONE run, name/two: PADDED_TWO run} of `dtype` with `kwargs`."""
+    return {
+        f"{name}/one": (PACKED_ONE, dtype, kwargs),
+        f"{name}/two": (PADDED_TWO, dtype, kwargs),
+    }
+
+
+def run_layouts(out_dir, completions, runs: dict) -> dict:
+    """Rank 0's result of each named run ({name: (layout, dtype, kwargs)}); the runs of one
+    world size share one launch (`run_worlds`)."""
+    specs = {
+        name: layout_spec(completions, layout, dtype, **kwargs)
+        for name, (layout, dtype, kwargs) in runs.items()
+    }
+    return run_worlds(JOB, specs, out_dir)
 
 
 def same_state(a: dict, b: dict) -> list[str]:

@@ -4,7 +4,8 @@ weights and AdamW moments, bit for bit, on 1, 2 and 4 ranks at every ZeRO stage,
 
 Negative control: torch's AdamW with DeepSpeed's own clip (the plain path) on the same
 gradients gives different bits between layouts (bf16 ZeRO-0's optimizer takes a zero-gradient
-step at construction, which decays the weights and shifts the bias correction).
+step at construction, which decays the weights and shifts the bias correction). The selected
+tests' runs share one launch per world size (the `runs` fixture).
 
 In-process: a sequence gets the same decoder and logprob spans (its lengths, in canonical order)
 padded or packed, and the parameters whose partials outgrow a slab form their gradients last.
@@ -20,9 +21,31 @@ from rl_engine.executors.worker.batch import TrainBatch
 from rl_engine.executors.worker.layout_free.update import micro_batch_spans, release_order
 from rl_engine.executors.worker.micro_batches import plan
 from tests.helpers.worker.completions import two_groups
-from tests.helpers.worker.layout_free_runs import assert_same_state, run_layout_free
+from tests.helpers.worker.launch import selected_runs
+from tests.helpers.worker.layout_free_runs import assert_same_state, run_layout_frees
 
 LAYOUTS = [(1, 0), (2, 3), (4, 1), (2, 2)]  # (ranks, ZeRO stage)
+# each test's runs ({name: (ranks, stage, dtype, optimizer)}); the selected tests' runs share
+# one launch per world size (`runs`)
+RUNS = {
+    **{
+        f"test_every_layout_updates_to_the_same_bits[{dtype}]": {
+            f"{dtype}/{world}_{stage}": (world, stage, dtype, "invariant")
+            for world, stage in LAYOUTS
+        }
+        for dtype in ("float32", "bfloat16")
+    },
+    "test_negative_control_torch_adamw_and_deepspeeds_clip_differ_between_layouts": {
+        "torch/one": (1, 0, "bfloat16", "torch"),
+        "torch/two": (2, 3, "bfloat16", "torch"),
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory) -> dict:
+    out_dir = tmp_path_factory.mktemp("layout_free")
+    return run_layout_frees(out_dir, selected_runs(request, RUNS))
 
 
 def _bits_differ(a: dict, b: dict) -> bool:
@@ -31,18 +54,17 @@ def _bits_differ(a: dict, b: dict) -> bool:
 
 @pytest.mark.exhaustive  # make test: the worker's and the job's layout tests use this path
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_every_layout_updates_to_the_same_bits(tmp_path, dtype):
-    runs = [run_layout_free(tmp_path, world, stage, dtype) for world, stage in LAYOUTS]
-    for run in runs[1:]:
-        assert_same_state(runs[0]["state"], run["state"])
-        assert run["norms"] == runs[0]["norms"]
-    assert int(runs[0]["state"]["step"]) == 2
-    assert runs[0]["norms"][0] > 1.0  # the clip acted
+def test_every_layout_updates_to_the_same_bits(runs, dtype):
+    first, *others = (runs[f"{dtype}/{world}_{stage}"] for world, stage in LAYOUTS)
+    for run in others:
+        assert_same_state(first["state"], run["state"])
+        assert run["norms"] == first["norms"]
+    assert int(first["state"]["step"]) == 2
+    assert first["norms"][0] > 1.0  # the clip acted
 
 
-def test_negative_control_torch_adamw_and_deepspeeds_clip_differ_between_layouts(tmp_path):
-    one = run_layout_free(tmp_path, 1, 0, "bfloat16", optimizer="torch")
-    two = run_layout_free(tmp_path, 2, 3, "bfloat16", optimizer="torch")
+def test_negative_control_torch_adamw_and_deepspeeds_clip_differ_between_layouts(runs):
+    one, two = runs["torch/one"], runs["torch/two"]
     assert _bits_differ(one["state"], two["state"])
 
 
