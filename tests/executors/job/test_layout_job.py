@@ -1,5 +1,6 @@
-"""trainer.layout_invariant as a whole Ray job: two layouts write the same run (metrics and
-training state), and a checkpoint of 2 ZeRO-3 ranks resumes on 1 ZeRO-0 rank exactly.
+"""trainer.layout_invariant as a whole Ray job: a checkpoint of 2 ZeRO-3 ranks (padded
+micro-batches) resumes on 1 ZeRO-0 rank (one packed micro-batch) and writes the same run
+(metrics and training state); `exhaustive`: two layouts from the start write the same run.
 
 The shared local Ray cluster (`job_ray`) serves the module. The worker-level tests
 (tests/executors/worker/test_layout_invariance.py) cover more layouts and the negative control.
@@ -23,10 +24,11 @@ ONE_PACKED = {"num_ranks": 1, "zero_stage": 0, "micro_batch_size": 8, "packing":
 TWO_PADDED = {"num_ranks": 2, "zero_stage": 3, "micro_batch_size": 2, "packing": False}
 
 
-def _config(run_dir, trainer: dict):
-    """Two steps, a checkpoint after each (a run resumes from step 1's)."""
+def _config(run_dir, trainer: dict, steps: int = 2):
+    """`steps` steps, a checkpoint after each (a run resumes from step 1's)."""
     layout_free = {**trainer, "layout_invariant": True}
-    config = job_config(run_dir, steps=2, trainer=layout_free, checkpoint={"every": 1})
+    checkpoint = {"every": 1, "keep_last": steps}
+    config = job_config(run_dir, steps=steps, trainer=layout_free, checkpoint=checkpoint)
     return RunConfig.from_dict({**config.to_dict(), "dtype": "bfloat16"})
 
 
@@ -40,7 +42,22 @@ def _same(a: dict, b: dict) -> list[str]:
     return [key for key in a if not torch.equal(a[key], b[key])]
 
 
-@pytest.mark.slow  # 3 jobs (2 steps, 2 steps, 1 resumed step), 20-40 s each
+def test_a_run_resumed_on_another_layout_writes_the_same_run(tmp_path, job_ray):
+    """Three steps on 2 ZeRO-3 ranks (padded micro-batches of 2); a copy cut back to its step-1
+    checkpoint resumes on 1 ZeRO-0 rank (one packed micro-batch of 8) and writes the same two
+    remaining steps: metrics and training state. Two job starts: the layout is the subject, not
+    the first step (the worker-level tests take every step of many layouts)."""
+    two = tmp_path / "two"
+    run_job(_config(two, TWO_PADDED, steps=3))
+    assert all(m["parity/exact_match_fraction"] == 1.0 for m in without_timings(two))
+
+    one_packed = [f"trainer.{key}={str(value).lower()}" for key, value in ONE_PACKED.items()]
+    elastic = resumed_copy(two, tmp_path / "elastic", step=1, overrides=one_packed)
+    assert without_timings(elastic) == without_timings(two)
+    assert _same(_state(elastic), _state(two)) == []
+
+
+@pytest.mark.exhaustive  # 3 jobs (2 steps, 2 steps, 1 resumed step), 20-40 s each
 def test_two_layouts_write_the_same_run_and_a_run_resumes_on_another_layout(tmp_path, job_ray):
     one, two = tmp_path / "one", tmp_path / "two"
     run_job(_config(one, ONE_PACKED))
