@@ -53,6 +53,10 @@ _QUIET_ENV = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "TQDM_DISABLE": "1",
 }
+# A local cluster's raylet starts no idle workers for its first driver: every actor of a job
+# carries a runtime env (`actor_env`), so Ray would start each in a worker of its own and the
+# prestarted ones would only import Ray, idle, and burn CPU beside the job.
+LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
 
 
 class ClusterError(RuntimeError):
@@ -80,6 +84,7 @@ def connect(config) -> bool:
             num_gpus=gpus,
             include_dashboard=False,
             log_to_driver=True,
+            _system_config=LOCAL_SYSTEM_CONFIG,
         )
     return True
 

@@ -14,6 +14,7 @@ import ray
 import yaml
 
 from rl_engine.config import RunConfig
+from rl_engine.executors.job import cluster
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import read_metrics, resume_config
@@ -41,6 +42,7 @@ def shared_ray() -> str:
             num_cpus=SHARED_RAY_CPUS,
             include_dashboard=False,
             log_to_driver=False,
+            _system_config=cluster.LOCAL_SYSTEM_CONFIG,
         )
     return ray.get_runtime_context().gcs_address
 
