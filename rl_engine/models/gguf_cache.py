@@ -88,11 +88,11 @@ def cache_key(gguf: Path) -> str:
     resolved = Path(gguf).resolve()
     stat = resolved.stat()
     inputs = {
-        "gguf": str(resolved),
+        "path": str(resolved),
         "size": stat.st_size,
         "mtime_ns": stat.st_mtime_ns,
         "format": FORMAT_VERSION,
-        **{name: metadata.version(name) for name in _CONVERTERS},
+        "versions": {name: metadata.version(name) for name in _CONVERTERS},
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -119,7 +119,7 @@ def ensure_converted(gguf: Path, root: Path, with_tokenizer) -> Path:
         return folder
     root.mkdir(parents=True, exist_ok=True)
     target = cache_folder(gguf, root)
-    with _conversion_lock(target):
+    with ConversionLock(target):
         if (target / MANIFEST).is_file():  # another process converted while we waited
             return target
         _remove_stale_temps(target)
@@ -277,7 +277,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-class _conversion_lock:
+class ConversionLock:
     """An exclusive flock on `<target>.lock`: the kernel drops it when the holder exits or is
     killed, so a dead converter never leaves a lock that blocks."""
 
