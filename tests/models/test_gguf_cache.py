@@ -239,3 +239,15 @@ def test_the_cache_gives_the_gguf_bits(smollm2, dtype, monkeypatch):
         weight[0] = torch.nextafter(weight[0], weight[0] + 1)
     with pytest.raises(ModelCacheError, match=r"model\.norm\.weight"):
         check_same_model(direct, cached)
+
+
+@pytest.mark.slow
+def test_models_warm_finds_the_published_folder(converted, monkeypatch, capsys):
+    from rl_engine.cli import main
+
+    cache, _ = converted
+    (folder,) = _models(cache)
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    assert main(["models", "warm", SMOLLM2_NAME]) == 0
+    assert capsys.readouterr().out.strip() == f"{SMOLLM2_NAME}: {folder}"
+    assert _models(cache) == [folder]
