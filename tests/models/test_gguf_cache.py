@@ -109,6 +109,10 @@ def test_a_published_folder_is_reused(converted, monkeypatch, caplog):
     assert model.lm_head.weight is model.model.embed_tokens.weight  # tied, as from the GGUF
     assert tokenizer.pad_token is not None and tokenizer.padding_side == "left"
     assert has_tokenizer(smollm2_gguf_path())  # read from the manifest
+    by_path, path_tokenizer = load_model(str(smollm2_gguf_path()))  # a user's .gguf: same folder
+    assert path_tokenizer is not None and len(path_tokenizer) == len(tokenizer)
+    assert torch.equal(by_path.lm_head.weight.to(torch.bfloat16), model.lm_head.weight)
+    assert [p for p in cache.iterdir() if p.is_dir()] == [folder]
     other = copy.deepcopy(tokenizer)
     check_same_tokenizer(tokenizer, other)  # control: an equal tokenizer passes
     other.add_tokens(["12345"])  # the publish check's negative control (digits are split)
@@ -251,3 +255,14 @@ def test_models_warm_finds_the_published_folder(converted, monkeypatch, capsys):
     assert main(["models", "warm", SMOLLM2_NAME]) == 0
     assert capsys.readouterr().out.strip() == f"{SMOLLM2_NAME}: {folder}"
     assert _models(cache) == [folder]
+
+
+def test_a_gguf_that_cannot_be_read_publishes_nothing(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    monkeypatch.setenv(CACHE_ENV, str(cache))
+    with pytest.raises(Exception) as info:
+        load_model(bad)
+    assert not isinstance(info.value, ModelCacheError)  # the reader's own error, unchanged
+    assert [p.name for p in cache.iterdir()] == [f"broken-{cache_key(bad)}.lock"]
