@@ -2,8 +2,10 @@
 bits (float32 and bfloat16), concurrent processes convert once and publish one folder, a
 published folder is reused, a corrupted one is caught, and the key follows the GGUF file.
 
-Every test that writes uses its own RL_ENGINE_CACHE_DIR; only the `smollm2` tests read the
-default cache (`make setup` warms it)."""
+Every test that writes uses its own RL_ENGINE_CACHE_DIR; the others read SmolLM2's folder in
+the default cache, which `make setup` warms (`warm_folder`). `exhaustive`: three processes
+convert SmolLM2 at once (~40 s), and the cache equals two direct GGUF loads (~20 s each; the
+float32 comparison also runs on every conversion, before the folder is published)."""
 
 from __future__ import annotations
 
@@ -74,11 +76,21 @@ def converted(tmp_path_factory):
     return cache, outputs
 
 
+@pytest.fixture(scope="module")
+def warm_folder() -> Path:
+    """SmolLM2's published folder in the default cache (converted here if `make setup` did not)."""
+    from rl_engine.models.loading import warm_model_cache
+
+    if gguf_cache.cache_root() is None:
+        pytest.skip(f"the model cache is off ({CACHE_ENV}=off)")
+    return warm_model_cache(SMOLLM2_NAME)
+
+
 def _models(cache: Path) -> list[Path]:
     return [path for path in cache.iterdir() if path.is_dir()]
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.multiprocess
 def test_concurrent_loads_convert_once_and_publish_one_folder(converted):
     cache, outputs = converted
@@ -93,10 +105,9 @@ def test_concurrent_loads_convert_once_and_publish_one_folder(converted):
     }
 
 
-@pytest.mark.slow
-def test_a_published_folder_is_reused(converted, monkeypatch, caplog):
-    cache, _ = converted
-    (folder,) = _models(cache)
+def test_a_published_folder_is_reused(warm_folder, monkeypatch, caplog):
+    folder, cache = warm_folder, warm_folder.parent
+    folders = _models(cache)
     written = {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
     monkeypatch.setenv(CACHE_ENV, str(cache))
     caplog.set_level("INFO", logger=gguf_cache.__name__)
@@ -112,7 +123,7 @@ def test_a_published_folder_is_reused(converted, monkeypatch, caplog):
     by_path, path_tokenizer = load_model(str(smollm2_gguf_path()))  # a user's .gguf: same folder
     assert path_tokenizer is not None and len(path_tokenizer) == len(tokenizer)
     assert torch.equal(by_path.lm_head.weight.to(torch.bfloat16), model.lm_head.weight)
-    assert [p for p in cache.iterdir() if p.is_dir()] == [folder]
+    assert _models(cache) == folders  # nothing converted again
     other = copy.deepcopy(tokenizer)
     check_same_tokenizer(tokenizer, other)  # control: an equal tokenizer passes
     other.add_tokens(["12345"])  # the publish check's negative control (digits are split)
@@ -121,12 +132,10 @@ def test_a_published_folder_is_reused(converted, monkeypatch, caplog):
     print(f"load from the cache: {seconds:.2f} s")
 
 
-@pytest.mark.slow
-def test_a_corrupted_cache_is_caught_and_names_the_folder(converted, tmp_path, monkeypatch):
+def test_a_corrupted_cache_is_caught_and_names_the_folder(warm_folder, tmp_path, monkeypatch):
     """One float of one tensor overwritten in a copy of the published folder: the load raises
     (the intact folder loads: test_a_published_folder_is_reused)."""
-    cache, _ = converted
-    (folder,) = _models(cache)
+    folder = warm_folder
     copy = tmp_path / folder.name
     shutil.copytree(folder, copy)
     weights = copy / "model.safetensors"
@@ -213,7 +222,7 @@ def test_the_model_check_catches_another_seed():
         check_same_model(first, other)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_the_cache_gives_the_gguf_bits(smollm2, dtype, monkeypatch):
     """load_model through the (warm, default) cache == load_model straight from the GGUF
@@ -245,16 +254,15 @@ def test_the_cache_gives_the_gguf_bits(smollm2, dtype, monkeypatch):
         check_same_model(direct, cached)
 
 
-@pytest.mark.slow
-def test_models_warm_finds_the_published_folder(converted, monkeypatch, capsys):
+def test_models_warm_finds_the_published_folder(warm_folder, monkeypatch, capsys):
     from rl_engine.cli import main
 
-    cache, _ = converted
-    (folder,) = _models(cache)
+    folder, cache = warm_folder, warm_folder.parent
+    folders = _models(cache)
     monkeypatch.setenv(CACHE_ENV, str(cache))
     assert main(["models", "warm", SMOLLM2_NAME]) == 0
     assert capsys.readouterr().out.strip() == f"{SMOLLM2_NAME}: {folder}"
-    assert _models(cache) == [folder]
+    assert _models(cache) == folders
 
 
 def test_a_gguf_that_cannot_be_read_publishes_nothing(tmp_path, monkeypatch):
