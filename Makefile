@@ -15,8 +15,11 @@ KERNEL_SRC   := $(wildcard rl_engine/kernels/cpp/csrc/*)
 KERNEL_STAMP := rl_engine/kernels/cpp/_build/.built
 
 # The two C++ builds (DeepSpeed's CPU op, our kernels) are independent: they run side by side.
+# Then SmolLM2's GGUF is converted into the model cache (~30 s once; a few seconds to check
+# after that; no stamp: the cache lives outside the checkout and may be deleted).
 setup: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target $(DS_STAMP) $(KERNEL_STAMP)
+	$(BIN)/rl-engine models warm smollm2-135m-instruct
 
 # torch is pinned and installed first: an unpinned torch pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml

