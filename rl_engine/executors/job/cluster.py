@@ -43,7 +43,9 @@ KERNEL_CPU_FLAGS = (
 )
 # Passed to every actor: the DeepSpeed accelerator, quiet model loading, the op cache,
 # the cpp kernels' instruction-set path when the driver forces one, the fault tests' switch.
-_ACTOR_ENV_KEYS = (
+# (No TQDM_DISABLE: tqdm reads it when imported, and Ray imports tqdm before an actor starts;
+# the loading bars are turned off by `quiet_loading`.)
+_DRIVER_ENV_KEYS = (
     "TORCH_EXTENSIONS_DIR",
     "RL_ENGINE_CPU_ISA",
     "RL_ENGINE_TEST_KILL_IN_WEIGHT_SYNC",
@@ -51,12 +53,8 @@ _ACTOR_ENV_KEYS = (
 _QUIET_ENV = {
     "TRANSFORMERS_VERBOSITY": "error",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
-    "TQDM_DISABLE": "1",
 }
-# A local cluster's raylet starts no idle workers for its first driver: every actor of a job
-# carries a runtime env (`actor_env`), so Ray would start each in a worker of its own and the
-# prestarted ones would only import Ray, idle, and burn CPU beside the job.
-LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+ACTOR_ENV_KEYS = ("DS_ACCELERATOR", *_DRIVER_ENV_KEYS, *_QUIET_ENV)
 
 
 class ClusterError(RuntimeError):
@@ -84,14 +82,13 @@ def connect(config) -> bool:
             num_gpus=gpus,
             include_dashboard=False,
             log_to_driver=True,
-            _system_config=LOCAL_SYSTEM_CONFIG,
         )
     return True
 
 
 def actor_env(ds_accelerator: str) -> dict[str, str]:
     """Environment variables every actor process gets."""
-    env = {key: os.environ[key] for key in _ACTOR_ENV_KEYS if key in os.environ}
+    env = {key: os.environ[key] for key in _DRIVER_ENV_KEYS if key in os.environ}
     return {**env, "DS_ACCELERATOR": ds_accelerator, **_QUIET_ENV}
 
 

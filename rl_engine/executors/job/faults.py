@@ -39,6 +39,7 @@ class ActorInfo:
     node_id: str = "?"
     pid: int | None = None
     facts: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)  # what it got of `cluster.actor_env`
     tp_rank: int | None = None  # a tensor-parallel engine's rank (None: not tensor parallel)
 
     @property
@@ -57,6 +58,7 @@ class ActorInfo:
             "node_id": self.node_id,
             "pid": self.pid,
             "facts": self.facts,
+            "env": self.env,
         } | ({} if self.tp_rank is None else {"tp_rank": self.tp_rank})
 
 

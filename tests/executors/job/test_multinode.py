@@ -15,7 +15,6 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from rl_engine.executors.job.cluster import LOCAL_SYSTEM_CONFIG
 from rl_engine.executors.job.ray_job import run_job
 from tests.helpers.job.jobs import job_config
 
@@ -26,8 +25,9 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 @pytest.fixture
 def two_nodes():
     os.environ.pop("RAY_ADDRESS", None)
-    head = {"num_cpus": 0, "include_dashboard": False, "_system_config": LOCAL_SYSTEM_CONFIG}
-    cluster = Cluster(initialize_head=True, head_node_args=head)
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
+    )
     nodes = [cluster.add_node(num_cpus=2) for _ in range(2)]
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)

@@ -14,7 +14,6 @@ import ray
 import yaml
 
 from rl_engine.config import RunConfig
-from rl_engine.executors.job import cluster
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import read_metrics, resume_config
@@ -42,7 +41,6 @@ def shared_ray() -> str:
             num_cpus=SHARED_RAY_CPUS,
             include_dashboard=False,
             log_to_driver=False,
-            _system_config=cluster.LOCAL_SYSTEM_CONFIG,
         )
     return ray.get_runtime_context().gcs_address
 
@@ -101,7 +99,12 @@ def check_complete_run(run: Path, history: list[dict], num_ranks: int) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "complete" and summary["steps"] == history
     assert summary["config"]["trainer"]["num_ranks"] == num_ranks
-    assert len(json.loads((run / "actors.json").read_text())) == num_ranks + 1
+    actors = json.loads((run / "actors.json").read_text())
+    assert len(actors) == num_ranks + 1
+    for actor in actors:  # the environment each actor set itself (cluster.actor_env)
+        env = actor["env"]
+        assert env["DS_ACCELERATOR"] == "cpu" and env["TRANSFORMERS_VERBOSITY"] == "error"
+        assert env["TORCH_EXTENSIONS_DIR"] == os.environ["TORCH_EXTENSIONS_DIR"], actor
     assert (run / "training.png").is_file() and (run / "config.yaml").is_file()
     assert not list(run.rglob(".*.tmp")), "atomic writes left temporary files behind"
 

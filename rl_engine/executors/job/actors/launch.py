@@ -43,18 +43,14 @@ def spawn_actors(config: RunConfig, groups: list) -> tuple[list[ActorInfo], list
     # every process of every engine: one bundle each, engine e's TP ranks at e * tp + r
     engine_group = cluster.reserve("rollout", n_engines * tp, config.rollout.placement, resources)
     groups.append(engine_group)
-    options = dict(
-        **resources,
-        runtime_env={"env_vars": cluster.actor_env(ds_accelerator(config))},
-        max_restarts=0,
-    )
+    options, env = dict(**resources, max_restarts=0), cluster.actor_env(ds_accelerator(config))
     trainers = [
         ActorInfo(
             "trainer rank",
             r,
             TrainerActor.options(
                 **options, scheduling_strategy=cluster.in_group(rank_group, r)
-            ).remote(config, r, n_ranks),
+            ).remote(config, r, n_ranks, env=env),
         )
         for r in range(n_ranks)
     ]
@@ -64,7 +60,7 @@ def spawn_actors(config: RunConfig, groups: list) -> tuple[list[ActorInfo], list
             e,
             RolloutActor.options(
                 **options, scheduling_strategy=cluster.in_group(engine_group, e * tp + r)
-            ).remote(config, e, r),
+            ).remote(config, e, r, env=env),
             tp_rank=r if tp > 1 else None,
         )
         for e in range(n_engines)
@@ -81,17 +77,16 @@ def spawn_critics(config: RunConfig, groups: list) -> list[ActorInfo]:
     n_ranks, resources = config.critic_ranks, actor_resources(config)
     group = cluster.reserve("critic", n_ranks, config.trainer.placement, resources)
     groups.append(group)
-    env = {"env_vars": cluster.actor_env(ds_accelerator(config))}
+    env = cluster.actor_env(ds_accelerator(config))
     return [
         ActorInfo(
             "critic rank",
             r,
             CriticActor.options(
                 **resources,
-                runtime_env=env,
                 max_restarts=0,
                 scheduling_strategy=cluster.in_group(group, r),
-            ).remote(config, r, n_ranks),
+            ).remote(config, r, n_ranks, env=env),
         )
         for r in range(n_ranks)
     ]
@@ -105,7 +100,7 @@ def describe_actors(actors: list[ActorInfo], run_dir: Path) -> None:
             facts["node_id"],
             facts["pid"],
         )
-        actor.facts = facts["facts"]
+        actor.facts, actor.env = facts["facts"], facts["env"]
     write_json_atomic(run_dir / "actors.json", [a.as_dict() for a in actors])
     for actor in actors:
         log.info("%s", actor.describe())

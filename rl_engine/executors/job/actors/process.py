@@ -22,13 +22,23 @@ from rl_engine.executors.job import cluster
 
 class JobActor:
     """What every actor of the job answers: where it runs and which kernels it computes with
-    (`describe`, compared across actors before any model loads), and a free port of its node."""
+    (`describe`, compared across actors before any model loads), and a free port of its node.
 
-    config: RunConfig
+    `env` (`cluster.actor_env`: the DeepSpeed accelerator, the op cache, the kernels' ISA
+    override, quiet loading) is set first thing in the constructor, before this process imports
+    DeepSpeed, transformers or the kernels, which read it; the actor modules import none of them
+    (tests/executors/job/actors/test_process.py). Set by Ray's `runtime_env` instead, it would
+    cost every actor one more interpreter (Ray's setup_worker, ~0.5 CPU s; docs/platform-facts.md).
+    """
+
+    def __init__(self, config: RunConfig, env: dict[str, str] | None = None):
+        os.environ.update(env or {})
+        self.config = config
 
     def describe(self) -> dict:
         return {
             **cluster.node_identity(),
+            "env": {key: os.environ.get(key) for key in cluster.ACTOR_ENV_KEYS},
             "facts": cluster.kernel_facts(self.config.device),
         }
 

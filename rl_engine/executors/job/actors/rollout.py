@@ -29,8 +29,11 @@ class RolloutActor(JobActor):
     (`rollout.tensor_parallel_size` > 1: its ranks join their own gloo / NCCL group at
     `start`); `start` loads the model."""
 
-    def __init__(self, config: RunConfig, index: int = 0, tp_rank: int = 0):
-        self.config, self.index, self.tp_rank = config, index, tp_rank
+    def __init__(
+        self, config: RunConfig, index: int = 0, tp_rank: int = 0, env: dict | None = None
+    ):
+        super().__init__(config, env)
+        self.index, self.tp_rank = index, tp_rank
         self.receiver = self.adapter_receiver = self.group = None
         self.episodes = None  # rollout.env's EpisodeRunner, made at the first episodes
 

@@ -29,8 +29,11 @@ from rl_engine.executors.worker.step.gradient_pages import release_gradient_part
 class _DeepSpeedRank(JobActor):
     """What the policy's and the critic's DeepSpeed ranks share: their rank in their world."""
 
-    def __init__(self, config: RunConfig, rank: int, world_size: int):
-        self.config, self.rank, self.world_size = config, rank, world_size
+    def __init__(
+        self, config: RunConfig, rank: int, world_size: int, env: dict[str, str] | None = None
+    ):
+        super().__init__(config, env)
+        self.rank, self.world_size = rank, world_size
 
 
 @ray.remote

@@ -1,4 +1,5 @@
-"""What every actor process does for itself: glibc's allocation settings of the trainer ranks."""
+"""What every actor process does for itself: glibc's allocation settings of the trainer ranks,
+and the environment it is given, set before anything reads it."""
 
 import subprocess
 import sys
@@ -54,3 +55,34 @@ def test_the_trainer_ranks_threshold_is_passed_through(monkeypatch):
     monkeypatch.setattr(process, "_glibc", lambda: FakeGlibc())
     process.map_large_allocations(process.TRAINER_MMAP_THRESHOLD_BYTES)
     assert calls == [(-3, 128 << 10), (-1, 32 << 20)]
+
+
+# What reads an actor's environment (`cluster.actor_env`) when it is imported: the actor
+# sets that environment in its constructor, after Ray imported the actor's module. (The
+# kernels read RL_ENGINE_CPU_ISA per call, the op cache is read when an op is built.)
+READS_THE_ENV_AT_IMPORT = ("deepspeed", "transformers", "huggingface_hub")
+
+
+def test_the_actor_modules_import_nothing_that_reads_the_actor_env():
+    code = (
+        "import sys\n"
+        "import rl_engine.executors.job.actors.launch\n"
+        f"print(sorted(m for m in {READS_THE_ENV_AT_IMPORT!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout
+    # negative control: the same check sees one of them imported
+    control = code.replace("launch\n", "launch\nimport huggingface_hub\n", 1)
+    out = subprocess.run(
+        [sys.executable, "-c", control], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "['huggingface_hub']", out.stdout
+
+
+def test_an_actor_sets_its_env_before_anything_reads_it(monkeypatch):
+    """In this process (as a Ray worker would run it): the constructor sets the env it gets."""
+    monkeypatch.setenv("RL_ENGINE_TEST_ACTOR_ENV", "unset")  # restored after the test
+    actor = process.JobActor(config=None, env={"RL_ENGINE_TEST_ACTOR_ENV": "set"})
+    assert process.os.environ["RL_ENGINE_TEST_ACTOR_ENV"] == "set" and actor.config is None
