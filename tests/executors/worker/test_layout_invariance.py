@@ -170,6 +170,6 @@ def test_a_run_that_shares_a_world_takes_the_bits_of_its_own_launch(runs, tmp_pa
     """The plain runs follow the invariant pair in their worlds' processes (fresh engine,
     model and seed; the process group reused), and end where their own launches end."""
     for name, (layout, dtype, kwargs) in PLAIN.items():
-        alone = run_layout(tmp_path, completions, layout, dtype, **kwargs)
+        alone = run_layout(tmp_path, completions, layout, dtype, fresh=True, **kwargs)
         assert same_state(runs[name]["state"], alone["state"]) == []
         assert same_metrics(runs[name]["metrics"], alone["metrics"]) == []
