@@ -97,6 +97,31 @@ def test_a_run_after_other_modules_runs_takes_the_bits_of_its_own_launch(tmp_pat
     assert int(alone["state"]["step"]) == 2
 
 
+def _every_kind(completions) -> list[tuple[int, dict]]:
+    """The other modules' 2-rank jobs (bad batches, critic ranks, mini-batches, gradient
+    pages), matrix cells (ZeRO-0 fp32, ZeRO-3 bf16: no job) and the cheap guard's others."""
+    jobs = ("bad_batches", "critic_ranks_job", "mini_batch_job", "gradient_pages_job")
+    kinds = [
+        (2, {"job": f"tests.helpers.worker.{job}", "completions": completions}) for job in jobs
+    ]
+    kinds.append((2, {"cells": [[0, "float32"], [3, "bfloat16"]], "completions": completions}))
+    return kinds + _others(completions)
+
+
+@pytest.mark.exhaustive  # make test: the cheap guard above
+@pytest.mark.parametrize("reference", ["layout", "critic"])
+def test_a_run_after_every_kind_of_run_takes_the_bits_of_its_own_launch(
+    tmp_path, completions, reference
+):
+    for index, (world, spec) in enumerate(_every_kind(completions)):
+        _, error = run_ranks(spec, world, tmp_path / f"other{index}", timeout=600)
+        assert error is None, error
+    world_spec = _reference(completions) if reference == "layout" else _critic(completions)
+    shared = _run(tmp_path, "shared", world_spec)
+    alone = _run(tmp_path, "alone", world_spec, fresh=True)
+    assert differences(shared, alone) == []
+
+
 def test_negative_control_a_run_without_the_fresh_rank_state_does_not_take_its_bits(
     tmp_path, completions
 ):

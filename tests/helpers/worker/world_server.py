@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -94,6 +95,7 @@ class WorldServer:
                 proc.kill()
             proc.wait()
             _close_pipes(proc)
+        shutil.rmtree(self.log_dir, ignore_errors=True)  # a failure's text is taken already
 
     def close(self, grace: float = CLOSE_GRACE_S) -> None:
         """stdin EOF ends each rank's loop; a rank still there after `grace` s is killed."""
@@ -106,6 +108,7 @@ class WorldServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 def _code_soon(proc: subprocess.Popen, wait_s: float = 2.0) -> int | None:
