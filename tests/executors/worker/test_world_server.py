@@ -146,7 +146,8 @@ def test_negative_control_a_run_without_the_fresh_rank_state_does_not_take_its_b
 
 def test_a_failing_run_reports_its_own_launchs_error_then_a_fresh_world_runs(tmp_path, completions):
     """A real failure on the rank (the worker refuses ZeRO stage 5): the server's error text
-    == a launch's of its own; the server is gone, and the next request starts a fresh one."""
+    == a launch's of its own; the server is gone, and the next request starts a fresh one.
+    Then a request past its timeout: the server is killed too."""
     world, spec = _layout(completions, PACKED_ONE, "float32", steps=1)
     _run(tmp_path, "before", (world, spec))
     before = world_server.server_pids(world)
@@ -160,3 +161,13 @@ def test_a_failing_run_reports_its_own_launchs_error_then_a_fresh_world_runs(tmp
     after = _run(tmp_path, "after", (world, spec))
     assert world_server.server_pids(world) not in ([], before)
     assert int(after["state"]["step"]) == 1
+    _assert_a_timeout_kills_the_server(tmp_path, world, spec)
+
+
+def _assert_a_timeout_kills_the_server(tmp_path, world: int, spec: dict) -> None:
+    """`timeout` is per request, as per launch: a world still running at it is killed."""
+    pids = world_server.server_pids(world)
+    _, error = run_ranks(spec, world, tmp_path / "late", timeout=0.01)
+    assert error == f"ranks did not finish within 0 s; see {tmp_path / 'late'}/rank*.log"
+    assert world_server.server_pids(world) == []
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)

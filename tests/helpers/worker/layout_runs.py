@@ -55,7 +55,7 @@ def layout_pair(name: str, dtype: str = "bfloat16", **kwargs) -> dict:
 
 def run_layouts(out_dir, completions, runs: dict) -> dict:
     """Rank 0's result of each named run ({name: (layout, dtype, kwargs)}); the runs of one
-    world size share one launch (`run_worlds`)."""
+    world size share one request (`run_worlds`)."""
     specs = {
         name: layout_spec(completions, layout, dtype, **kwargs)
         for name, (layout, dtype, kwargs) in runs.items()
