@@ -58,9 +58,12 @@ class WorldServer:
 
     def request(self, spec_path: Path, out_dir: Path, timeout: float) -> str | None:
         """Run the spec on every rank; None, or the error text of a launch of its own."""
-        for proc in self.procs:
-            proc.stdin.write(f"{spec_path}\n".encode())
-            proc.stdin.flush()
+        try:
+            for proc in self.procs:
+                proc.stdin.write(f"{spec_path}\n".encode())
+                proc.stdin.flush()
+        except BrokenPipeError:  # a rank ended while idle: its error, as a launch's failure
+            return self._error_of_ended(out_dir)
         return self._wait_acks(out_dir, timeout)
 
     def _wait_acks(self, out_dir: Path, timeout: float) -> str | None:
@@ -83,7 +86,8 @@ class WorldServer:
         """The lowest failed rank's error, as a launch of its own reports it."""
         codes = [_code_soon(proc) for proc in self.procs]
         failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
-        rank = failed[0] if failed else next(r for r, c in enumerate(codes) if c is not None)
+        ended = [rank for rank, code in enumerate(codes) if code is not None]
+        rank = (failed or ended or [0])[0]
         return error_text(out_dir, rank, codes[rank], self.log_dir / f"rank{rank}.log")
 
     def alive(self) -> bool:
