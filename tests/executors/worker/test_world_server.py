@@ -1,9 +1,10 @@
 """The world server (tests/helpers/worker/world_server.py): the multi-rank tests share one
 long-lived DeepSpeed world per world size per pytest process, so a run there must take the bits
 of a launch of its own even after OTHER modules' different runs (job modules, dtypes, ZeRO
-stages, thread counts, LoRA and critic runs). Negative control: a run that skips the fresh
-rank state after a run that left its process changed differs. A rank's failure reports the
-text of its own launch's, and the next request runs on a fresh world.
+stages, thread counts, LoRA and critic runs). Negative controls: the comparison sees one
+changed bit; a run that skips the fresh rank state after a run that left its process changed
+does not take its bits (it fails). A rank's failure reports the text of its own launch's,
+the next request runs on a fresh world, and a request past its timeout kills its world.
 """
 
 from __future__ import annotations
