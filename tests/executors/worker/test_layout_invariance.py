@@ -2,8 +2,9 @@
 (ranks, ZeRO stage, micro-batch size, packing, token budget) end every step with the same
 weights and AdamW moments, bit for bit, and write the same metrics; a state saved on one
 layout resumes on another and continues exactly. Negative control: the same layouts with the
-flag off differ. The selected tests' runs share one launch per world size (`runs`); a run
-that shares a world takes the bits of its own launch (the last test).
+flag off differ. The selected tests' runs share one request per world size to the pytest
+process's world (`runs`, world_server.py); a run that shares a world takes the bits of its own
+launch (the last test; across modules: test_world_server.py).
 """
 
 from __future__ import annotations
@@ -170,6 +171,6 @@ def test_a_run_that_shares_a_world_takes_the_bits_of_its_own_launch(runs, tmp_pa
     """The plain runs follow the invariant pair in their worlds' processes (fresh engine,
     model and seed; the process group reused), and end where their own launches end."""
     for name, (layout, dtype, kwargs) in PLAIN.items():
-        alone = run_layout(tmp_path, completions, layout, dtype, **kwargs)
+        alone = run_layout(tmp_path, completions, layout, dtype, fresh=True, **kwargs)
         assert same_state(runs[name]["state"], alone["state"]) == []
         assert same_metrics(runs[name]["metrics"], alone["metrics"]) == []

@@ -3,7 +3,7 @@ real DeepSpeed ranks (gloo): one rank ZeRO-0 with one packed micro-batch of 8 an
 ranks with padded micro-batches of 2 end every step with the same weights and AdamW moments,
 bit for bit, and write the same metrics (all but time/*). Negative control: the same pair
 with the flag off differs. The per-sequence reduction itself: tests/exact/test_float_sums.py.
-The selected tests' runs share one launch per world size (the `runs` fixture).
+The selected tests' runs share one request per world size (the `runs` fixture).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _correction(mode: str, **algorithm) -> dict:
 
 
 # each test's runs, each a pair of layouts (PACKED_ONE, PADDED_TWO); the module's selected
-# tests' runs share one launch per world size (the `runs` fixture)
+# tests' runs share one request per world size (the `runs` fixture)
 RUNS = {
     "test_gspo_takes_the_same_steps_in_two_layouts": layout_pair("gspo", algorithm=GSPO),
     **{

@@ -3,7 +3,7 @@ differ only in layout keys (critic.num_ranks, critic.zero_stage, micro-batch siz
 score the same values for GAE, end every step with the same weights and AdamW moments, bit
 for bit, and report the same critic/* metrics; a critic state saved on one layout resumes on
 another and continues exactly. Negative control: the same layouts with the flag off differ.
-The layout pair and its control share one launch per world size (the `runs` fixture).
+The layout pair and its control share one request per world size (the `runs` fixture).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _spec(completions, layout, *, invariant=True, steps=3, **extra) -> tuple[int
 
 
 def _run(tmp_path, completions, layout, *, invariant=True, steps=3, tag="", **extra) -> dict:
-    """One run in its own launch (the resume tests: a run restores another's saved state)."""
+    """One run in a request of its own (the resume tests: a run restores another's saved state)."""
     world, spec = _spec(completions, layout, invariant=invariant, steps=steps, **extra)
     out = tmp_path / f"w{world}_z{layout[1]}_{invariant}_{tag}_{len(list(tmp_path.iterdir()))}"
     results, error = run_ranks({"job": JOB, **spec}, world, out, timeout=600)
@@ -50,7 +50,7 @@ def _run(tmp_path, completions, layout, *, invariant=True, steps=3, tag="", **ex
     return results[0]["critic_layout_job"]
 
 
-# each test's runs; the selected tests' runs share one launch per world size (`runs`)
+# each test's runs; the selected tests' runs share one request per world size (`runs`)
 RUNS = {
     "test_two_critic_layouts_take_the_same_steps_and_score_the_same_values": {
         "one": (PACKED_ONE, {}),

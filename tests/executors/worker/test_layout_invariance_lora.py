@@ -3,7 +3,7 @@
 the same adapters and AdamW moments, bit for bit, and write the same metrics; the layout-free
 state holds the adapters alone, a checkpoint saved on one layout resumes on the other and
 continues exactly, and one resumed onto another base is refused (its content hash). Negative
-control: the same layouts with the flag off differ. The selected tests' runs share one launch
+control: the same layouts with the flag off differ. The selected tests' runs share one request
 per world size (the `runs` fixture).
 """
 
@@ -26,7 +26,7 @@ from tests.helpers.worker.layout_runs import (
 )
 
 LORA = {"rank": 4, "alpha": 8, "target_modules": "all-linear"}
-# each test's runs; the selected tests' runs share one launch per world size (`runs`)
+# each test's runs; the selected tests' runs share one request per world size (`runs`)
 RUNS = {
     **{
         f"test_two_layouts_take_the_same_lora_steps[{dtype}]": layout_pair(dtype, dtype, lora=LORA)

@@ -1,4 +1,5 @@
-"""Start N real DeepSpeed ranks as subprocesses of `ds_runner.py` and collect their result files."""
+"""Run a spec on N real DeepSpeed ranks (`ds_runner.py`) and collect their result files: on this
+pytest process's long-lived world of N ranks (world_server.py), or in a launch of its own."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import torch
 
 from rl_engine.executors.worker.distributed import free_port
+from tests.helpers.worker import world_server
 
 RUNNER = Path(__file__).with_name("ds_runner.py")
 
@@ -30,15 +32,27 @@ def rank_env(rank: int, world: int, port: int) -> dict:
 
 
 def run_ranks(
-    spec: dict, world: int, out_dir: Path, timeout: float = 300
+    spec: dict, world: int, out_dir: Path, timeout: float = 300, *, fresh: bool = False
 ) -> tuple[list[dict], str | None]:
     """Run `world` ranks on `spec`; return (each rank's {cell: result}, the first error text or None).
 
-    As soon as one rank fails the others are killed (they may wait in a collective forever).
+    The ranks are this process's world server of `world` ranks (each run from a fresh rank's
+    state: the bits of a launch of its own, see test_world_server.py), or with `fresh` a
+    launch of their own (a test whose subject is a launch). As soon as one rank fails the
+    others are killed (they may wait in a collective forever).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_path = out_dir / "spec.json"
     spec_path.write_text(json.dumps({**spec, "world": world, "out_dir": str(out_dir)}))
+    if fresh:
+        error = _launch(spec_path, world, out_dir, timeout)
+    else:
+        error = world_server.serve(spec_path, world, out_dir, timeout, rank_env)
+    return [_load(out_dir / f"rank{rank}.pt") for rank in range(world)], error
+
+
+def _launch(spec_path: Path, world: int, out_dir: Path, timeout: float) -> str | None:
+    """The ranks' first error text or None, from a launch of their own."""
     port = free_port()
     logs = [open(out_dir / f"rank{rank}.log", "w") for rank in range(world)]  # noqa: SIM115 - closed below
     procs = [
@@ -58,7 +72,7 @@ def run_ranks(
                 proc.kill()
                 proc.wait()
             log.close()
-    return [_load(out_dir / f"rank{rank}.pt") for rank in range(world)], error
+    return error
 
 
 def _wait(procs, out_dir: Path, timeout: float) -> str | None:
@@ -67,19 +81,11 @@ def _wait(procs, out_dir: Path, timeout: float) -> str | None:
         codes = [proc.poll() for proc in procs]
         failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
         if failed:
-            return _error_text(out_dir, failed[0], codes[failed[0]])
+            return world_server.error_text(out_dir, failed[0], codes[failed[0]])
         if all(code == 0 for code in codes):
             return None
         time.sleep(0.2)
     return f"ranks did not finish within {timeout:.0f} s; see {out_dir}/rank*.log"
-
-
-def _error_text(out_dir: Path, rank: int, code: int) -> str:
-    error = out_dir / f"rank{rank}.error"
-    detail = (
-        error.read_text() if error.is_file() else (out_dir / f"rank{rank}.log").read_text()[-4000:]
-    )
-    return f"rank {rank} failed (exit {code}):\n{detail}"
 
 
 def _load(path: Path) -> dict:
@@ -90,8 +96,8 @@ def run_worlds(
     job: str, runs: dict[str, tuple[int, dict]], out_dir: Path, timeout: float = 300
 ) -> dict[str, dict]:
     """Rank 0's result of each named run of `job` ({name: (world size, spec)}): the runs of one
-    world size share one launch and run in turn in its processes (ds_runner.py's `runs`);
-    `timeout` is per run."""
+    world size run in turn in one request to its world (ds_runner.py's `runs`, each from a
+    fresh rank's state); `timeout` is per run."""
     by_world: dict[int, dict[str, dict]] = {}
     for name, (world, spec) in runs.items():
         by_world.setdefault(world, {})[name] = spec

@@ -21,7 +21,7 @@ def run_layout_free(tmp_path, world, stage, dtype, optimizer="invariant", **extr
 
 def run_layout_frees(out_dir, runs: dict) -> dict:
     """Rank 0's result of each named run ({name: (world, stage, dtype, optimizer)}, 2 steps);
-    the runs of one world size share one launch (`run_worlds`)."""
+    the runs of one world size share one request (`run_worlds`)."""
     specs = {
         name: (world, {"steps": 2, "stage": stage, "dtype": dtype, "optimizer": optimizer})
         for name, (world, stage, dtype, optimizer) in runs.items()

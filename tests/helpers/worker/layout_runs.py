@@ -30,14 +30,17 @@ def layout_spec(completions, layout, dtype, *, invariant=True, steps=3, **extra)
     return world, spec
 
 
-def run_layout(tmp_path, completions, layout, dtype, *, invariant=True, steps=3, tag="", **extra):
-    """One run in its own launch (a run that needs another's saved state: resume tests)."""
+def run_layout(
+    tmp_path, completions, layout, dtype, *, invariant=True, steps=3, tag="", fresh=False, **extra
+):
+    """One run in a request of its own (a run that needs another's saved state: resume tests);
+    with `fresh`, in a launch of its own (the guard that compares a shared world with one)."""
     world, spec = layout_spec(completions, layout, dtype, invariant=invariant, steps=steps, **extra)
     out = (
         tmp_path
         / f"w{world}_z{spec['stage']}_{dtype}_{invariant}_{tag}_{len(list(tmp_path.iterdir()))}"
     )
-    results, error = run_ranks({"job": JOB, **spec}, world, out, timeout=600)
+    results, error = run_ranks({"job": JOB, **spec}, world, out, timeout=600, fresh=fresh)
     assert error is None, error
     return results[0]["layout_job"]
 
@@ -52,7 +55,7 @@ def layout_pair(name: str, dtype: str = "bfloat16", **kwargs) -> dict:
 
 def run_layouts(out_dir, completions, runs: dict) -> dict:
     """Rank 0's result of each named run ({name: (layout, dtype, kwargs)}); the runs of one
-    world size share one launch (`run_worlds`)."""
+    world size share one request (`run_worlds`)."""
     specs = {
         name: layout_spec(completions, layout, dtype, **kwargs)
         for name, (layout, dtype, kwargs) in runs.items()
