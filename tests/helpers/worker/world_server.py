@@ -28,8 +28,9 @@ from rl_engine.executors.worker.distributed import free_port
 RUNNER = Path(__file__).with_name("ds_runner.py")
 ACK = b"done\n"
 CLOSE_GRACE_S = 5.0
-# changes every test and no rank reads it: not a reason to start a fresh world
-UNREAD_ENV = {"PYTEST_CURRENT_TEST"}
+# No rank reads these, so a change is no reason to start a fresh world: pytest changes the first
+# every test, and Ray's first `ray.init` in the process sets the others (Ray 2.60).
+UNREAD_ENV = {"PYTEST_CURRENT_TEST", "PYTHONBREAKPOINT", "RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"}
 
 _servers: dict[int, WorldServer] = {}
 starts: list[int] = []  # the world size of each server started, for tests and reports
