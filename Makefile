@@ -9,16 +9,19 @@ export DS_ACCELERATOR ?= cpu
 # the tests' processes share two cores: idle OpenMP threads sleep (tests/conftest.py says why)
 TEST_ENV := OMP_WAIT_POLICY=PASSIVE
 
-.PHONY: setup test test-all test-fast demo bench lint clean
+.PHONY: setup warm-models test test-all test-fast demo bench lint clean
 
 KERNEL_SRC   := $(wildcard rl_engine/kernels/cpp/csrc/*)
 KERNEL_STAMP := rl_engine/kernels/cpp/_build/.built
 
 # The two C++ builds (DeepSpeed's CPU op, our kernels) are independent: they run side by side.
-# Then SmolLM2's GGUF is converted into the model cache (~30 s once; a few seconds to check
-# after that; no stamp: the cache lives outside the checkout and may be deleted).
 setup: $(STAMP)
 	@$(MAKE) --no-print-directory -j2 --output-sync=target $(DS_STAMP) $(KERNEL_STAMP)
+
+# SmolLM2's GGUF converted into the model cache for the tests that load it (~25 s once, a few
+# seconds to check after that; no stamp: the cache lives outside the checkout and may be
+# deleted). The demo's tiny model needs none; a SmolLM2 job converts at its first load.
+warm-models: setup
 	$(BIN)/rl-engine models warm smollm2-135m-instruct
 
 # torch is pinned and installed first: an unpinned torch pulls a multi-GB CUDA build.
@@ -44,15 +47,15 @@ $(KERNEL_STAMP): $(STAMP) $(KERNEL_SRC)
 # Slow tests included; `exhaustive` ones (further cases of what make test covers once) are in
 # test-all (docs/testing.md).
 PYTEST_LANES := -n 2 --dist loadgroup
-test: setup
+test: warm-models
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(TEST_ENV) $(BIN)/python -m pytest -q $(PYTEST_LANES) -m "not exhaustive" --durations=20 tests
 
-test-all: setup
+test-all: warm-models
 	$(TEST_ENV) $(BIN)/python -m pytest -q $(PYTEST_LANES) tests
 
-test-fast: setup
+test-fast: warm-models
 	$(TEST_ENV) $(BIN)/python -m pytest -q $(PYTEST_LANES) -m "not slow and not exhaustive" tests
 
 demo: setup

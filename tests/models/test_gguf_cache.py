@@ -3,7 +3,7 @@ bits (float32 and bfloat16), concurrent processes convert once and publish one f
 published folder is reused, a corrupted one is caught, and the key follows the GGUF file.
 
 Every test that writes uses its own RL_ENGINE_CACHE_DIR; the others read SmolLM2's folder in
-the default cache, which `make setup` warms (`warm_folder`). `exhaustive`: three processes
+the default cache, which `make warm-models` warms (`warm_folder`). `exhaustive`: three processes
 convert SmolLM2 at once (~40 s), and the cache equals two direct GGUF loads (~20 s each; the
 float32 comparison also runs on every conversion, before the folder is published)."""
 
@@ -78,7 +78,7 @@ def converted(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def warm_folder() -> Path:
-    """SmolLM2's published folder in the default cache (converted here if `make setup` did not)."""
+    """SmolLM2's published folder in the default cache (converted here if `make warm-models` did not)."""
     from rl_engine.models.loading import warm_model_cache
 
     if gguf_cache.cache_root() is None:
