@@ -5,10 +5,13 @@ tokenizer, and de-quantising every tensor (20-40 s for SmolLM2 on 2 cores), in e
 that loads it. The first load writes what that gives (config, float32 safetensors, tokenizer)
 to `cache_root()/<gguf stem>-<key>`; later loads read the folder.
 
-- The key is a hash of what determines the result: the GGUF's resolved path, size and mtime
-  (a stat, whatever the file's size; hashing the 92 MB SmolLM2 file alone costs 0.2 s), the
+- The key is a hash of what determines the result: the GGUF's content (its sha256), the
   versions of transformers, tokenizers, gguf and numpy (they de-quantise and convert), and
-  FORMAT_VERSION. A changed or replaced file gets a new folder; old ones stay until deleted.
+  FORMAT_VERSION. The same file in two virtualenvs shares one folder; a changed file gets a
+  new one (old ones stay until deleted). A file is hashed once per (resolved path, size,
+  mtime): the digest is remembered in `<root>/.gguf_sha256/` (hashing SmolLM2's 92 MB takes
+  0.2 s, a multi-GB GGUF seconds), so a file rewritten with its old size and mtime would keep
+  its old digest, as a build tool would.
 - A folder is published only if, loaded back, it gives the GGUF's model bit for bit
   (torch.equal on every float32 tensor) and a tokenizer that encodes TOKENIZER_PROBES and a
   chat to the same ids; else ModelCacheError and nothing is published.
@@ -43,12 +46,15 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rl_engine.base.io import write_text_atomic
+
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "RL_ENGINE_CACHE_DIR"
 DEFAULT_CACHE = Path("~/.cache/rl_engine/models")
 FORMAT_VERSION = 1
 MANIFEST = "rl_engine_manifest.json"
+HASH_INDEX = ".gguf_sha256"  # (resolved path, size, mtime) -> the file's sha256, one file each
 # Libraries whose code turns the GGUF into tensors and a tokenizer.
 _CONVERTERS = ("transformers", "tokenizers", "gguf", "numpy")
 # Strings whose ids must not change in the conversion: plain text, whitespace runs, digits,
@@ -83,22 +89,35 @@ def cache_root() -> Path | None:
     return Path(value or DEFAULT_CACHE).expanduser()
 
 
-def cache_key(gguf: Path) -> str:
-    """The hash of what the conversion of `gguf` depends on (see the module docstring)."""
-    resolved = Path(gguf).resolve()
-    stat = resolved.stat()
+def cache_key(gguf: Path, root: Path | None = None) -> str:
+    """The hash of what the conversion of `gguf` depends on (see the module docstring); the
+    file's digest is remembered under `root` when given."""
     inputs = {
-        "path": str(resolved),
-        "size": stat.st_size,
-        "mtime_ns": stat.st_mtime_ns,
+        "sha256": content_sha256(gguf, root),
         "format": FORMAT_VERSION,
         "versions": {name: metadata.version(name) for name in _CONVERTERS},
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def content_sha256(gguf: Path, root: Path | None = None) -> str:
+    """The sha256 of the file `gguf`, read from `root`'s index for its (resolved path, size,
+    mtime) when it was hashed before, else hashed and (under `root`) written there atomically."""
+    resolved = Path(gguf).resolve()
+    stat = resolved.stat()
+    seen = f"{resolved}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    entry = None if root is None else root / HASH_INDEX / hashlib.sha256(seen.encode()).hexdigest()
+    if entry is not None and entry.is_file():
+        return entry.read_text().strip()
+    digest = _sha256(resolved)
+    if entry is not None:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(entry, digest + "\n")
+    return digest
+
+
 def cache_folder(gguf: Path, root: Path) -> Path:
-    return root / f"{Path(gguf).stem}-{cache_key(gguf)}"
+    return root / f"{Path(gguf).stem}-{cache_key(gguf, root)}"
 
 
 def published(gguf: Path, root: Path) -> Path | None:
@@ -247,7 +266,7 @@ def _write_manifest(folder: Path, gguf: Path, *, has_tokenizer: bool) -> None:
     manifest = {
         "format": FORMAT_VERSION,
         "gguf": str(gguf.resolve()),
-        "key": cache_key(gguf),
+        "key": cache_key(gguf, folder.parent),
         "has_tokenizer": has_tokenizer,
         "files": files,
     }

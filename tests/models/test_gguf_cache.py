@@ -25,6 +25,7 @@ import torch
 from rl_engine.models import SMOLLM2_NAME, gguf_cache, has_tokenizer, load_model, smollm2_gguf_path
 from rl_engine.models.gguf_cache import (
     CACHE_ENV,
+    HASH_INDEX,
     MANIFEST,
     PROBE_CHAT,
     TOKENIZER_PROBES,
@@ -87,7 +88,7 @@ def warm_folder() -> Path:
 
 
 def _models(cache: Path) -> list[Path]:
-    return [path for path in cache.iterdir() if path.is_dir()]
+    return [path for path in cache.iterdir() if path.is_dir() and path.name != HASH_INDEX]
 
 
 @pytest.mark.exhaustive
@@ -97,7 +98,8 @@ def test_concurrent_loads_convert_once_and_publish_one_folder(converted):
     assert all("loaded LlamaForCausalLM 49152" in out for out in outputs), outputs
     assert sum(out.count("converting ") for out in outputs) == 1, outputs
     (folder,) = _models(cache)  # one folder, no temp folder left behind
-    assert sorted(p.name for p in cache.iterdir()) == [folder.name, f"{folder.name}.lock"]
+    names = sorted(p.name for p in cache.iterdir())
+    assert names == [HASH_INDEX, folder.name, f"{folder.name}.lock"]
     assert folder.name == f"{smollm2_gguf_path().stem}-{cache_key(smollm2_gguf_path())}"
     gguf_cache.verify_manifest(folder)
     assert {"config.json", "model.safetensors", "tokenizer.json", MANIFEST} <= {
@@ -151,20 +153,33 @@ def test_a_corrupted_cache_is_caught_and_names_the_folder(warm_folder, tmp_path,
     assert str(copy) in str(info.value) and "model.safetensors" in str(info.value)
 
 
-def test_the_key_follows_the_gguf_file(tmp_path):
-    original = smollm2_gguf_path()
+def test_the_key_follows_the_gguf_files_content_hashed_once(tmp_path, monkeypatch):
+    """A copy elsewhere (another virtualenv's) shares the key, a touched file keeps it, a
+    changed one gets another; a file is hashed once per path, size and mtime (the index)."""
+    original, root = smollm2_gguf_path(), tmp_path / "cache"
     copy = tmp_path / original.name
-    shutil.copy2(original, copy)  # same size and mtime, another path
-    keys = {cache_key(original), cache_key(copy)}
-    assert len(keys) == 2
-    assert cache_key(copy) == cache_key(copy)  # control: nothing changed, same key
+    shutil.copy2(original, copy)  # same content, another path
+    key = cache_key(original, root)
+    assert cache_key(copy, root) == key
     stat = copy.stat()
     os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    assert cache_key(copy) not in keys
-    with open(copy, "ab") as file:  # a grown file (its mtime set back): another key again
-        file.write(b"\0")
-    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert cache_key(copy) not in keys
+    assert cache_key(copy, root) == key  # touched, same content
+    with open(copy, "r+b") as file:  # one byte changed, size kept, mtime set back
+        file.seek(stat.st_size // 2)
+        byte = file.read(1)
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([byte[0] ^ 1]))
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 2_000_000_000))
+    assert cache_key(copy, root) != key
+    assert len(list((root / HASH_INDEX).iterdir())) == 4  # one digest per path, size, mtime
+
+    hashed = []
+    real_sha256 = gguf_cache._sha256
+    monkeypatch.setattr(
+        gguf_cache, "_sha256", lambda path: hashed.append(path) or real_sha256(path)
+    )
+    assert cache_key(original, root) == key and hashed == []  # remembered, not hashed again
+    assert cache_key(original) == key and hashed == [original.resolve()]  # control: no index
 
 
 def test_the_loser_of_the_rename_uses_the_winners_folder(tmp_path):
@@ -273,4 +288,5 @@ def test_a_gguf_that_cannot_be_read_publishes_nothing(tmp_path, monkeypatch):
     with pytest.raises(Exception) as info:
         load_model(bad)
     assert not isinstance(info.value, ModelCacheError)  # the reader's own error, unchanged
-    assert [p.name for p in cache.iterdir()] == [f"broken-{cache_key(bad)}.lock"]
+    names = sorted(p.name for p in cache.iterdir())
+    assert names == [HASH_INDEX, f"broken-{cache_key(bad)}.lock"]
