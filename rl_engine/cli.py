@@ -179,7 +179,7 @@ def cmd_models(args) -> int:
     from rl_engine.models import quiet_loading, warm_model_cache
     from rl_engine.models.gguf_cache import CACHE_ENV, cache_root
 
-    if cache_root() is None:  # `make setup` runs this: a turned-off cache is not an error
+    if cache_root() is None:  # `make test` runs this first: a turned-off cache is not an error
         print(f"{CACHE_ENV}=off: the model cache is off, nothing to warm")
         return 0
     quiet_loading()

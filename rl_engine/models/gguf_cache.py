@@ -133,11 +133,10 @@ def folder_has_tokenizer(folder: Path) -> bool:
 def ensure_converted(gguf: Path, root: Path, with_tokenizer) -> Path:
     """The published folder of `gguf`, converting it first if there is none.
     `with_tokenizer()` says whether the GGUF has a tokenizer (asked only when converting)."""
-    folder = published(gguf, root)
-    if folder is not None:
-        return folder
-    root.mkdir(parents=True, exist_ok=True)
     target = cache_folder(gguf, root)
+    if (target / MANIFEST).is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
     with ConversionLock(target):
         if (target / MANIFEST).is_file():  # another process converted while we waited
             return target

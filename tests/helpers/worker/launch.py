@@ -15,7 +15,7 @@ import torch
 from rl_engine.executors.worker.distributed import free_port
 from tests.helpers.worker import world_server
 
-RUNNER = Path(__file__).with_name("ds_runner.py")
+RUNNER = world_server.RUNNER
 
 
 def rank_env(rank: int, world: int, port: int) -> dict:

@@ -33,7 +33,6 @@ CLOSE_GRACE_S = 5.0
 UNREAD_ENV = {"PYTEST_CURRENT_TEST", "PYTHONBREAKPOINT", "RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"}
 
 _servers: dict[int, WorldServer] = {}
-starts: list[int] = []  # the world size of each server started, for tests and reports
 
 
 class WorldServer:
@@ -45,7 +44,6 @@ class WorldServer:
         self.log_dir = Path(tempfile.mkdtemp(prefix=f"world{world}-server-"))
         port = free_port()
         self.procs = [self._start(rank, env_of_rank(rank, world, port)) for rank in range(world)]
-        starts.append(world)
 
     def _start(self, rank: int, env: dict) -> subprocess.Popen:
         with open(self.log_dir / f"rank{rank}.log", "w") as log:
