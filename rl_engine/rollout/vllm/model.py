@@ -43,7 +43,10 @@ class ExactCausalLM(nn.Module):
         self.config = hf.config
         self.attn_layers = _attention_layers(vllm_config, hf.config, prefix)
         self.layer_names = [layer.layer_name for layer in self.attn_layers]
-        self._lm_head = None  # the patched lm_head op, once weights are in
+        self._lm_head = self._log_softmax = None  # the patched ops, once weights are in
+        self.sample_positions: torch.Tensor | None = None
+        """(R,) the last scheduled position of each request of the last forward (the
+        position whose logits are sampled): read by ExactSampler."""
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.hf.get_input_embeddings()(input_ids)
@@ -65,6 +68,7 @@ class ExactCausalLM(nn.Module):
             )
         total = positions.shape[0]
         metadata = get_forward_context().attn_metadata
+        self.sample_positions = None
         if metadata is None:  # vLLM's warm-up / profiling run: no KV cache to attend over
             return torch.zeros(total, self.config.hidden_size, dtype=self._dtype())
         if isinstance(metadata, list):
@@ -72,6 +76,7 @@ class ExactCausalLM(nn.Module):
                 "RL_ENGINE_BATCH_INVARIANT=1: speculative-decoding metadata is not supported"
             )
         batch = FlatBatch.from_metadata(metadata[self.layer_names[0]], positions)
+        self.sample_positions = batch.q_positions.max(dim=1).values
         if batch.count == 0:
             return torch.zeros(total, self.config.hidden_size, dtype=self._dtype())
         out = self.hf.base_model(
@@ -88,6 +93,13 @@ class ExactCausalLM(nn.Module):
             raise RuntimeError("ExactCausalLM.compute_logits before load_weights")
         weight, bias = lm_head_parameters(self.hf)
         return self._lm_head(hidden_states, weight, bias)
+
+    def log_softmax(self, logits: torch.Tensor, temperature: float) -> torch.Tensor:
+        """(M, V) logits -> fp32 logprobs at `temperature`: the trainer's log_softmax op, as
+        the own engine's stepper calls it (ExactSampler's logprobs)."""
+        if self._log_softmax is None:
+            raise RuntimeError("ExactCausalLM.log_softmax before load_weights")
+        return self._log_softmax(logits, temperature)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy a checkpoint's tensors into the HF model by name, then patch it."""
@@ -107,6 +119,7 @@ class ExactCausalLM(nn.Module):
         if self._lm_head is None:
             apply_batch_invariant(self.hf)
             self._lm_head = model_op(self.hf, "lm_head")
+            self._log_softmax = model_op(self.hf, "log_softmax")
         return loaded
 
     def _dtype(self) -> torch.dtype:

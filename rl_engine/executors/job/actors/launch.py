@@ -18,6 +18,7 @@ from rl_engine.executors.job import cluster
 from rl_engine.executors.job.actors.process import ds_accelerator
 from rl_engine.executors.job.actors.rollout import RolloutActor
 from rl_engine.executors.job.actors.trainers import CriticActor, TrainerActor
+from rl_engine.executors.job.actors.vllm_rollout import VllmRolloutActor
 from rl_engine.executors.job.faults import ActorInfo, gather
 
 log = logging.getLogger("rl_engine.job")
@@ -54,19 +55,30 @@ def spawn_actors(config: RunConfig, groups: list) -> tuple[list[ActorInfo], list
         )
         for r in range(n_ranks)
     ]
+    engine_class, engine_env = engine_actor(config, env)
     engines = [
         ActorInfo(
             "rollout engine",
             e,
-            RolloutActor.options(
+            engine_class.options(
                 **options, scheduling_strategy=cluster.in_group(engine_group, e * tp + r)
-            ).remote(config, e, r, env=env),
+            ).remote(config, e, r, env=engine_env),
             tp_rank=r if tp > 1 else None,
         )
         for e in range(n_engines)
         for r in range(tp)
     ]
     return trainers, engines
+
+
+def engine_actor(config: RunConfig, env: dict[str, str]):
+    """The rollout engines' actor class and environment: the own engine's, or vLLM's
+    (rollout.engine: vllm) with the settings its process needs before vLLM is imported."""
+    if config.rollout.engine != "vllm":
+        return RolloutActor, env
+    from rl_engine.rollout.vllm.engine import ENGINE_ENV
+
+    return VllmRolloutActor, {**env, **ENGINE_ENV}
 
 
 def spawn_critics(config: RunConfig, groups: list) -> list[ActorInfo]:

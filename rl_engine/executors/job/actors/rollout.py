@@ -104,7 +104,7 @@ class RolloutActor(JobActor):
     def generate(self, prompts, sampling, after_env_turn: bool = False):
         """(completions, seconds spent generating); after_env_turn: the prompts continue
         transcripts after an environment turn (their prefills never share)."""
-        return _timed(
+        return timed(
             self.engine.generate, prompts, sampling, progress=False, after_env_turn=after_env_turn
         )
 
@@ -115,12 +115,12 @@ class RolloutActor(JobActor):
 
         if self.episodes is None:
             self.episodes = EpisodeRunner(self.config, self.tokenizer, self.vocab_size)
-        return _timed(self.episodes.play, self.engine, tasks, sampling)
+        return timed(self.episodes.play, self.engine, tasks, sampling)
 
     def play_turns(self, starts, sampling, max_total_tokens: int):
         """(completions, seconds spent): one turn of each whole transcript (`TurnStart`s), the
         whole-transcript path of a tensor-parallel engine's episodes."""
-        return _timed(
+        return timed(
             self.engine.generate_episodes,
             starts,
             sampling,
@@ -177,7 +177,7 @@ def adapter_receiver(model, manifest, plan, receiver: int, bucket_bytes: int):
     return WeightReceiver(targets, manifest, plan.only(names), receiver, bucket_bytes)
 
 
-def _timed(run, *args, **kwargs):
+def timed(run, *args, **kwargs):
     """(run's result, its seconds); the heap it freed goes back to the OS after."""
     started = time.perf_counter()
     result = run(*args, **kwargs)
