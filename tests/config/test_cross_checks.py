@@ -147,3 +147,32 @@ def test_check_run_accepts_the_defaults_and_sees_a_section_changed_after_constru
     config.eval.every = 3  # sections are mutable: the run check is what catches the clash
     with pytest.raises(ValueError, match="eval.every needs data.val_files"):
         check_run(config)
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ({"batch_invariant": False, "parity": "report"}, "batch_invariant: false"),
+        ({"lora": {"rank": 4}}, "lora"),
+        ({"rollout": {"engine": "vllm", "env": ENV}}, "rollout.env"),
+        (
+            {"rollout": {"engine": "vllm", "tensor_parallel_size": 2}},
+            "rollout.tensor_parallel_size: 2",
+        ),
+        ({"device": "cuda"}, "device: cuda"),
+    ],
+)
+def test_the_vllm_engine_refuses_what_it_cannot_keep_exact_by_name(data, named):
+    rollout = {"engine": "vllm", **data.pop("rollout", {})}
+    with pytest.raises(ValueError, match=f"rollout.engine: vllm does not support {named}"):
+        RunConfig.from_dict({"rollout": rollout, **data})
+
+
+def test_the_vllm_engine_without_vllm_says_how_to_install_it(monkeypatch):
+    """The machine-without-vLLM path (vLLM is installed here: its absence is simulated)."""
+    from rl_engine.rollout import vllm as plugin
+
+    monkeypatch.setattr(plugin, "installed", lambda: False)
+    with pytest.raises(ValueError, match=r"rollout.engine: vllm: .*make setup installs it"):
+        RunConfig.from_dict({"rollout": {"engine": "vllm"}})
+    assert RunConfig.from_dict({}).rollout.engine == "own"  # the own engine stays the default
