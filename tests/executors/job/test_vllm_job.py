@@ -16,9 +16,10 @@ from safetensors.torch import load_file
 from rl_engine.config import RunConfig
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
+from rl_engine.executors.job.run_dir import resume_config
 from rl_engine.models import load_model
-from tests.helpers.job.jobs import without_timings
-from tests.helpers.rollout.vllm.common import require_vllm
+from tests.helpers.job.jobs import job_config, without_timings
+from tests.helpers.rollout.vllm.common import require_vllm, write_folder
 
 require_vllm()
 pytestmark = [
@@ -94,3 +95,27 @@ def test_the_own_engine_samples_the_same_and_ends_with_the_same_weights(vllm_run
     start, _ = load_model("smollm2-135m-instruct", dtype=torch.float32)
     moved = [k for k, v in start.state_dict().items() if k in own and not torch.equal(v, own[k])]
     assert moved, "the weights never moved: equal final weights would prove nothing"
+
+
+@pytest.mark.exhaustive  # three more job starts
+def test_a_resumed_vllm_job_writes_the_uninterrupted_run(tmp_path, job_ray):
+    """A tiny Llama (head size 32, vLLM's CPU cache takes it) on the vLLM engine: stopped
+    after step 2 and resumed to step 3, the run equals the uninterrupted one (the resume's
+    first sync lands the checkpoint's weights in vLLM and resets its prefix cache)."""
+    folder = write_folder("tiny-llama", torch.float32, tmp_path)
+    sections = {
+        "rollout": {"engine": "vllm"},
+        "checkpoint": {"every": 1, "keep_last": 3},
+    }
+
+    def config(run_dir, steps):
+        data = job_config(run_dir, steps=steps, **sections).to_dict()
+        return RunConfig.from_dict({**data, "model": str(folder)})
+
+    whole = tmp_path / "whole"
+    run_job(config(whole, 3))
+    resumed = tmp_path / "resumed"
+    run_job(config(resumed, 2))
+    run_job(resume_config(resumed, None, ["steps=3"]), resume=True)
+    assert without_timings(resumed) == without_timings(whole)
+    assert all(m["parity/exact_match_fraction"] == 1.0 for m in without_timings(whole))
