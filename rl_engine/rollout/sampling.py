@@ -140,14 +140,6 @@ def request_seed(seed: int, prompt_index: int, sample_index: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-request_key = request_seed  # SHIM: replaced by the position-keyed sampler's
-
-
-def token_uniform(key: int, index: int) -> float:  # SHIM
-    digest = hashlib.blake2b(f"{key}/{index}".encode(), digest_size=8).digest()
-    return (int.from_bytes(digest, "little") >> 11) / float(1 << 53)
-
-
 def request_generator(seed: int, prompt_index: int, sample_index: int) -> torch.Generator:
     """The CPU generator owned by one request (draws are tiny; they stay on the CPU)."""
     return torch.Generator(device="cpu").manual_seed(request_seed(seed, prompt_index, sample_index))
@@ -185,10 +177,7 @@ def draw(logp: torch.Tensor, generator: torch.Generator) -> int:
     """Inverse-CDF draw of one index from unnormalised logprobs (C,), with one uniform of `generator`."""
     weights = (logp.double() - logp.max().double()).exp()  # (C,), max weight 1
     cdf = weights.cumsum(0)
-    if isinstance(generator, float):  # SHIM
-        u = torch.tensor(generator, dtype=torch.float64)
-    else:
-        u = torch.rand((), generator=generator, dtype=torch.float64)
+    u = torch.rand((), generator=generator, dtype=torch.float64)
     index = int(torch.searchsorted(cdf, u * cdf[-1], right=True))
     return min(index, cdf.shape[0] - 1)
 
