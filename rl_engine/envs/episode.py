@@ -20,7 +20,7 @@ Two paths, one set of rules (`_Live.take_turn`, and `turn_budget` for each turn'
   decode (`RolloutEngine.generate_episodes`); the job's engine actors play their episodes so.
 - `run_episodes` here takes a `generate_turn` and calls it once per turn for every live
   episode; `transcript_turns` (play.py) sends each whole transcript as a fresh prompt with the
-  seeds of the first path (turn t of episode `key` draws from the generator of (seed, key, t)),
+  seeds of the first path (turn t of episode `key` draws with the key of (seed, key, t)),
   so both give the same episodes. A tensor-parallel engine's episodes take this path.
 Both are exact: prefill, prefill at an offset and decode are batch-invariant and equal, so every
 sampled token's logprob equals the trainer's teacher-forced recompute of the whole transcript.

@@ -9,8 +9,8 @@ the next turn (the kept tokens, the observation, `turn_budget`) or None. The nex
 the episode's KV slot and is prefilled at the slot's length while the other episodes decode:
 an episode whose turn ended continues at once, without waiting for the others.
 
-Seeds: turn t of the episode with key k draws from the generator of (sampling.seed, k, t), so
-its tokens depend neither on the slot count nor on which engine plays it, and equal the
+Seeds: turn t of episode k draws with the key of (sampling.seed, k, t) (`turn_key`), so its
+tokens depend neither on the slot count nor on which engine plays it, and equal the
 whole-transcript path's with the same seeds (each turn sent as `TurnStart(transcript, k, t)`).
 """
 

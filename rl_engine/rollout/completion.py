@@ -1,10 +1,11 @@
 """What `generate` returns (`Completion`) and a request while it is generated (`Request`).
 
-A request is one (prompt index, sample index) pair with its own generator. It
-collects each sampled token and its logprob and finishes on the first stop / EOS
-token (kept as its last token) or at `max_new_tokens` (its own, or the sampling's); the
-finished request becomes a `Completion`. A model turn of an episode is one request; the
-next turn is a new request in the same slot (turns.py).
+A request is one (prompt index, sample index) pair with its own key (sampling.py: the token at
+index i of the request is drawn with `token_uniform(key, i)`). It collects each sampled token
+and its logprob and finishes on the first stop / EOS token (kept as its last token) or at
+`max_new_tokens` (its own, or the sampling's); the finished request becomes a `Completion`. A
+model turn of an episode is one request; the next turn is a new request in the same slot
+(turns.py).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class Request:
     prompt_index: int
     sample_index: int
     prompt_ids: list[int]
-    generator: torch.Generator
+    key: int
+    """The key of its draws (`request_key` / `turn_key`): token i uses `token_uniform(key, i)`."""
     slot: int = -1
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)

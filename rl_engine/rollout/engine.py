@@ -52,7 +52,7 @@ from rl_engine.rollout.checks import (
 )
 from rl_engine.rollout.completion import Completion, Request
 from rl_engine.rollout.kv_cache import SlotKVCache
-from rl_engine.rollout.sampling import SamplingParams, request_generator
+from rl_engine.rollout.sampling import SamplingParams, request_key
 from rl_engine.rollout.scheduler import GenerateStats, run_continuous_batching
 from rl_engine.rollout.stepper import Stepper
 from rl_engine.rollout.turns import OnTurnEnd, TurnChain, TurnStart, check_starts
@@ -137,9 +137,7 @@ class RolloutEngine:
         if not prompt_ids:
             return []
         requests = [
-            Request(
-                p, s, ids, request_generator(sampling.seed, p, s), shares_prefill=not after_env_turn
-            )
+            Request(p, s, ids, request_key(sampling.seed, p, s), shares_prefill=not after_env_turn)
             for p, ids in enumerate(prompt_ids)
             for s in range(sampling.n)
         ]
@@ -161,8 +159,8 @@ class RolloutEngine:
         turn (sampling.n must be 1) of at most `turn_budget` tokens; when it ends,
         `on_turn_end(index, turn)` answers with a `Continuation`, which the episode plays in
         its own slot at the next iteration (a prefill at the slot's length, beside the other
-        sequences' decodes), or None. Each turn draws from the generator of (sampling.seed,
-        episode, turn). Every slot holds `max_total_tokens` positions. Returns each episode's
+        sequences' decodes), or None. Each turn draws with the key of (sampling.seed, episode,
+        turn) (`turn_key`). Every slot holds `max_total_tokens` positions. Returns each episode's
         last turn, in the order of `starts`; `last_stats` counts the continuations."""
         self._check_weights_complete()
         sampling = check_sampling(sampling)

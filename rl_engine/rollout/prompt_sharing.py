@@ -9,7 +9,7 @@ batch), so the prompt run once gives every sample the bits its own prefill would
 
 - the first request of each prompt in an admission (its lowest slot) is prefilled;
 - every other request of that prompt copies its rows (`SlotKVCache.copy_rows`) and draws its
-  first token, with its own generator, from the same logprob row;
+  first token, with its own key, from the same logprob row;
 - a request admitted later, once a slot frees, copies from a live slot of the same `generate`
   call that holds its prompt (a running sequence's prompt rows are never rewritten: decode
   writes past them), with the logprob row kept while such a slot lives; else it prefills.

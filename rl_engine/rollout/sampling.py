@@ -10,12 +10,20 @@ the recorded logprob. That is the quantity the trainer recomputes with
 
 Reproducibility
 ---------------
-Every request (prompt index p, sample index s) owns a `torch.Generator` seeded
-from (seed, p, s), and a token is drawn from that request's row alone with ops
-on a 1-D tensor. The draw therefore depends neither on the other rows of the
-batch nor on the batch size: same prompt, same index, same seed -> same
-completion. A model turn of a multi-turn episode owns the generator of (seed, episode
-index, turn) instead (`turn_generator`): its draws depend on no slot, batch or engine.
+A token's draw is position-keyed, not call-ordered. Every request has a 63-bit key:
+`request_key(seed, p, s)` for sample s of prompt p, `turn_key(seed, episode, turn)` for a
+model turn of a multi-turn episode. The uniform of the token at index i of that
+completion (or turn), counted from 0, is `token_uniform(key, i)`: a hash of (key, i),
+with no generator and no state. A token is then drawn from its request's row alone, with
+ops on a 1-D tensor (`sample_token`). So no draw depends on call order, on the other rows
+of the batch or the batch size, on the engine or process that draws it, or on a draw that
+was made and thrown away: the same position decoded alone, verified inside a speculative
+block, re-decoded after a resume or drawn by another engine (a vLLM sampler calling these
+functions) gives the same token from the same logprob row. Same prompt, same index, same
+seed -> same completion.
+
+This replaced a per-request `torch.Generator` read in call order; the tokens of a given
+seed changed once with it.
 """
 
 from __future__ import annotations
@@ -69,14 +77,14 @@ class SamplingParams(SamplingKeys):
     The sampling keys (max_new_tokens, temperature, top_p, top_k) and their defaults are
     SamplingKeys's, the same as a run config's `rollout:` section.
     temperature 0 means greedy decoding (argmax of the T = 1 logprobs; top_k / top_p and
-    the generator are unused); its logprobs are recorded at T = 1.
+    the uniforms are unused); its logprobs are recorded at T = 1.
     eos_token_id None means: do not stop on an EOS token (only on `stop_token_ids`).
     """
 
     n: int = 1
     """Completions per prompt (vLLM's name; the config's `rollout.samples_per_prompt`)."""
     seed: int = 0
-    """Seed of the generator that draws the samples."""
+    """Seed of the keys that draw the samples (`request_key`, `turn_key`)."""
     stop_token_ids: tuple[int, ...] = ()
     """Token ids that end a completion (kept as its last token)."""
     eos_token_id: int | None = None
@@ -132,24 +140,37 @@ class SamplingParams(SamplingKeys):
         return token == self.eos_token_id or token in self.stop_token_ids
 
 
-def request_seed(seed: int, prompt_index: int, sample_index: int) -> int:
-    """A 63-bit seed that mixes (seed, prompt index, sample index); stable across runs and platforms."""
-    digest = hashlib.blake2b(
-        f"{seed}/{prompt_index}/{sample_index}".encode(), digest_size=8
-    ).digest()
-    return int.from_bytes(digest, "little") >> 1
+KEY_BITS = 63  # keys fit a signed int64 (vLLM's per-request seed, torch's manual_seed)
+UNIFORM_BITS = 53  # a float64's mantissa: every uniform is exactly k / 2**53
 
 
-def request_generator(seed: int, prompt_index: int, sample_index: int) -> torch.Generator:
-    """The CPU generator owned by one request (draws are tiny; they stay on the CPU)."""
-    return torch.Generator(device="cpu").manual_seed(request_seed(seed, prompt_index, sample_index))
+def _key_of(text: str) -> int:
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> (64 - KEY_BITS)
 
 
-def turn_generator(seed: int, episode: int, turn: int) -> torch.Generator:
-    """The generator of one model turn of an episode (turns from 1): a function of (seed,
-    episode index, turn) alone, so a turn's draws depend on no slot, batch or engine."""
-    digest = hashlib.blake2b(f"{seed}/episode/{episode}/turn/{turn}".encode(), digest_size=8)
-    return torch.Generator(device="cpu").manual_seed(int.from_bytes(digest.digest(), "little") >> 1)
+def request_key(seed: int, prompt_index: int, sample_index: int) -> int:
+    """The 63-bit key of one request (sample `sample_index` of prompt `prompt_index`) that
+    keys its token draws; stable across runs, processes and platforms."""
+    return _key_of(f"{seed}/{prompt_index}/{sample_index}")
+
+
+def turn_key(seed: int, episode: int, turn: int) -> int:
+    """The key of one model turn of an episode (turns from 1): a function of (seed, episode
+    index, turn) alone, so a turn's draws depend on no slot, batch or engine."""
+    return _key_of(f"{seed}/episode/{episode}/turn/{turn}")
+
+
+def token_uniform(key: int, index: int) -> float:
+    """The uniform in [0, 1) that draws the token at `index` (from 0) of the request `key`:
+    the top 53 bits of blake2b("key/index") over 2**53. A pure function, so the draw of a
+    position never depends on which draws came before it, here or in another process."""
+    if not is_int(key) or not 0 <= key < 2**KEY_BITS:
+        raise ValueError(f"token_uniform: key must be an int in [0, 2**{KEY_BITS}), got {key!r}")
+    if not is_int(index) or index < 0:
+        raise ValueError(f"token_uniform: index must be an int >= 0, got {index!r}")
+    digest = hashlib.blake2b(f"{key}/{index}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") >> (64 - UNIFORM_BITS)) / 2**UNIFORM_BITS
 
 
 def candidates(
@@ -173,19 +194,22 @@ def candidates(
     return logp, ids
 
 
-def draw(logp: torch.Tensor, generator: torch.Generator) -> int:
-    """Inverse-CDF draw of one index from unnormalised logprobs (C,), with one uniform of `generator`."""
+def draw(logp: torch.Tensor, u: float) -> int:
+    """Inverse-CDF draw of one index from unnormalised logprobs (C,) with the uniform `u`."""
+    if not isinstance(u, float) or not 0.0 <= u < 1.0:
+        raise ValueError(f"draw: the uniform u must be a float in [0, 1), got {u!r}")
     weights = (logp.double() - logp.max().double()).exp()  # (C,), max weight 1
     cdf = weights.cumsum(0)
-    u = torch.rand((), generator=generator, dtype=torch.float64)
-    index = int(torch.searchsorted(cdf, u * cdf[-1], right=True))
+    target = torch.tensor(u, dtype=torch.float64) * cdf[-1]
+    index = int(torch.searchsorted(cdf, target, right=True))
     return min(index, cdf.shape[0] - 1)
 
 
-def sample_token(logp: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """One token id from one row of logprobs (V,) (already at the sampling temperature)."""
+def sample_token(logp: torch.Tensor, params: SamplingParams, u: float) -> int:
+    """One token id from one row of logprobs (V,) (already at the sampling temperature),
+    drawn with the uniform `u` (`token_uniform`; greedy ignores it)."""
     if params.greedy:
         return int(torch.argmax(logp))
     cand_logp, cand_ids = candidates(logp, params.top_k, params.top_p)
-    index = draw(cand_logp, generator)
+    index = draw(cand_logp, u)
     return index if cand_ids is None else int(cand_ids[index])

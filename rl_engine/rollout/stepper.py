@@ -12,8 +12,9 @@ its GEMMs on the weights packed at the start of the call into the engine's
 Each row's last hidden state is scored: patched, through the `lm_head` and `log_softmax`
 ops the model was patched with (`model_op`), the definition the trainer's `linear_logp`
 computes, so every recorded logprob equals its recompute bit for bit; unpatched, through
-the model's own lm_head and `torch.log_softmax`. Each row then draws its token from its
-own generator (`sample_token`).
+the model's own lm_head and `torch.log_softmax`. Each row then draws its token with the
+uniform of its own position, `token_uniform(request.key, len(request.token_ids))`
+(`sample_token`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from rl_engine.patching import (
 from rl_engine.rollout.completion import Request
 from rl_engine.rollout.kv_cache import SlotKVCache
 from rl_engine.rollout.prompt_sharing import PromptSharing, SharePlan
-from rl_engine.rollout.sampling import SamplingParams, sample_token
+from rl_engine.rollout.sampling import SamplingParams, sample_token, token_uniform
 
 PAD_ID = 0  # fills the right padding of a ragged prefill; never attended to, never scored
 
@@ -213,7 +214,7 @@ class Stepper:
         """Each row's sampled token and its logprob (row r of logp is requests[r])."""
         logp_cpu = logp.cpu()
         tokens = [
-            sample_token(logp_cpu[row], self.sampling, request.generator)
+            sample_token(logp_cpu[row], self.sampling, _next_uniform(request))
             for row, request in enumerate(requests)
         ]
         rows = torch.arange(len(requests))
@@ -222,3 +223,9 @@ class Stepper:
     def _append(self, requests: list[Request], tokens: list[int], logprobs: list[float]) -> None:
         for request, token, logprob in zip(requests, tokens, logprobs):
             request.append(token, logprob, self.sampling)
+
+
+def _next_uniform(request: Request) -> float:
+    """The uniform of the request's next token: keyed by its position in the completion, so
+    it is the same whatever was drawn before it, by this request or any other."""
+    return token_uniform(request.key, len(request.token_ids))

@@ -12,11 +12,11 @@ yet), and is admitted at the scheduler's next iteration: a prefill at the slot's
 running decodes (scheduler.py, stepper.py). A turn cut short (`kept` < the turn's length) is
 prefilled from the cut: the rows past it are rewritten.
 
-Seeds: every turn draws from the generator of (sampling.seed, episode, turn)
-(`turn_generator`), so its tokens depend on nothing about scheduling, slot count or engine
-count. A turn's budget is `turn_budget`: sampling.max_new_tokens, within what is left of
-`max_total_tokens`, the capacity of every slot. First turns (turn 1) may share their prompt's
-prefill (prompt_sharing.py); a later turn never does.
+Seeds: every turn draws with the key of (sampling.seed, episode, turn) (`turn_key`; token i of
+the turn uses `token_uniform(key, i)`), so its tokens depend on nothing about scheduling, slot
+count or engine count. A turn's budget is `turn_budget`: sampling.max_new_tokens, within what
+is left of `max_total_tokens`, the capacity of every slot. First turns (turn 1) may share their
+prompt's prefill (prompt_sharing.py); a later turn never does.
 
 Exactness: the invariant attention gives a prefill at an offset the bits of a full prefill and
 of decode (tests/kernels/test_prefill_at_offset.py), and every other op is row-wise, so every
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from rl_engine.base.fields import is_int
 from rl_engine.rollout.completion import Completion, Request
-from rl_engine.rollout.sampling import SamplingParams, turn_generator
+from rl_engine.rollout.sampling import SamplingParams, turn_key
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ class TurnChain:
             index,
             0,
             list(ids),
-            turn_generator(self.sampling.seed, episode, turn),
+            turn_key(self.sampling.seed, episode, turn),
             shares_prefill=turn == 1,
             max_new_tokens=max_new_tokens,
             cached=cached,

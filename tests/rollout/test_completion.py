@@ -16,7 +16,7 @@ from rl_engine.rollout.completion import Completion, Request
 
 
 def _request(**kwargs) -> Request:
-    return Request(0, 1, [5, 6, 7], torch.Generator().manual_seed(0), **kwargs)
+    return Request(0, 1, [5, 6, 7], key=0, **kwargs)
 
 
 def test_a_stop_token_finishes_the_request_and_is_kept():

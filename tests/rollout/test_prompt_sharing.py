@@ -126,7 +126,7 @@ def test_sharing_on_equals_off_at_one_and_two_threads(name):
 
 
 def _request(prompt, sample, slot, shares=True):
-    request = Request(0, sample, list(prompt), torch.Generator(), shares_prefill=shares)
+    request = Request(0, sample, list(prompt), key=0, shares_prefill=shares)
     request.slot = slot
     return request
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from rl_engine.rollout import RolloutEngine, SamplingParams
-from rl_engine.rollout.sampling import candidates, draw, request_generator
+from rl_engine.rollout.sampling import candidates, draw, request_key, token_uniform, turn_key
 from tests.helpers.rollout.common import assert_same_completions, patched_model, random_prompts
 
 VOCAB = 1000  # tiny-llama
@@ -110,21 +110,23 @@ def test_top_k_and_top_p_restrict_the_candidates():
 
 def test_draw_follows_the_distribution_and_never_picks_impossible_tokens():
     logp = torch.log(torch.tensor([0.5, 0.0, 0.25, 0.25]))
-    g = request_generator(0, 0, 0)
-    counts = torch.bincount(torch.tensor([draw(logp, g) for _ in range(4000)]), minlength=4)
+    key = request_key(0, 0, 0)
+    counts = torch.bincount(
+        torch.tensor([draw(logp, token_uniform(key, i)) for i in range(4000)]), minlength=4
+    )
     assert counts[1] == 0
     assert abs(counts[0].item() / 4000 - 0.5) < 0.05 and abs(counts[2].item() / 4000 - 0.25) < 0.05
 
 
-def test_request_generators_are_distinct_and_reproducible():
-    first = [
-        torch.rand(3, generator=request_generator(0, p, s)) for p in range(3) for s in range(3)
-    ]
-    again = [
-        torch.rand(3, generator=request_generator(0, p, s)) for p in range(3) for s in range(3)
-    ]
-    assert all(torch.equal(a, b) for a, b in zip(first, again))
-    assert len({tuple(t.tolist()) for t in first}) == 9
+def test_request_and_turn_keys_are_distinct_and_reproducible():
+    def keys():
+        requests = [request_key(0, p, s) for p in range(3) for s in range(3)]
+        return requests + [turn_key(0, e, t) for e in range(3) for t in range(1, 4)]
+
+    first = keys()
+    assert first == keys()
+    assert len(set(first)) == 18 and all(0 <= k < 2**63 for k in first)
+    assert request_key(1, 0, 0) != request_key(0, 0, 0) != turn_key(0, 0, 0)
 
 
 @pytest.mark.parametrize(

@@ -58,7 +58,7 @@ def _inference_mode():
 
 def _requests(budgets):
     return [
-        Request(i, 0, [3 + i, 4, 5], torch.Generator().manual_seed(i), max_new_tokens=budget)
+        Request(i, 0, [3 + i, 4, 5], key=i, max_new_tokens=budget)
         for i, budget in enumerate(budgets)
     ]
 
@@ -99,7 +99,7 @@ def test_a_continuation_keeps_its_slot_and_runs_before_waiting_requests():
             return None
         held = request.length - 1  # its last sampled token was never fed: not in the slot
         ids = [*request.prompt_ids, *request.token_ids, 9]
-        followers.append(Request(0, 0, ids, torch.Generator(), max_new_tokens=1, cached=held))
+        followers.append(Request(0, 0, ids, key=0, max_new_tokens=1, cached=held))
         return followers[-1]
 
     run_continuous_batching(requests, step, 1, stats, bar, next_turn)

@@ -37,10 +37,7 @@ def _stepper(share: bool = True) -> Stepper:
 
 
 def _requests(prompts, **kwargs) -> list[Request]:
-    return [
-        Request(i, 0, p, torch.Generator().manual_seed(i), slot=i, **kwargs)
-        for i, p in enumerate(prompts)
-    ]
+    return [Request(i, 0, p, key=i, slot=i, **kwargs) for i, p in enumerate(prompts)]
 
 
 def test_a_patched_prefill_packs_only_when_padding_would_cost_too_much():
@@ -67,7 +64,7 @@ def test_a_continuation_prefills_only_the_ids_its_slot_does_not_hold():
     (first,) = _requests([[5, 6, 7]])
     step.prefill([first])
     step.decode([first])
-    following = Request(0, 0, first.prompt_ids + first.token_ids + [9], torch.Generator(), slot=0)
+    following = Request(0, 0, first.prompt_ids + first.token_ids + [9], key=0, slot=0)
     following.cached = first.length - 1  # the last sampled token was fed, not yet written
     outcome = step.prefill([following])
     assert (outcome.tokens, outcome.packed, len(following.token_ids)) == (2, False, 1)

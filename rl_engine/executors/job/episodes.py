@@ -22,7 +22,7 @@ otherwise each run the environments and would have to take the same decision aft
 turn. Both paths are exact, and give the same episodes.
 
 Seeds: turn t of the episode with index k (prompt index x samples_per_prompt + sample index)
-draws from the generator of (the round's seed, k, t) (rl_engine/rollout/turns.py), so an
+draws with the key of (the round's seed, k, t) (rl_engine/rollout/turns.py), so an
 episode depends neither on the engine that plays it, nor on the engine count or slot count.
 """
 
