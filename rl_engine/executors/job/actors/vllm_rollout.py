@@ -37,7 +37,7 @@ class VllmRolloutActor(JobActor):
 
         from rl_engine.executors.worker.policy.setup import load_policy
         from rl_engine.rollout.vllm.engine import VllmEngine
-        from rl_engine.rollout.vllm.folder import write_vllm_folder
+        from rl_engine.rollout.vllm.folders import write_vllm_folder
 
         quiet_model_loading()
         config = self.config
