@@ -283,7 +283,8 @@ def header(setup: Setup) -> str:
         f"tok/s (prefill included), best of {setup.repeats} after a warm-up; vLLM on cores "
         f"{thread_bind(setup.threads)}, the own engine on torch threads {setup.threads}. Modes: "
         f"{LABELS['plugin']} = RL_ENGINE_BATCH_INVARIANT=1, eager; {LABELS['plain']} = vLLM's "
-        "default compilation; limit = the own engine's decode step (roofline.py)"
+        "default compilation; limit = the own engine's decode step (roofline.py); every engine "
+        f"under OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}"
     )
 
 

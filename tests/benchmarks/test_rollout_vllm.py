@@ -19,6 +19,7 @@ ROOFLINE = ("MB / step", "copy GB/s", "GFLOP / step", "GEMM GFLOP/s", "limit tok
 FIGURES = ("whole-call tok/s", *ROOFLINE, "fraction of limit")
 
 
+@pytest.mark.timeout(1200)  # four vLLM engine starts (two compile); minutes on a loaded machine
 @pytest.mark.slow
 @pytest.mark.exhaustive
 @pytest.mark.multiprocess
