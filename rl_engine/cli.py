@@ -146,21 +146,31 @@ BENCH_CASES: dict[str, dict[str | None, tuple[str, ...]]] = {
 BENCH_CASES_CUDA: dict[str, dict[str | None, tuple[str, ...]]] = {
     "kernels": {None: ("gpu_kernels",)},
 }
+# `--engine vllm`: vLLM with rl_engine's plugin vs plain vLLM vs the own engine (CPU)
+BENCH_CASES_VLLM: dict[str, dict[str | None, tuple[str, ...]]] = {
+    "rollout": {None: ("rollout_vllm",), "decode": ("rollout_vllm",)},
+}
 
 
-def _bench_table(device: str) -> dict[str, dict[str | None, tuple[str, ...]]]:
+def _bench_table(device: str, engine: str = "own") -> dict[str, dict[str | None, tuple[str, ...]]]:
+    if engine == "vllm":
+        return BENCH_CASES_VLLM
     return BENCH_CASES_CUDA if device == "cuda" else BENCH_CASES
 
 
 def _check_bench_args(parser: argparse.ArgumentParser, args) -> None:
     if args.command != "bench":
         return
-    table = _bench_table(args.device)
+    if args.engine == "vllm" and args.device != "cpu":
+        parser.error(f"bench --engine vllm --device {args.device}: vLLM's CPU build runs on cpu")
+    table = _bench_table(args.device, args.engine)
+    where = " --device cuda" if args.device == "cuda" else ""
+    where += " --engine vllm" if args.engine == "vllm" else ""
     if args.what not in table:
-        parser.error(f"bench {args.what} --device {args.device}: only bench kernels runs there")
+        runs_there = " and ".join(f"bench {what}" for what in table)
+        parser.error(f"bench {args.what}{where}: only {runs_there} runs there")
     if args.case not in table[args.what]:
         valid = ", ".join(case for case in table[args.what] if case is not None) or "none"
-        where = " --device cuda" if args.device == "cuda" else ""
         parser.error(f"bench {args.what}{where} --case {args.case}: valid cases are {valid}")
 
 
@@ -168,7 +178,7 @@ def cmd_bench(args) -> int:
     import importlib
 
     flags = ["--quick"] * args.quick + ["--tiny"] * args.tiny
-    for name in _bench_table(args.device)[args.what][args.case]:
+    for name in _bench_table(args.device, args.engine)[args.what][args.case]:
         status = importlib.import_module(f"rl_engine.benchmarks.{name}").main(flags)
         if isinstance(status, int) and status != 0:  # the job benchmark: a run failed
             return status
@@ -263,6 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["cpu", "cuda"],
         default="cpu",
         help="kernels: cpu = the cpu default backend (cpp) vs plain torch; cuda = triton vs cuBLAS / SDPA",
+    )
+    bench.add_argument(
+        "--engine",
+        choices=["own", "vllm"],
+        default="own",
+        help="rollout: own = rl_engine's engine (default); vllm = vLLM with rl_engine's plugin vs "
+        "plain vLLM vs the own engine, whole-call tok/s (needs vllm installed, else its rows "
+        "are skipped)",
     )
     bench.add_argument(
         "--case",

@@ -238,12 +238,17 @@ def _unreachable_benchmarks(folder: Path, named: set[str]) -> list[str]:
     return sorted(modules - reached)
 
 
-def _cli_benchmarks() -> dict[tuple[str, str | None, str], tuple[str, ...]]:
+def _cli_benchmarks() -> dict[tuple[str, str | None, str, str], tuple[str, ...]]:
     from rl_engine import cli
 
+    tables = (
+        ("cpu", "own", cli.BENCH_CASES),
+        ("cuda", "own", cli.BENCH_CASES_CUDA),
+        ("cpu", "vllm", cli.BENCH_CASES_VLLM),
+    )
     return {
-        (what, case, device): modules
-        for device, table in (("cpu", cli.BENCH_CASES), ("cuda", cli.BENCH_CASES_CUDA))
+        (what, case, device, engine): modules
+        for device, engine, table in tables
         for what, cases in table.items()
         for case, modules in cases.items()
     }
@@ -265,18 +270,24 @@ def test_every_benchmark_is_reachable_from_rl_engine_bench():
 
 
 def test_every_bench_case_parses():
-    """The table and the command line agree: each (WHAT, --case, --device) of the table is
-    accepted, and a case of another WHAT is refused."""
+    """The table and the command line agree: each (WHAT, --case, --device, --engine) of the
+    table is accepted, and a case of another WHAT, or vLLM beside another WHAT, is refused."""
     from rl_engine import cli
 
     parser = cli.build_parser()
-    for what, case, device in _cli_benchmarks():
-        argv = ["bench", what, "--device", device] + (["--case", case] if case else [])
-        args = parser.parse_args(argv)
+    for what, case, device, engine in _cli_benchmarks():
+        argv = ["bench", what, "--device", device, "--engine", engine]
+        args = parser.parse_args(argv + (["--case", case] if case else []))
         cli._check_bench_args(parser, args)
-        assert (args.what, args.case, args.device) == (what, case, device)
-    with pytest.raises(SystemExit):
-        cli._check_bench_args(parser, parser.parse_args(["bench", "moe", "--case", "tp"]))
+        assert (args.what, args.case, args.device, args.engine) == (what, case, device, engine)
+    for argv in (
+        ["bench", "moe", "--case", "tp"],
+        ["bench", "train", "--engine", "vllm"],
+        ["bench", "rollout", "--engine", "vllm", "--case", "prefill"],
+        ["bench", "rollout", "--engine", "vllm", "--device", "cuda"],
+    ):
+        with pytest.raises(SystemExit):
+            cli._check_bench_args(parser, parser.parse_args(argv))
 
 
 def test_the_reachability_check_sees_an_orphan(tmp_path):

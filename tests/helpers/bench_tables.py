@@ -55,7 +55,8 @@ def bench(capsys, *argv: str) -> list[list[dict[str, str]]]:
     return tables(capsys.readouterr().out)
 
 
-def bench_modules(what: str, case: str | None = None, *, device: str = "cpu") -> tuple[str, ...]:
+def bench_modules(
+    what: str, case: str | None = None, *, device: str = "cpu", engine: str = "own"
+) -> tuple[str, ...]:
     """The modules of rl_engine/benchmarks/ that `rl-engine bench WHAT [--case CASE]` runs."""
-    table = cli.BENCH_CASES_CUDA if device == "cuda" else cli.BENCH_CASES
-    return table[what][case]
+    return cli._bench_table(device, engine)[what][case]

@@ -18,8 +18,9 @@ from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import resume_config
 from rl_engine.models import load_model
+from rl_engine.rollout.vllm.folders import write_folder
 from tests.helpers.job.jobs import job_config, without_timings
-from tests.helpers.rollout.vllm.common import require_vllm, write_folder
+from tests.helpers.rollout.vllm.common import require_vllm
 
 require_vllm()
 pytestmark = [

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rl_engine.rollout.vllm.folders import write_folder
 from tests.helpers.rollout.vllm.common import (
     mismatches,
     require_vllm,
     run_engine,
     sharing_prompts,
     trainer_logprobs,
-    write_folder,
 )
 
 require_vllm()

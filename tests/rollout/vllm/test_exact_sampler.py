@@ -18,13 +18,13 @@ from rl_engine.models.loading import load_model
 from rl_engine.patching import apply_batch_invariant
 from rl_engine.rollout import RolloutEngine
 from rl_engine.rollout.sampling import SamplingParams
+from rl_engine.rollout.vllm.folders import write_folder
 from tests.helpers.rollout.vllm.common import (
     ENGINE_TIMEOUT_S,
     REPO,
     engine_env,
     require_vllm,
     sharing_prompts,
-    write_folder,
 )
 
 require_vllm()

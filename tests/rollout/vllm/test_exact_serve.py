@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rl_engine.executors.worker.distributed import free_port
+from rl_engine.rollout.vllm.folders import write_folder
 from tests.helpers.rollout.vllm.common import (
     BLOCK,
     engine_env,
@@ -21,7 +22,6 @@ from tests.helpers.rollout.vllm.common import (
     require_vllm,
     sharing_prompts,
     trainer_logprobs,
-    write_folder,
 )
 
 require_vllm()

