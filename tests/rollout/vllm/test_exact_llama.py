@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.helpers.rollout.vllm.common import (
+    EAGER,
     engine_spec,
     mismatches,
     require_vllm,
@@ -29,7 +30,7 @@ MAX_TOKENS = 8
 # (dtype, max_num_seqs): a lone request, a batch of 8, and every request in one batch of 32
 LAYOUTS = [(torch.float32, 1), (torch.float32, 8), (torch.bfloat16, 32)]
 LAYOUT_IDS = [f"{str(dtype)[6:]}-seqs{seqs}" for dtype, seqs in LAYOUTS]
-ENGINE = {"max_num_batched_tokens": 64, "enable_prefix_caching": True}
+ENGINE = {"max_num_batched_tokens": 64, "enable_prefix_caching": True, **EAGER}
 
 
 @pytest.fixture(scope="module")

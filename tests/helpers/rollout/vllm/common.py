@@ -23,6 +23,10 @@ REPO = Path(__file__).resolve().parents[4]
 VLLM_HEAD_DIM = 32
 BLOCK = 32  # vLLM's CPU KV blocks are multiples of 32 positions
 ENGINE_TIMEOUT_S = 600
+# Plain vLLM compiles its model with Inductor at each engine start (15-55 s a tiny model
+# here); the exact model is never compiled (docs/rollouts.md), so eager changes nothing of
+# its bits. The Llama and family tests run both eager; SmolLM2's run vLLM's default.
+EAGER = {"enforce_eager": True}
 
 
 def require_vllm():
