@@ -1,6 +1,6 @@
 """Exact vLLM logprobs on a real pretrained model: SmolLM2-135M-Instruct (the packaged GGUF,
 dequantised into a Hugging Face folder), fp32 and bf16, chunked prefill and prefix caching,
-batches of 8, vLLM's default compilation settings. Negative control: plain vLLM in bf16
+batches of 8, eager (common.EAGER). Negative control: plain vLLM in bf16
 differs (on every token, measured). The exact engines run one after another in one process."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.helpers.rollout.vllm.common import (
+    EAGER,
     engine_spec,
     mismatches,
     require_vllm,
@@ -32,7 +33,7 @@ pytestmark = [
 
 VOCAB = 49152
 MAX_TOKENS = 6
-ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "enable_prefix_caching": True}
+ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "enable_prefix_caching": True, **EAGER}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

@@ -25,7 +25,7 @@ BLOCK = 32  # vLLM's CPU KV blocks are multiples of 32 positions
 ENGINE_TIMEOUT_S = 600
 # Plain vLLM compiles its model with Inductor at each engine start (15-55 s a tiny model
 # here); the exact model is never compiled (docs/rollouts.md), so eager changes nothing of
-# its bits. The Llama and family tests run both eager; SmolLM2's run vLLM's default.
+# its bits. The engine-run tests run both eager; the served test keeps vLLM's default.
 EAGER = {"enforce_eager": True}
 
 
