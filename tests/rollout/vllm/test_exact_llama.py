@@ -2,7 +2,8 @@
 tiny Llama, the trainer's logprob bit for bit: fp32 and bf16, one request at a time and
 batches of 8 and 32, chunked prefill forced (64 tokens a step), prefix caching on, prompt
 lengths across KV block boundaries and prompts sharing prefixes. Negative control: the
-same engine without the variable (plain vLLM) differs."""
+same engine runs without the variable (plain vLLM) differ, layout by layout. The layouts'
+engines run one after another in one process (one for exact, one for plain)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import torch
 
 from rl_engine.rollout.vllm.folders import write_folder
 from tests.helpers.rollout.vllm.common import (
+    EAGER,
+    engine_spec,
     mismatches,
     require_vllm,
-    run_engine,
+    run_engines,
     sharing_prompts,
     trainer_logprobs,
 )
@@ -26,36 +29,43 @@ VOCAB = 1000
 MAX_TOKENS = 8
 # (dtype, max_num_seqs): a lone request, a batch of 8, and every request in one batch of 32
 LAYOUTS = [(torch.float32, 1), (torch.float32, 8), (torch.bfloat16, 32)]
-ENGINE = {"max_num_batched_tokens": 64, "enable_prefix_caching": True}
+LAYOUT_IDS = [f"{str(dtype)[6:]}-seqs{seqs}" for dtype, seqs in LAYOUTS]
+ENGINE = {"max_num_batched_tokens": 64, "enable_prefix_caching": True, **EAGER}
 
 
-@pytest.fixture(scope="module", params=LAYOUTS, ids=lambda p: f"{p[0]}-seqs{p[1]}")
-def exact_run(request, tmp_path_factory):
-    dtype, seqs = request.param
-    folder = write_folder(MODEL, dtype, tmp_path_factory.mktemp("exact"))
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """Per layout: (folder, dtype, prompts, the exact run, the plain run)."""
+    root = tmp_path_factory.mktemp("llama")
     prompts = sharing_prompts(VOCAB)
-    run = run_engine(
-        folder, dtype, prompts, exact=True, max_tokens=MAX_TOKENS, max_num_seqs=seqs, **ENGINE
-    )
-    return folder, dtype, prompts, run
+    folders = {dtype: write_folder(MODEL, dtype, root) for dtype in {d for d, _ in LAYOUTS}}
+    specs = [
+        engine_spec(
+            folders[dtype], dtype, prompts, max_tokens=MAX_TOKENS, max_num_seqs=seqs, **ENGINE
+        )
+        for dtype, seqs in LAYOUTS
+    ]
+    exact = run_engines(specs, root, exact=True)
+    plain = run_engines(specs, root, exact=False)
+    return [
+        (folders[dtype], dtype, prompts, exact_run, plain_run)
+        for (dtype, _), exact_run, plain_run in zip(LAYOUTS, exact, plain)
+    ]
 
 
-def test_every_sampled_logprob_is_the_trainers(exact_run):
-    folder, dtype, prompts, run = exact_run
+@pytest.mark.parametrize("layout", range(len(LAYOUTS)), ids=LAYOUT_IDS)
+def test_every_sampled_logprob_is_the_trainers(layouts, layout):
+    folder, dtype, prompts, run, _ = layouts[layout]
     assert run.cached_tokens > 0, "no prompt was served from vLLM's prefix cache"
     assert [len(tokens) for tokens, _ in run.samples] == [MAX_TOKENS] * len(prompts)
     expected = trainer_logprobs(folder, dtype, prompts, run.samples)
     assert mismatches(run.samples, expected) == []
 
 
-def test_plain_vllm_differs(tmp_path):
+@pytest.mark.parametrize("layout", range(len(LAYOUTS)), ids=LAYOUT_IDS)
+def test_plain_vllm_differs(layouts, layout):
     """Negative control: without the variable vLLM runs its own model code, and its
     logprobs of the same prompts are not the trainer's."""
-    dtype = torch.bfloat16
-    folder = write_folder(MODEL, dtype, tmp_path)
-    prompts = sharing_prompts(VOCAB)
-    run = run_engine(
-        folder, dtype, prompts, exact=False, max_tokens=MAX_TOKENS, max_num_seqs=8, **ENGINE
-    )
+    folder, dtype, prompts, _, run = layouts[layout]
     expected = trainer_logprobs(folder, dtype, prompts, run.samples)
     assert len(mismatches(run.samples, expected)) > 0

@@ -98,10 +98,15 @@ def checkpoint_activations(model: nn.Module, config: RunConfig) -> None:
     checkpointing, torch's non-reentrant checkpoint; only in training mode). Called on the
     trained model before DeepSpeed wraps it, after the frozen KL reference is copied: the
     reference never runs a backward."""
-    if config.trainer.activation_checkpointing:
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": False}
-        )
+    if not config.trainer.activation_checkpointing:
+        return
+    kwargs = {"use_reentrant": False}
+    # newer transformers (5.25 here) name it activation_checkpointing_enable (the old name warns);
+    # 5.19, which vLLM's CPU build needs, has only gradient_checkpointing_enable
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def base_record(policy: nn.Module, config: RunConfig) -> dict | None:

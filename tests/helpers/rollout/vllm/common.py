@@ -20,6 +20,10 @@ from rl_engine.patching import apply_batch_invariant
 REPO = Path(__file__).resolve().parents[4]
 BLOCK = 32  # vLLM's CPU KV blocks are multiples of 32 positions
 ENGINE_TIMEOUT_S = 600
+# Plain vLLM compiles its model with Inductor at each engine start (15-55 s a tiny model
+# here); the exact model is never compiled (docs/rollouts.md), so eager changes nothing of
+# its bits. The engine-run tests run both eager; the served test keeps vLLM's default.
+EAGER = {"enforce_eager": True}
 
 
 def require_vllm():
@@ -52,21 +56,24 @@ class EngineRun:
     cached_tokens: int
 
 
-def run_engine(
-    folder: Path, dtype: torch.dtype, prompts, *, exact: bool, max_tokens: int, **llm
-) -> EngineRun:
-    """One vLLM engine run in its own process, with RL_ENGINE_BATCH_INVARIANT=1 (exact) or
-    without it (plain vLLM: the negative control)."""
-    spec = {
+def engine_spec(folder: Path, dtype: torch.dtype, prompts, *, max_tokens: int, **llm) -> dict:
+    """One engine run of `run_engines`: the folder, dtype, prompts and LLM arguments."""
+    return {
         "folder": str(folder),
         "dtype": str(dtype).removeprefix("torch."),
         "llm": {"max_model_len": 512, "block_size": BLOCK, "seed": 0, **llm},
         "prompts": prompts,
         "max_tokens": max_tokens,
     }
-    spec_path, out_path = folder.parent / "spec.json", folder.parent / "out.json"
-    spec_path.write_text(json.dumps(spec))
-    env = engine_env(exact)
+
+
+def run_engines(specs: list[dict], workdir: Path, *, exact: bool) -> list[EngineRun]:
+    """Engine runs (`engine_spec`) one after another in one process of their own (vLLM is
+    imported once), with RL_ENGINE_BATCH_INVARIANT=1 (exact) or without it (plain vLLM: the
+    negative control)."""
+    name = "exact" if exact else "plain"
+    spec_path, out_path = workdir / f"{name}-spec.json", workdir / f"{name}-out.json"
+    spec_path.write_text(json.dumps({"runs": specs}))
     command = [
         sys.executable,
         "-m",
@@ -75,11 +82,19 @@ def run_engine(
         str(out_path),
     ]
     done = subprocess.run(
-        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=ENGINE_TIMEOUT_S
+        command,
+        cwd=REPO,
+        env=engine_env(exact),
+        capture_output=True,
+        text=True,
+        timeout=ENGINE_TIMEOUT_S * len(specs),
     )
     if done.returncode != 0:
         raise RuntimeError(f"vLLM engine failed (rc {done.returncode}):\n{done.stderr[-6000:]}")
-    completions = json.loads(out_path.read_text())["completions"]
+    return [engine_run(run["completions"]) for run in json.loads(out_path.read_text())["runs"]]
+
+
+def engine_run(completions: list[dict]) -> EngineRun:
     samples = [
         (c["token_ids"], torch.tensor(c["logprobs"], dtype=torch.float32)) for c in completions
     ]
@@ -89,21 +104,15 @@ def run_engine(
 def engine_failure(folder: Path, dtype: torch.dtype, **llm) -> str:
     """The output (stdout and stderr: vLLM logs the engine core's error) of an exact engine
     that must refuse to start (asserted to fail)."""
-    spec = {
-        "folder": str(folder),
-        "dtype": str(dtype).removeprefix("torch."),
-        "llm": {"max_model_len": 512, "block_size": BLOCK, **llm},
-        "prompts": [[3, 4, 5]],
-        "max_tokens": 1,
-    }
-    spec_path = folder.parent / "spec.json"
-    spec_path.write_text(json.dumps(spec))
+    spec = engine_spec(folder, dtype, [[3, 4, 5]], max_tokens=1, **llm)
+    spec_path = folder.parent / "refused-spec.json"
+    spec_path.write_text(json.dumps({"runs": [spec]}))
     command = [
         sys.executable,
         "-m",
         "tests.helpers.rollout.vllm.engine_run",
         str(spec_path),
-        "/dev/null",
+        str(folder.parent / "refused-out.json"),
     ]
     done = subprocess.run(
         command,
@@ -127,6 +136,9 @@ def engine_env(exact: bool) -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    # the engine core in this process: no second process to spawn, import vLLM into and
+    # connect to (`vllm serve` keeps its own engine process)
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return env
 
 
