@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from rl_engine.models.build import plain_model_like, random_model
 from rl_engine.models.loading import SMOLLM2_NAME, load_model
 from rl_engine.models.tiny import TINY_CONFIGS
 
@@ -24,18 +25,10 @@ VLLM_HEAD_DIM = 32
 def write_vllm_folder(model, folder: Path) -> Path:
     """Save `model` (its own tensors, in its own dtype) at `folder`, replaced atomically,
     without a quantization_config: vLLM then serves exactly these weights."""
-    from transformers import AutoModelForCausalLM
-
     folder = Path(folder)
     temp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
     shutil.rmtree(temp, ignore_errors=True)
-    config = model.config
-    saved_quantization = config.__dict__.pop("quantization_config", None)
-    try:
-        plain = AutoModelForCausalLM.from_config(config, dtype=_dtype(model))
-    finally:
-        if saved_quantization is not None:
-            config.quantization_config = saved_quantization
+    plain = plain_model_like(model.config, _dtype(model))
     plain.load_state_dict(model.state_dict())
     plain.save_pretrained(temp)
     written = json.loads((temp / "config.json").read_text())
@@ -48,13 +41,11 @@ def write_vllm_folder(model, folder: Path) -> Path:
 
 def write_folder(name: str, dtype: torch.dtype, root: Path) -> Path:
     """The tiny model `name` (seed 0, head size 32) saved as a Hugging Face folder."""
-    from transformers import AutoModelForCausalLM
-
     config = TINY_CONFIGS[name]()
     config.head_dim = VLLM_HEAD_DIM
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = random_model(config, dtype=torch.float32)
     return write_vllm_folder(model.to(dtype), Path(root) / f"{name}-{_dtype_name(dtype)}")
 
 

@@ -74,6 +74,7 @@ def test_a_vllm_job_has_parity_one_every_step(vllm_run):
 
 
 @NEEDS_SMOLLM2
+@pytest.mark.exhaustive  # a second SmolLM2 job (~70 s); make test runs the engines side by side: test_exact_sampler
 def test_the_own_engine_samples_the_same_and_ends_with_the_same_weights(vllm_run, tmp_path):
     """The same config on the own engine: the same rollouts (tokens, logprobs), the same
     metrics (wall-clock ones aside) and bitwise the same weights after the last step."""

@@ -105,6 +105,7 @@ def test_served_logprobs_are_the_trainers(folder):
     assert mismatches(samples, expected) == []
 
 
+@pytest.mark.exhaustive  # a second server (~55 s); make test's plain-vLLM controls run in the LLM tests
 def test_plain_vllm_serve_differs(folder):
     prompts = sharing_prompts(VOCAB)[4:]
     samples = served_samples(folder, torch.bfloat16, prompts, exact=False)

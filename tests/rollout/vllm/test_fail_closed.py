@@ -125,6 +125,7 @@ print(ModelRegistry.models["LlamaForCausalLM"].__class__.__name__,
 """
 
 
+@pytest.mark.exhaustive  # ~30 s; every plain-vLLM negative control runs without the variable too
 @pytest.mark.multiprocess
 def test_the_plugin_changes_nothing_without_the_variable():
     """With the variable, every architecture resolves to ExactCausalLM (GPT-2 too: it is
