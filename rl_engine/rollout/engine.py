@@ -28,6 +28,7 @@ for benchmarks and mismatch diagnostics.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
@@ -54,6 +55,7 @@ from rl_engine.rollout.completion import Completion, Request
 from rl_engine.rollout.kv_cache import SlotKVCache
 from rl_engine.rollout.sampling import SamplingParams, request_key
 from rl_engine.rollout.scheduler import GenerateStats, run_continuous_batching
+from rl_engine.rollout.speculative import SpeculativeParams, attach_speculation, check_speculation
 from rl_engine.rollout.stepper import Stepper
 from rl_engine.rollout.turns import OnTurnEnd, TurnChain, TurnStart, check_starts
 from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
@@ -87,6 +89,8 @@ class RolloutEngine:
         weight_version: int = 0,
         progress: bool | None = None,
         share_prompt_prefill: bool = True,
+        speculative: SpeculativeParams | None = None,
+        draft_model: nn.Module | None = None,
     ):
         self.device = check_device(device)
         check_model(model, self.device)
@@ -97,6 +101,8 @@ class RolloutEngine:
         self.max_seq_len = resolve_max_seq_len(model, max_seq_len)
         self.weight_version = check_version(weight_version)
         self.progress = progress
+        check_speculation(speculative, model, draft_model, self.device)
+        self.speculative, self.draft_model = speculative, draft_model
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
         self.last_stats = GenerateStats()
         self._torn: str | None = None  # why the weights are incomplete (a failed sync), if they are
@@ -254,11 +260,18 @@ class RolloutEngine:
             self._attention_mode(),
             self._progress_bar(len(requests), progress) as bar,
         ):
+            draft = None
             try:
                 step = self._make_stepper(self._make_cache(num_slots, capacity), sampling)
+                if self.speculative is not None:
+                    cache = functools.partial(self._make_cache, num_slots, capacity)
+                    draft = attach_speculation(self, step, cache, sampling)
                 run_continuous_batching(requests, step, num_slots, self.last_stats, bar, next_turn)
+                self.last_stats.speculation = step.speculation and step.speculation.counts
             finally:  # the packed weights live for the call only (packed_weights.py)
                 self.packed_weights.release()
+                if draft is not None:
+                    draft.packed_weights.release()
         self.last_stats.seconds = time.perf_counter() - start
 
     def _check_weights_complete(self) -> None:
@@ -272,15 +285,17 @@ class RolloutEngine:
         """The forwards of one generate call (the tensor-parallel engine shards them)."""
         return Stepper(self, cache, sampling)
 
-    def _make_cache(self, num_slots: int, capacity: int) -> SlotKVCache:
+    def _make_cache(self, num_slots: int, capacity: int, model=None) -> SlotKVCache:
         """Invariant: the layout the backend's attention reads in place (its key block, and
-        the compute dtype when the backend asks for it)."""
-        handle = patch_handle(self.model)
+        the compute dtype when the backend asks for it). model: whose cache (the policy's;
+        a speculating engine's draft model has its own)."""
+        model = self.model if model is None else model
+        handle = patch_handle(model)
         if handle is None:
             return SlotKVCache(num_slots, capacity, self.device)
         dtype = None
         if handle.layout.kv_in_compute_dtype:
-            wide = next(self.model.parameters()).dtype == torch.float64
+            wide = next(model.parameters()).dtype == torch.float64
             dtype = torch.float64 if wide else torch.float32  # the op's compute dtype
         block = handle.layout.kv_block
         return SlotKVCache(num_slots, capacity, self.device, dtype=dtype, block=block)

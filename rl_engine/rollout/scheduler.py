@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from rl_engine.rollout.completion import Request
 
 if TYPE_CHECKING:
+    from rl_engine.rollout.speculative import SpeculationCounts
     from rl_engine.rollout.stepper import Stepper
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class GenerateStats:
         default_factory=list
     )  # running sequences of every decode forward
     seconds: float = 0.0
+    speculation: SpeculationCounts | None = None  # a speculating engine's drafts (speculative/)
 
 
 def run_continuous_batching(

@@ -81,6 +81,7 @@ class Stepper:
         self.temperature = sampling.logprob_temperature
         self.sharing = PromptSharing(engine.share_prompt_prefill)
         self._decoder = None  # the module path; patched dense models: the same ops, flat
+        self.speculation = None  # a SpeculativeDecode: decode steps verify drafts (speculative/)
         if engine.batch_invariant:
             decoder = fast_decoder(self.model)
             if decoder is not None:  # its GEMM weights packed now, for this call
@@ -118,7 +119,7 @@ class Stepper:
             ids[row, :n] = torch.tensor(request.prompt_ids[request.cached :])
             positions[row, :n] = torch.arange(request.cached, len(request.prompt_ids))
         last = torch.tensor(lengths) - 1  # (B,)
-        return self._score(requests, ids, positions, last), False
+        return self.score(requests, ids, positions, last), False
 
     def _packed_prefill(self, requests: list[Request]) -> torch.Tensor | None:
         """The prompts concatenated in one row (positions restarting at 0): segment-aware
@@ -144,16 +145,20 @@ class Stepper:
             self.cache.copy_rows(source, targets, length)
 
     def decode(self, requests: list[Request]) -> None:
-        """Feed every request's last sampled token (one query each) and sample the next."""
+        """Feed every request's last sampled token (one query each) and sample the next; a
+        speculating engine verifies drafts after it in the same forward instead."""
         requests = sorted(requests, key=lambda r: r.slot)
+        if self.speculation is not None:
+            self.speculation.decode(requests)
+            return
         ids = torch.tensor([[r.token_ids[-1]] for r in requests])  # (B, 1)
         positions = torch.tensor([[r.length - 1] for r in requests])  # (B, 1)
         self._step(requests, ids, positions, torch.zeros(len(requests), dtype=torch.long))
 
     def _step(self, requests, ids, positions, last) -> None:
-        self._sample(requests, self._score(requests, ids, positions, last))
+        self._sample(requests, self.score(requests, ids, positions, last))
 
-    def _score(self, requests, ids, positions, last) -> torch.Tensor | None:
+    def score(self, requests, ids, positions, last) -> torch.Tensor | None:
         """(B, V) logprobs of each row's token at column `last` (None on a rank that does not
         score), after one forward that writes the requests' slots."""
         slots = torch.tensor([r.slot for r in requests], device=self.device)
@@ -161,6 +166,15 @@ class Stepper:
             ids.to(self.device), positions.to(self.device), last.to(self.device), slots
         )
         return self._logprobs(hidden)
+
+    def score_rows(self, requests, ids, positions) -> torch.Tensor:
+        """(N, V) logprobs of every real cell (position >= 0) of ids (B, T), row by row, after
+        one forward that writes the requests' slots (a verifying forward: verify.py)."""
+        slots = torch.tensor([r.slot for r in requests], device=self.device)
+        positions = positions.to(self.device)
+        self.cache.bind(slots, positions)
+        hidden = self._forward(ids.to(self.device), positions.clamp(min=0))  # (B, T, H)
+        return self._logprobs(hidden[positions >= 0])
 
     def _last_hidden(self, ids, positions, last, slots) -> torch.Tensor:
         """(B, H) final-norm hidden state of each row's token at column `last`."""

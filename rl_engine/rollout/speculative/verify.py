@@ -1,0 +1,119 @@
+"""Exact speculative decoding: drafts verified in one forward, the tokens of plain decoding.
+
+A decode step of plain decoding feeds each running sequence's last token (position L - 1)
+and draws token L from that row's logprobs with `token_uniform(key, index)`. Here each
+sequence's row is its last token followed by up to k drafts d_1..d_m (positions L - 1 ..
+L - 1 + m), run through the policy in ONE forward. Every op is row-invariant and the
+attention reduces each query over its own positions in an order set by the position alone,
+so column i's logprobs have the bits a decode step at that position would give once the
+tokens before it are the ones plain decoding drew. Walking the columns in order:
+
+    draw t_i from column i with the uniform of its own index (position-keyed);
+    t_i is emitted (Request.append: stop tokens and the max_new_tokens cut apply as always);
+    continue only while the sequence runs and t_i == d_{i+1}.
+
+So every emitted token is drawn from the logprob row plain decoding computes, with the
+uniform plain decoding uses: tokens and logprobs are `torch.equal` to it, whatever the
+drafts (they decide only how many tokens one forward emits). Columns after the first
+mismatch are thrown away; the keys and values they wrote sit past the sequence's length,
+where no query reads them, and the next forward overwrites them (kv_cache.py). A call-order
+random stream would break this: the draws of thrown-away columns would shift every later
+token (tests/rollout/test_speculative.py shows it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from rl_engine.rollout.completion import Request
+from rl_engine.rollout.sampling import sample_token, token_uniform
+from rl_engine.rollout.speculative.params import SpeculativeParams
+
+if TYPE_CHECKING:
+    from rl_engine.rollout.stepper import Stepper
+
+PAD_ID = 0
+
+
+@dataclass
+class SpeculationCounts:
+    """What speculation did in one generate call."""
+
+    forwards: int = 0  # verifying forwards (every decode step of a speculating engine)
+    rows: int = 0  # sequences those forwards verified (one row each)
+    proposed: int = 0  # draft tokens fed to the policy
+    accepted: int = 0  # drafts equal to the token drawn at their position
+    emitted: int = 0  # tokens the verifying forwards appended
+
+    @property
+    def accept_rate(self) -> float:
+        """Accepted / proposed drafts (0.0 when none was proposed)."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Tokens a sequence gains per verifying forward (1.0 = plain decoding's rate)."""
+        return self.emitted / self.rows if self.rows else 0.0
+
+
+class SpeculativeDecode:
+    """A Stepper's decode step with drafts: propose, verify in one forward, emit."""
+
+    def __init__(self, stepper: Stepper, params: SpeculativeParams, proposer):
+        self.stepper, self.params, self.proposer = stepper, params, proposer
+        self.counts = SpeculationCounts()
+
+    def decode(self, requests: list[Request]) -> None:
+        """One verifying forward for every running request (sorted by slot)."""
+        sampling = self.stepper.sampling
+        budgets = [min(self.params.num_tokens, _left(r, sampling) - 1) for r in requests]
+        drafts = self.proposer.propose(requests, budgets)
+        rows = [
+            [r.token_ids[-1], *_until_stop(d[:b], sampling)]
+            for r, d, b in zip(requests, drafts, budgets)
+        ]
+        width = max(len(row) for row in rows)
+        ids = torch.full((len(requests), width), PAD_ID, dtype=torch.long)
+        positions = torch.full(ids.shape, -1, dtype=torch.long)
+        for index, (request, row) in enumerate(zip(requests, rows)):
+            ids[index, : len(row)] = torch.tensor(row)
+            positions[index, : len(row)] = torch.arange(len(row)) + request.length - 1
+        logp = self.stepper.score_rows(requests, ids, positions).cpu()  # (N, V), row-major
+        start = 0
+        for request, row in zip(requests, rows):
+            self._emit(request, row[1:], logp[start : start + len(row)])
+            start += len(row)
+        self.counts.forwards += 1
+        self.counts.rows += len(requests)
+
+    def _emit(self, request: Request, drafts: list[int], logp: torch.Tensor) -> None:
+        """Append the tokens plain decoding would draw at these positions, up to and including
+        the first that is not the next draft (or the one that ends the request)."""
+        sampling = self.stepper.sampling
+        self.counts.proposed += len(drafts)
+        for column in range(len(drafts) + 1):
+            u = token_uniform(request.key, len(request.token_ids))
+            token = sample_token(logp[column], sampling, u)
+            request.append(token, float(logp[column, token]), sampling)
+            self.counts.emitted += 1
+            matched = column < len(drafts) and token == drafts[column]
+            self.counts.accepted += matched
+            if request.finished or not matched:
+                return
+
+
+def _until_stop(drafts: list[int], sampling) -> list[int]:
+    """The drafts up to and including the first that would end the request: nothing after
+    it could be emitted."""
+    for index, token in enumerate(drafts):
+        if sampling.stops_on(token):
+            return drafts[: index + 1]
+    return drafts
+
+
+def _left(request: Request, sampling) -> int:
+    """Tokens the request may still sample."""
+    return (request.max_new_tokens or sampling.max_new_tokens) - len(request.token_ids)
