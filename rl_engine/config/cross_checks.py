@@ -49,6 +49,7 @@ def check_run(config: RunSections) -> None:
     check_lora(config)
     check_layout_invariant(config)
     check_vllm_engine(config)
+    check_speculative(config)
 
 
 def check_prompt_source(config: RunSections) -> None:
@@ -245,3 +246,23 @@ def check_vllm_engine(config: RunSections) -> None:
             raise ValueError(f"rollout.engine: vllm does not support {what}")
     if not plugin.installed():
         raise ValueError(f"rollout.engine: vllm: {plugin.INSTALL_HINT}")
+
+
+def check_speculative(config: RunSections) -> None:
+    """rollout.speculative runs on the own engine, patched, in one process."""
+    if config.rollout.speculative is None:
+        return
+    refused = {
+        "batch_invariant: false (drafts are verified exactly only by the invariant kernels)": (
+            not config.batch_invariant
+        ),
+        "rollout.engine: vllm (the plugin refuses vLLM's speculative decoding)": (
+            config.rollout.engine != "own"
+        ),
+        f"rollout.tensor_parallel_size: {config.rollout.tensor_parallel_size}": (
+            config.rollout.tensor_parallel_size != 1
+        ),
+    }
+    for what, used in refused.items():
+        if used:
+            raise ValueError(f"rollout.speculative does not support {what}")

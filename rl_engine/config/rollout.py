@@ -19,6 +19,7 @@ from rl_engine.base.fields import (
     fail,
 )
 from rl_engine.rollout.sampling import SamplingKeys
+from rl_engine.rollout.speculative.params import SpeculativeParams
 from rl_engine.rollout.tp.layout import TENSOR_PARALLEL_SIZES
 
 PLACEMENTS = ("pack", "spread", "strict_spread")
@@ -65,6 +66,11 @@ class RolloutConfig(SamplingKeys):
     """Processes one engine is split over (1, 2 or 4): output shards only, so completions and
     logprobs equal the TP = 1 engine's bit for bit (docs/scaling.md). Must divide the model's
     query heads; KV heads may be fewer (replicated); vocabulary and MLP width need not divide."""
+    speculative: dict | None = None
+    """Speculative decoding on the own engine, exact: {method: ngram | draft_model,
+    num_tokens: k} (draft_model also names `model`, a load_model spec with the policy's
+    tokenizer; ngram takes ngram_max / ngram_min). The tokens and logprobs stay those of plain
+    decoding bit for bit; only the forwards per token fall (rl_engine.rollout.speculative)."""
     filter_groups: bool = False
     """DAPO's dynamic sampling: drop the groups whose rewards are all equal (no learning
     signal) and generate groups for more prompts until prompts_per_step groups are kept."""
@@ -109,7 +115,16 @@ class RolloutConfig(SamplingKeys):
             "rollout.tensor_parallel_size", self.tensor_parallel_size, TENSOR_PARALLEL_SIZES
         )
         check_int("rollout.filter_groups_max_tries", self.filter_groups_max_tries, 1)
+        if self.speculative is not None:
+            SpeculativeParams.from_dict(self.speculative)
         self._check_env_keys()
+
+    @property
+    def speculative_params(self) -> SpeculativeParams | None:
+        """rollout.speculative as the engine takes it (None: off)."""
+        if self.speculative is None:
+            return None
+        return SpeculativeParams.from_dict(self.speculative)
 
     def _check_env_keys(self) -> None:
         if self.env is not None:

@@ -55,7 +55,12 @@ from rl_engine.rollout.completion import Completion, Request
 from rl_engine.rollout.kv_cache import SlotKVCache
 from rl_engine.rollout.sampling import SamplingParams, request_key
 from rl_engine.rollout.scheduler import GenerateStats, run_continuous_batching
-from rl_engine.rollout.speculative import SpeculativeParams, attach_speculation, check_speculation
+from rl_engine.rollout.speculative import (
+    SpeculationCounts,
+    SpeculativeParams,
+    attach_speculation,
+    check_speculation,
+)
 from rl_engine.rollout.stepper import Stepper
 from rl_engine.rollout.turns import OnTurnEnd, TurnChain, TurnStart, check_starts
 from rl_engine.rollout.weight_plan import WeightManifest, WeightPlan
@@ -103,6 +108,8 @@ class RolloutEngine:
         self.progress = progress
         check_speculation(speculative, model, draft_model, self.device)
         self.speculative, self.draft_model = speculative, draft_model
+        # every call's counts added up (a job reads and resets it once a step)
+        self.speculation_total = None if speculative is None else SpeculationCounts()
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
         self.last_stats = GenerateStats()
         self._torn: str | None = None  # why the weights are incomplete (a failed sync), if they are
@@ -267,7 +274,9 @@ class RolloutEngine:
                     cache = functools.partial(self._make_cache, num_slots, capacity)
                     draft = attach_speculation(self, step, cache, sampling)
                 run_continuous_batching(requests, step, num_slots, self.last_stats, bar, next_turn)
-                self.last_stats.speculation = step.speculation and step.speculation.counts
+                if step.speculation is not None:
+                    self.last_stats.speculation = step.speculation.counts
+                    self.speculation_total.add(step.speculation.counts)
             finally:  # the packed weights live for the call only (packed_weights.py)
                 self.packed_weights.release()
                 if draft is not None:

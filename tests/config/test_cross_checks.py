@@ -176,3 +176,29 @@ def test_the_vllm_engine_without_vllm_says_how_to_install_it(monkeypatch):
     with pytest.raises(ValueError, match=r"rollout.engine: vllm: .*make setup installs it"):
         RunConfig.from_dict({"rollout": {"engine": "vllm"}})
     assert RunConfig.from_dict({}).rollout.engine == "own"  # the own engine stays the default
+
+
+NGRAM = {"method": "ngram", "num_tokens": 3}
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        ({"batch_invariant": False, "parity": "report"}, "batch_invariant: false"),
+        ({"rollout": {"engine": "vllm"}}, "rollout.engine: vllm"),
+        ({"rollout": {"tensor_parallel_size": 2}}, "rollout.tensor_parallel_size: 2"),
+    ],
+)
+def test_speculation_refuses_what_it_cannot_keep_exact_by_name(data, named):
+    rollout = {"speculative": NGRAM, **data.pop("rollout", {})}
+    with pytest.raises(ValueError, match=f"rollout.speculative does not support {named}"):
+        RunConfig.from_dict({"rollout": rollout, **data})
+
+
+def test_speculation_keys_are_checked_and_round_trip():
+    with pytest.raises(ValueError, match="rollout.speculative.num_tokens"):
+        RunConfig.from_dict({"rollout": {"speculative": {"method": "ngram", "num_tokens": 0}}})
+    config = RunConfig.from_dict({"rollout": {"speculative": NGRAM}})
+    assert config.rollout.speculative_params.num_tokens == 3
+    assert RunConfig.from_dict(config.to_dict()).rollout.speculative == NGRAM
+    assert RunConfig().rollout.speculative_params is None

@@ -57,6 +57,7 @@ from rl_engine.executors.job.prompts import run_prompts
 from rl_engine.executors.job.rollouts import StepGeneration, StepRollouts
 from rl_engine.executors.job.run_dir import CONFIG_SNAPSHOT, prepare_run_dir, truncate_metrics
 from rl_engine.executors.job.scorers import reward_runner, step_scorer
+from rl_engine.executors.job.speculation import speculation_metrics
 from rl_engine.executors.job.step_batch import train_batch
 from rl_engine.executors.job.step_metrics import StepClock, step_record
 from rl_engine.executors.job.trackers import Trackers
@@ -200,6 +201,8 @@ class _Job:
         with clock.phase("rollout"):  # prompts -> engines (or rollout.source) -> rewards
             generation = self.generation(step, clock)
             completions, rewards, rollout_metrics = self.rollouts(step, generation, clock)
+            if self.config.rollout.speculative is not None and self.engines:
+                rollout_metrics.update(speculation_metrics(self.engines))
         self.release_engine_weights()
         with clock.phase("batch"):
             batch = train_batch(self.config, completions, rewards, eos)

@@ -48,6 +48,10 @@ class SpeculationCounts:
     accepted: int = 0  # drafts equal to the token drawn at their position
     emitted: int = 0  # tokens the verifying forwards appended
 
+    def add(self, other: SpeculationCounts) -> None:
+        for name in ("forwards", "rows", "proposed", "accepted", "emitted"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
     @property
     def accept_rate(self) -> float:
         """Accepted / proposed drafts (0.0 when none was proposed)."""

@@ -9,6 +9,7 @@ whole transcripts, a tensor-parallel engine's episodes), and `weight_plan` /
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import ray
@@ -78,7 +79,8 @@ class RolloutActor(JobActor):
 
                 self.engine = TensorParallelEngine(model, device=device, **engine_args)
             else:
-                self.engine = RolloutEngine(model, device=device, **engine_args)
+                speculation = speculation_args(config, device)
+                self.engine = RolloutEngine(model, device=device, **engine_args, **speculation)
         release_free_heap()
         self.tokenizer, self.vocab_size = tokenizer, model.config.vocab_size
         return {
@@ -107,6 +109,14 @@ class RolloutActor(JobActor):
         return timed(
             self.engine.generate, prompts, sampling, progress=False, after_env_turn=after_env_turn
         )
+
+    def take_speculation(self) -> dict | None:
+        """What speculation did since the last call (SpeculationCounts as a dict; None: off)."""
+        counts = getattr(self.engine, "speculation_total", None)
+        if counts is None:
+            return None
+        self.engine.speculation_total = type(counts)()
+        return dataclasses.asdict(counts)
 
     def play_episodes(self, tasks, sampling):
         """(episodes, seconds spent): rollout.env's episodes of `tasks` played on this engine,
@@ -165,6 +175,23 @@ class RolloutActor(JobActor):
         released = self.engine.release_weights(self.receiver)
         release_free_heap()
         return released
+
+
+def speculation_args(config: RunConfig, device: str) -> dict:
+    """The engine's speculative arguments of rollout.speculative: its params and, for
+    draft_model, the draft (loaded in the policy's dtype, moved, then patched)."""
+    params = config.rollout.speculative_params
+    if params is None:
+        return {}
+    if params.method != "draft_model":
+        return {"speculative": params}
+    from rl_engine.models import load_model
+    from rl_engine.patching import apply_batch_invariant
+
+    draft, _ = load_model(params.model, dtype=config.torch_dtype)
+    draft.to(device)
+    apply_batch_invariant(draft)
+    return {"speculative": params, "draft_model": draft}
 
 
 def adapter_receiver(model, manifest, plan, receiver: int, bucket_bytes: int):
