@@ -249,7 +249,7 @@ def check_vllm_engine(config: RunSections) -> None:
 
 
 def check_speculative(config: RunSections) -> None:
-    """rollout.speculative runs on the own engine, patched, in one process."""
+    """rollout.speculative runs on the own engine (TP engines included), patched."""
     if config.rollout.speculative is None:
         return
     refused = {
@@ -258,9 +258,6 @@ def check_speculative(config: RunSections) -> None:
         ),
         "rollout.engine: vllm (the plugin refuses vLLM's speculative decoding)": (
             config.rollout.engine != "own"
-        ),
-        f"rollout.tensor_parallel_size: {config.rollout.tensor_parallel_size}": (
-            config.rollout.tensor_parallel_size != 1
         ),
     }
     for what, used in refused.items():

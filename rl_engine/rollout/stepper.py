@@ -167,14 +167,20 @@ class Stepper:
         )
         return self._logprobs(hidden)
 
-    def score_rows(self, requests, ids, positions) -> torch.Tensor:
+    def score_rows(self, requests, ids, positions) -> torch.Tensor | None:
         """(N, V) logprobs of every real cell (position >= 0) of ids (B, T), row by row, after
-        one forward that writes the requests' slots (a verifying forward: verify.py)."""
+        one forward that writes the requests' slots (a verifying forward: verify.py); None on
+        a rank that does not score."""
         slots = torch.tensor([r.slot for r in requests], device=self.device)
         positions = positions.to(self.device)
         self.cache.bind(slots, positions)
         hidden = self._forward(ids.to(self.device), positions.clamp(min=0))  # (B, T, H)
         return self._logprobs(hidden[positions >= 0])
+
+    def share_walk(self, walked, requests: int, width: int):
+        """A verifying forward's emitted (tokens, logprobs) per request, on every process of
+        the engine (one process: as given; a tensor-parallel stepper broadcasts rank 0's)."""
+        return walked
 
     def _last_hidden(self, ids, positions, last, slots) -> torch.Tensor:
         """(B, H) final-norm hidden state of each row's token at column `last`."""

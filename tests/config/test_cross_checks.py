@@ -186,7 +186,6 @@ NGRAM = {"method": "ngram", "num_tokens": 3}
     [
         ({"batch_invariant": False, "parity": "report"}, "batch_invariant: false"),
         ({"rollout": {"engine": "vllm"}}, "rollout.engine: vllm"),
-        ({"rollout": {"tensor_parallel_size": 2}}, "rollout.tensor_parallel_size: 2"),
     ],
 )
 def test_speculation_refuses_what_it_cannot_keep_exact_by_name(data, named):

@@ -1,7 +1,7 @@
 """Speculative decoding keeps every bit: with drafts from prompt lookup or a draft model, the
 tokens, logprobs and finish reasons are `torch.equal` to plain decoding's, at every k, dtype,
 temperature, top-p / top-k, stop condition and budget cut, inside continuous batching (more
-requests than slots: admissions mid-run) and in multi-turn episodes. The trainer's recompute
+requests than slots: admissions mid-run), in multi-turn episodes and with a LoRA policy. The trainer's recompute
 equals them too. Negative control: with a call-order random stream (one per request, as
 rejection samplers draw) the draft's draws shift the policy's, and the tokens differ.
 """
@@ -15,10 +15,12 @@ import rl_engine.rollout.speculative.proposers as proposers_module
 import rl_engine.rollout.speculative.verify as verify_module
 import rl_engine.rollout.stepper as stepper_module
 from rl_engine.logprobs import token_logprobs
+from rl_engine.patching import apply_batch_invariant
 from rl_engine.rollout import RolloutEngine, SamplingParams
 from rl_engine.rollout.speculative import SpeculationError, SpeculativeParams
 from rl_engine.rollout.speculative.ngram import propose_ngram
 from rl_engine.rollout.turns import Continuation, TurnStart
+from tests.helpers.lora_policy import lora_model
 from tests.helpers.rollout.common import (
     DENSE_FAMILIES,
     fresh_model,
@@ -151,6 +153,20 @@ def test_a_multi_turn_episode_speculates_exactly():
     plain = play()
     assert_same(plain, play(**_speculation("draft-self", 3, torch.float32)))
     assert_same(plain, play(**_speculation("ngram", 3, torch.float32)))
+
+
+def test_a_lora_policy_speculates_exactly():
+    model = lora_model("tiny-llama")
+    apply_batch_invariant(model)
+    prompts = _prompts(model.config.vocab_size)
+    sampling = _sampling("t1", model.config.vocab_size)
+    plain, _ = _generate(model, prompts, sampling)
+    for method in ("ngram", "draft-other"):
+        speculated, stats = _generate(
+            model, prompts, sampling, **_speculation(method, 3, torch.float32)
+        )
+        assert_same(plain, speculated)
+        assert stats.speculation.proposed > 0
 
 
 def _call_order_stream(monkeypatch):

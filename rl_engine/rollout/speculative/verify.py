@@ -74,39 +74,51 @@ class SpeculativeDecode:
         """One verifying forward for every running request (sorted by slot)."""
         sampling = self.stepper.sampling
         budgets = [min(self.params.num_tokens, _left(r, sampling) - 1) for r in requests]
-        drafts = self.proposer.propose(requests, budgets)
-        rows = [
-            [r.token_ids[-1], *_until_stop(d[:b], sampling)]
-            for r, d, b in zip(requests, drafts, budgets)
+        drafts = [
+            _until_stop(d[:b], sampling)
+            for d, b in zip(self.proposer.propose(requests, budgets), budgets)
         ]
+        rows = [[r.token_ids[-1], *d] for r, d in zip(requests, drafts)]
         width = max(len(row) for row in rows)
         ids = torch.full((len(requests), width), PAD_ID, dtype=torch.long)
         positions = torch.full(ids.shape, -1, dtype=torch.long)
         for index, (request, row) in enumerate(zip(requests, rows)):
             ids[index, : len(row)] = torch.tensor(row)
             positions[index, : len(row)] = torch.arange(len(row)) + request.length - 1
-        logp = self.stepper.score_rows(requests, ids, positions).cpu()  # (N, V), row-major
-        start = 0
-        for request, row in zip(requests, rows):
-            self._emit(request, row[1:], logp[start : start + len(row)])
-            start += len(row)
+        logp = self.stepper.score_rows(requests, ids, positions)  # (N, V) row-major; None
+        walked = None if logp is None else self._walk(requests, drafts, logp.cpu())
+        # a tensor-parallel engine's rank 0 walks; every rank appends the same tokens
+        for request, draft, (tokens, values) in zip(
+            requests, drafts, self.stepper.share_walk(walked, len(requests), width)
+        ):
+            for token, value in zip(tokens, values):
+                request.append(token, value, sampling)
+            self._count(draft, tokens)
         self.counts.forwards += 1
         self.counts.rows += len(requests)
 
-    def _emit(self, request: Request, drafts: list[int], logp: torch.Tensor) -> None:
-        """Append the tokens plain decoding would draw at these positions, up to and including
-        the first that is not the next draft (or the one that ends the request)."""
-        sampling = self.stepper.sampling
-        self.counts.proposed += len(drafts)
-        for column in range(len(drafts) + 1):
-            u = token_uniform(request.key, len(request.token_ids))
-            token = sample_token(logp[column], sampling, u)
-            request.append(token, float(logp[column, token]), sampling)
-            self.counts.emitted += 1
-            matched = column < len(drafts) and token == drafts[column]
-            self.counts.accepted += matched
-            if request.finished or not matched:
-                return
+    def _walk(self, requests, drafts, logp: torch.Tensor) -> list[tuple[list[int], list[float]]]:
+        """Per request: the tokens plain decoding draws at its row's positions, and their
+        logprobs, up to and including the first that is not the next draft or that ends it."""
+        sampling, walked, start = self.stepper.sampling, [], 0
+        for request, draft in zip(requests, drafts):
+            rows, tokens, values = logp[start : start + len(draft) + 1], [], []
+            for column, row in enumerate(rows):
+                index = len(request.token_ids) + column
+                token = sample_token(row, sampling, token_uniform(request.key, index))
+                tokens.append(token)
+                values.append(float(row[token]))
+                ends = sampling.stops_on(token) or _left(request, sampling) == column + 1
+                if ends or column == len(draft) or token != draft[column]:
+                    break
+            walked.append((tokens, values))
+            start += len(draft) + 1
+        return walked
+
+    def _count(self, draft: list[int], tokens: list[int]) -> None:
+        self.counts.proposed += len(draft)
+        self.counts.accepted += sum(d == t for d, t in zip(draft, tokens))
+        self.counts.emitted += len(tokens)
 
 
 def _until_stop(drafts: list[int], sampling) -> list[int]:

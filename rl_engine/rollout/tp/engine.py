@@ -59,6 +59,8 @@ class TensorParallelEngine(RolloutEngine):
         weight_version: int = 0,
         progress: bool | None = None,
         share_prompt_prefill: bool = True,
+        speculative=None,
+        draft_model: nn.Module | None = None,
     ):
         self.shards = ShardGroup(group)
         super().__init__(
@@ -69,6 +71,8 @@ class TensorParallelEngine(RolloutEngine):
             weight_version=weight_version,
             progress=progress if self.shards.rank == 0 else False,
             share_prompt_prefill=share_prompt_prefill,
+            speculative=speculative,
+            draft_model=draft_model,
         )
         self.layout = shard_model(model, self.shards)
 
@@ -171,6 +175,23 @@ class _ShardedStepper(Stepper):
             local = nn.functional.linear(hidden, head.weight, head.bias).float()
         logits = self.shards.gather_last_to_first(local, self.vocab_widths)  # (B, V) on rank 0
         return None if logits is None else self._scaled_log_softmax(logits)
+
+    def share_walk(self, walked, requests: int, width: int):
+        """Rank 0's walk of a verifying forward (verify.py) on every rank: tokens (-1 past a
+        request's last) and their fp32 logprobs, broadcast as (requests, width) tensors."""
+        tokens = torch.full((requests, width), -1, dtype=torch.int64, device=self.device)
+        values = torch.zeros((requests, width), dtype=torch.float32, device=self.device)
+        if self.shards.rank == 0:
+            for row, (chosen, picked) in enumerate(walked):
+                tokens[row, : len(chosen)] = torch.tensor(chosen)
+                values[row, : len(picked)] = torch.tensor(picked, dtype=torch.float32)
+        self.shards.broadcast_from_first(tokens)
+        self.shards.broadcast_from_first(values)
+        kept = tokens >= 0
+        return [
+            (tokens[row][kept[row]].tolist(), values[row][kept[row]].tolist())
+            for row in range(requests)
+        ]
 
     def _sample(self, requests, logp) -> None:
         tokens = torch.zeros(len(requests), dtype=torch.int64, device=self.device)

@@ -241,3 +241,30 @@ def build_full_weights(model) -> dict:
             dist.all_gather_object(pieces, module.weight.detach())
             full[index, tag] = torch.cat(pieces, dim=0)
     return full
+
+
+SPECULATIVE = (("tiny-llama", "fp32"), ("tiny-qwen3", "bf16"))
+
+
+def generate_speculative(rank: int, world: int) -> dict:
+    """Speculating TP engines (prompt lookup; the policy itself as a replicated draft model),
+    for comparison with the TP = 1 engine without speculation."""
+    from rl_engine.rollout.speculative import SpeculativeParams
+    from rl_engine.rollout.tp import TensorParallelEngine
+
+    out = {}
+    for key, dtype in SPECULATIVE:
+        for method in ("ngram", "draft_model"):
+            params = SpeculativeParams(method=method, num_tokens=3)
+            draft = build(key, dtype) if method == "draft_model" else None
+            engine = TensorParallelEngine(
+                build(key, dtype),
+                device="cpu",
+                max_batch_size=MAX_BATCH,
+                speculative=params,
+                draft_model=draft,
+            )
+            result = record(engine.generate(PROMPTS, sampling()), engine.last_stats)
+            result["speculation"] = engine.last_stats.speculation
+            out[f"{key}/{dtype}/{method}"] = result
+    return out

@@ -6,7 +6,8 @@ continuous batching (10 sequences through 3 slots, stop tokens), uneven prompts
 (packed prefills), 1 thread per rank against the test process's own threads; plus the
 negative control: the same engine with Megatron's row-parallel o_proj / down_proj
 (partial sums all-reduced) differs. The same spawn runs prompt sharing's TP = 2 case
-(tests/rollout/test_prompt_sharing.py): sharing on == TP = 1 without sharing, and the LoRA
+(tests/rollout/test_prompt_sharing.py): sharing on == TP = 1 without sharing, speculating
+engines (prompt lookup, a replicated draft model) == TP = 1 without speculation, and the LoRA
 cases of tests/rollout/tp/test_shard_lora.py (its docstring says what they check). TP = 4 runs
 tiny-mistral (8 query, 4 KV heads).
 """
@@ -55,6 +56,7 @@ def tp2_world(tmp_path_factory) -> dict:
         "sharded": functools.partial(tp_procs.generate_sharded, TP2, NEGATIVE, loads=loads),
         "sharing": functools.partial(tp_procs.generate_sharing_on_ranks, *SHARING),
         "lora": functools.partial(tp_lora_procs.lora_sharded, LORA),
+        "speculative": tp_procs.generate_speculative,
     }
     return launch(functools.partial(tp_procs.run_parts, parts), 2)
 
@@ -108,6 +110,21 @@ def test_each_tp_rank_reads_only_its_rows_of_a_folder_or_weights_file(tp2_runs, 
     # each rank reads exactly what it holds (its rows, the replicated tensors), not the file
     assert sizes["read"] == sizes["held"]
     assert all(r < sizes["on_disk"] for r in sizes["read"])
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+@pytest.mark.parametrize("scenario", tp_procs.SPECULATIVE, ids=lambda s: "-".join(s))
+def test_a_speculating_tp2_engine_equals_tp1_without_speculation(tp2_world, scenario, method):
+    """Rank 0 verifies the drafts and broadcasts what it emits; every rank drafts alike."""
+    got = tp2_world["speculative"]["/".join((*scenario, method))]
+    want = reference(*scenario)
+    assert got["tokens"] == want["tokens"] and got["finish"] == want["finish"]
+    for a, b in zip(got["logprobs"], want["logprobs"], strict=True):
+        assert torch.equal(a, b)
+    counts = got["speculation"]
+    assert counts.forwards > 0
+    if method == "draft_model":  # the policy as its own draft: every draft accepted
+        assert counts.proposed > 0 and counts.accepted == counts.proposed
 
 
 def test_row_parallel_all_reduce_differs(tp2_runs):

@@ -50,6 +50,7 @@ class RolloutActor(JobActor):
         engine_args = {  # the engine arguments the run config sets
             "max_batch_size": config.rollout.max_batch_size,
             "share_prompt_prefill": config.rollout.share_prompt_prefill,
+            **speculation_args(config, device),
         }
         if config.rollout.tensor_parallel_size > 1:
             self._join_tp_group(device, tp_address, tp_port)
@@ -79,8 +80,7 @@ class RolloutActor(JobActor):
 
                 self.engine = TensorParallelEngine(model, device=device, **engine_args)
             else:
-                speculation = speculation_args(config, device)
-                self.engine = RolloutEngine(model, device=device, **engine_args, **speculation)
+                self.engine = RolloutEngine(model, device=device, **engine_args)
         release_free_heap()
         self.tokenizer, self.vocab_size = tokenizer, model.config.vocab_size
         return {
