@@ -131,6 +131,7 @@ BENCH_CASES: dict[str, dict[str | None, tuple[str, ...]]] = {
         "decode": ("rollout",),
         "prefill": ("prefill",),
         "tp": ("tensor_parallel",),
+        "tail": ("speculative",),
     },
     "train": {
         None: ("train_step", "packing"),
@@ -288,7 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="kernels: gemm, decode-gemm (a decode step's GEMMs on streamed weights, packed per "
         "call vs once), native-linear or attention (default: the table of every op); "
-        "rollout: decode (default), prefill (packed vs padded) or tp (TP=2 vs TP=1); train: "
+        "rollout: decode (default), prefill (packed vs padded), tp (TP=2 vs TP=1) or tail "
+        "(speculative decoding on a long-tailed step); train: "
         "invariance (on vs off), packing (packed vs padded step; default both) or mini-batches "
         "(parity_scope first vs all); job: real-size (default)",
     )

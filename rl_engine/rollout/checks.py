@@ -109,3 +109,19 @@ def _as_id_list(index: int, prompt) -> list[int]:
     if bad is not None:
         raise ValueError(f"prompt {index} has a non-integer token id {bad!r}")
     return list(prompt)
+
+
+def check_budgets(budgets, prompts: int, most: int) -> list[int | None]:
+    """Each prompt's own budget of sampled tokens, in [1, most]; None: `most` for all."""
+    if budgets is None:
+        return [None] * prompts
+    budgets = list(budgets)
+    if len(budgets) != prompts:
+        raise ValueError(f"budgets must give one per prompt ({prompts}), got {len(budgets)}")
+    for index, budget in enumerate(budgets):
+        if not is_int(budget) or not 1 <= budget <= most:
+            raise ValueError(
+                f"budgets[{index}] must be an int in [1, sampling.max_new_tokens = {most}], "
+                f"got {budget!r}"
+            )
+    return budgets

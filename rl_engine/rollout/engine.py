@@ -44,6 +44,7 @@ from rl_engine.patching import is_patched, patch_handle
 from rl_engine.patching.attention import PLAIN_CACHED_NAME, register_plain_cached_attention
 from rl_engine.patching.packed_weights import PackedWeights
 from rl_engine.rollout.checks import (
+    check_budgets,
     check_max_batch_size,
     check_model,
     check_prompts,
@@ -131,12 +132,14 @@ class RolloutEngine:
         *,
         progress: bool | None = None,
         after_env_turn: bool = False,
+        budgets: Sequence[int] | None = None,
     ) -> list[Completion]:
         """Sample `sampling.n` completions per prompt; returned prompt-major, then by sample index.
 
         after_env_turn: the prompts continue transcripts after an environment turn
         (multi-turn); their prefills never share (a group's transcripts diverge), whatever
-        `share_prompt_prefill` says."""
+        `share_prompt_prefill` says. budgets: each prompt's own most sampled tokens (at most
+        `sampling.max_new_tokens`; None: that for every prompt)."""
         self._check_weights_complete()
         check_bool("after_env_turn", after_env_turn)
         sampling = check_sampling(sampling)
@@ -149,8 +152,16 @@ class RolloutEngine:
         self.last_stats = GenerateStats()
         if not prompt_ids:
             return []
+        budgets = check_budgets(budgets, len(prompt_ids), sampling.max_new_tokens)
         requests = [
-            Request(p, s, ids, request_key(sampling.seed, p, s), shares_prefill=not after_env_turn)
+            Request(
+                p,
+                s,
+                ids,
+                request_key(sampling.seed, p, s),
+                shares_prefill=not after_env_turn,
+                max_new_tokens=budgets[p],
+            )
             for p, ids in enumerate(prompt_ids)
             for s in range(sampling.n)
         ]

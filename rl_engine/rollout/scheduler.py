@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class GenerateStats:
     batch_sizes: list[int] = field(
         default_factory=list
     )  # running sequences of every decode forward
+    decode_seconds: list[float] = field(default_factory=list)  # each decode forward's wall time
     seconds: float = 0.0
     speculation: SpeculationCounts | None = None  # a speculating engine's drafts (speculative/)
 
@@ -83,7 +85,9 @@ def run_continuous_batching(
         active = running + admitted
         running = [r for r in active if not r.finished]
         if running:
+            started = time.perf_counter()
             step.decode(running)
+            stats.decode_seconds.append(time.perf_counter() - started)
             stats.decode_forwards += 1
             stats.batch_sizes.append(len(running))
         continuing = []
