@@ -146,9 +146,9 @@ class Stepper:
 
     def decode(self, requests: list[Request]) -> None:
         """Feed every request's last sampled token (one query each) and sample the next; a
-        speculating engine verifies drafts after it in the same forward instead."""
+        speculating engine's small batches verify drafts after it in the same forward."""
         requests = sorted(requests, key=lambda r: r.slot)
-        if self.speculation is not None:
+        if self.speculation is not None and self.speculation.applies(requests):
             self.speculation.decode(requests)
             return
         ids = torch.tensor([[r.token_ids[-1]] for r in requests])  # (B, 1)

@@ -62,9 +62,9 @@ def _sampling(name: str, vocab: int, **extra) -> SamplingParams:
 
 
 def _speculation(method: str, k: int, dtype: torch.dtype, family: str = "tiny-llama") -> dict:
-    params = SpeculativeParams(method="draft_model" if method != "ngram" else "ngram", num_tokens=k)
-    if method == "ngram":
-        return {"speculative": params}
+    if method == "ngram":  # 1-token suffixes too: a random model's text seldom repeats two
+        return {"speculative": SpeculativeParams(method="ngram", num_tokens=k, ngram_min=1)}
+    params = SpeculativeParams(method="draft_model", num_tokens=k)
     draft = patched_model(family, dtype, seed=0 if method == "draft-self" else 1)
     return {"speculative": params, "draft_model": draft}
 
@@ -83,7 +83,7 @@ def test_speculation_equals_plain_decoding(dtype, method, k):
         assert_same(plain, speculated)
         admitted += stats.admitted_while_running
         counts = stats.speculation
-        assert counts.forwards == stats.decode_forwards and counts.rows > 0
+        assert counts.forwards == stats.decode_forwards and counts.proposed > 0
         if method == "draft-self":  # the same distribution and the same uniforms: all accepted
             assert counts.proposed > 0 and counts.accepted == counts.proposed
             assert stats.decode_forwards < plain_stats.decode_forwards
@@ -103,6 +103,20 @@ def test_every_family_speculates_exactly(family, dtype):
             model, prompts, sampling, **_speculation(method, 3, dtype, family)
         )
         assert_same(plain, speculated)
+
+
+def test_only_small_batches_speculate():
+    """max_batch: decode steps of more sequences decode one token each; the same bits."""
+    model = patched_model("tiny-llama", torch.float32)
+    prompts = _prompts(model.config.vocab_size)
+    sampling = _sampling("t1", model.config.vocab_size)
+    plain, _ = _generate(model, prompts, sampling)
+    params = SpeculativeParams(method="draft_model", num_tokens=3, max_batch=2)
+    draft = patched_model("tiny-llama", torch.float32)
+    out, stats = _generate(model, prompts, sampling, speculative=params, draft_model=draft)
+    assert_same(plain, out)
+    small = sum(b <= 2 for b in stats.batch_sizes)
+    assert 0 < stats.speculation.forwards == small < stats.decode_forwards
 
 
 def test_the_trainer_recomputes_the_speculated_logprobs():
@@ -231,6 +245,7 @@ def test_speculation_is_refused_where_it_cannot_keep_the_bits():
         ({"method": "draft_model", "num_tokens": 2}, "rollout.speculative.model is required"),
         ({"method": "ngram", "num_tokens": 2, "ngram_min": 3, "ngram_max": 2}, "ngram_max"),
         ({"method": "ngram", "num_tokens": 2, "k": 2}, "unknown key rollout.speculative.k"),
+        ({"method": "ngram", "num_tokens": 2, "max_batch": 0}, "rollout.speculative.max_batch"),
     ],
 )
 def test_bad_speculative_keys_are_named(data, message):

@@ -23,8 +23,12 @@ class SpeculativeParams:
     """k: most draft tokens per sequence and step (k + 1 positions verified per forward)."""
     ngram_max: int = 3
     """ngram: the longest suffix looked up (tried first)."""
-    ngram_min: int = 1
-    """ngram: the shortest suffix looked up."""
+    ngram_min: int = 2
+    """ngram: the shortest suffix looked up (a 1-token suffix recurs often and drafts badly)."""
+    max_batch: int = 4
+    """Speculate only in decode steps of at most this many sequences: the long tail of a step.
+    A verifying forward computes k + 1 positions per sequence, which pays only while the
+    weights' reads, not the arithmetic, bound the step."""
     model: str | None = None
     """draft_model: the draft's `load_model` spec (a job loads and patches it; an engine built
     in code takes the module instead)."""
@@ -37,7 +41,7 @@ class SpeculativeParams:
         """From a config mapping; an unknown key is named."""
         if not isinstance(data, dict):
             raise ValueError(f"{section.rstrip('.')} must be a mapping, got {data!r}")
-        known = {"method", "num_tokens", "ngram_max", "ngram_min", "model"}
+        known = {"method", "num_tokens", "ngram_max", "ngram_min", "max_batch", "model"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(
@@ -52,7 +56,7 @@ class SpeculativeParams:
         return cls(**data)
 
 
-_DEFAULTS = {"ngram_max": 3, "ngram_min": 1, "model": None}
+_DEFAULTS = {"ngram_max": 3, "ngram_min": 2, "max_batch": 4, "model": None}
 
 
 def _check(values: dict, section: str) -> None:
@@ -61,6 +65,7 @@ def _check(values: dict, section: str) -> None:
     check_int(f"{section}num_tokens", values["num_tokens"], 1)
     check_int(f"{section}ngram_min", values["ngram_min"], 1)
     check_int(f"{section}ngram_max", values["ngram_max"], values["ngram_min"])
+    check_int(f"{section}max_batch", values["max_batch"], 1)
     model = values["model"]
     if model is not None and (not isinstance(model, str) or not model):
         raise ValueError(f"{section}model must be a load_model spec (a string), got {model!r}")

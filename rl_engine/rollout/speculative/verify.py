@@ -42,7 +42,7 @@ PAD_ID = 0
 class SpeculationCounts:
     """What speculation did in one generate call."""
 
-    forwards: int = 0  # verifying forwards (every decode step of a speculating engine)
+    forwards: int = 0  # verifying forwards (the decode steps of at most max_batch sequences)
     rows: int = 0  # sequences those forwards verified (one row each)
     proposed: int = 0  # draft tokens fed to the policy
     accepted: int = 0  # drafts equal to the token drawn at their position
@@ -69,6 +69,11 @@ class SpeculativeDecode:
     def __init__(self, stepper: Stepper, params: SpeculativeParams, proposer):
         self.stepper, self.params, self.proposer = stepper, params, proposer
         self.counts = SpeculationCounts()
+
+    def applies(self, requests: list[Request]) -> bool:
+        """Whether this decode step speculates (`max_batch`); else it decodes one token each,
+        the same bits either way."""
+        return len(requests) <= self.params.max_batch
 
     def decode(self, requests: list[Request]) -> None:
         """One verifying forward for every running request (sorted by slot)."""
