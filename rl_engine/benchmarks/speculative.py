@@ -10,8 +10,8 @@ in tokens and logprobs (the bench raises otherwise):
   seven prompts get a budget of `short` tokens, one of 8x that (per-prompt budgets,
   `generate(..., budgets=...)`; no EOS stop, so the shape is exact): the whole step's seconds,
   and the seconds of its decode forwards at batch <= 4;
-- repetitive: batch 1, greedy, a prompt that asks for a list repeated: prompt lookup drafts the
-  repeats (tokens/s without and with);
+- repetitive: batch 1, greedy, a prompt that asks for a paragraph copied word for word: prompt
+  lookup drafts the copy from the prompt (tokens/s without and with; ends at EOS);
 - arithmetic: batch 1, the shipped arithmetic task's first prompt, at T = 1 (tokens/s without
   and with).
 
@@ -35,7 +35,11 @@ from rl_engine.patching import apply_batch_invariant
 from rl_engine.rollout import RolloutEngine, SamplingParams
 from rl_engine.rollout.speculative import SpeculativeParams
 
-REPEAT = "Repeat this list three times, one item per line: apple, river, candle, orange, stone."
+REPEAT = (
+    "Copy the following paragraph exactly, word for word: The quick brown fox jumps over the "
+    "lazy dog. The dog sleeps in the sun while the fox runs into the forest to find food for "
+    "its family."
+)
 
 
 def run(model, prompts, sampling, k: int | None, budgets=None, slots: int | None = None):
@@ -117,7 +121,12 @@ def cases(model, tokenizer, tiny: bool, short: int):
     eos = model.config.eos_token_id if isinstance(model.config.eos_token_id, int) else None
     return [
         ("tail", chat, tail, budgets),
-        ("repetitive", repeat, SamplingParams(max_new_tokens=long, temperature=0.0), None),
+        (
+            "repetitive",
+            repeat,
+            SamplingParams(max_new_tokens=long, temperature=0.0, eos_token_id=eos),
+            None,
+        ),
         (
             "arithmetic",
             arithmetic,
