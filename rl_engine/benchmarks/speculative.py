@@ -38,7 +38,9 @@ from rl_engine.rollout.speculative import SpeculativeParams
 REPEAT = (
     "Copy the following paragraph exactly, word for word: The quick brown fox jumps over the "
     "lazy dog. The dog sleeps in the sun while the fox runs into the forest to find food for "
-    "its family."
+    "its family. In the evening the fox comes back with a rabbit, and the dog wakes up to "
+    "watch the sun go down behind the hills. The farmer closes the gate, feeds the chickens "
+    "and walks home along the river, where the children are still playing with a red ball."
 )
 
 

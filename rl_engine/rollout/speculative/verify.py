@@ -69,6 +69,9 @@ class SpeculativeDecode:
     def __init__(self, stepper: Stepper, params: SpeculativeParams, proposer):
         self.stepper, self.params, self.proposer = stepper, params, proposer
         self.counts = SpeculationCounts()
+        # drafts each request may propose next: after a rejection, one more than it had
+        # accepted (a rejected draft cost a position for nothing); after a full accept, k
+        self.allowance: dict[int, int] = {}
 
     def applies(self, requests: list[Request]) -> bool:
         """Whether this decode step speculates (`max_batch`); else it decodes one token each,
@@ -78,7 +81,8 @@ class SpeculativeDecode:
     def decode(self, requests: list[Request]) -> None:
         """One verifying forward for every running request (sorted by slot)."""
         sampling = self.stepper.sampling
-        budgets = [min(self.params.num_tokens, _left(r, sampling) - 1) for r in requests]
+        k = self.params.num_tokens
+        budgets = [min(self.allowance.get(r.key, k), _left(r, sampling) - 1) for r in requests]
         drafts = [
             _until_stop(d[:b], sampling)
             for d, b in zip(self.proposer.propose(requests, budgets), budgets)
@@ -99,6 +103,7 @@ class SpeculativeDecode:
             for token, value in zip(tokens, values):
                 request.append(token, value, sampling)
             self._count(draft, tokens)
+            self._adapt(request, draft, tokens)
         self.counts.forwards += 1
         self.counts.rows += len(requests)
 
@@ -119,6 +124,16 @@ class SpeculativeDecode:
             walked.append((tokens, values))
             start += len(draft) + 1
         return walked
+
+    def _adapt(self, request: Request, draft: list[int], tokens: list[int]) -> None:
+        """The request's next allowance: k after every draft was accepted (or none was
+        proposed), else one more than it accepted now."""
+        if request.finished:
+            self.allowance.pop(request.key, None)
+            return
+        accepted = sum(d == t for d, t in zip(draft, tokens))
+        full = accepted == len(draft)
+        self.allowance[request.key] = self.params.num_tokens if full else accepted + 1
 
     def _count(self, draft: list[int], tokens: list[int]) -> None:
         self.counts.proposed += len(draft)
