@@ -142,37 +142,87 @@ class FastDecoder:
         parts = (self.embed, self.rotary_emb, layers, self.norm, self.attention, head)
         return FastDecoder(*parts, self.handle)
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+    def __call__(
+        self, ids: torch.Tensor, positions: torch.Tensor, cache, real: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """ids, positions (B, T) (positions >= 0) -> (B, T, H) final-norm hidden states;
-        reads and writes `cache` as bound (its `update_slots` protocol, patching/attention.py)."""
+        reads and writes `cache` as bound (its `update_slots` protocol, patching/attention.py).
+        real (B, T) bool: the cells that are tokens, when some are padding. Then every op but
+        the attention runs on the real tokens alone, flattened, and the attention on them
+        scattered back into the (B, T) layout: a ragged batch (a verifying forward's rows of
+        k + 1 and of 1 token, a prefill chunk beside decodes) computes its tokens, not its
+        padding. The ops are row-invariant, so the bits are the padded forward's; padding
+        cells of the result are zeros."""
+        if real is not None and not bool(real.all()):
+            return self._ragged(ids, positions, cache, Ragged(real))
         hidden = self.embed(ids)  # (B, T, H)
         cos, sin = self.rotary_emb(hidden, position_ids=positions)
         for layer in self.layers:
             hidden = self._layer(layer, hidden, cos, sin, cache)
         return self.norm(hidden)
 
-    def _layer(self, layer: _Layer, hidden, cos, sin, cache) -> torch.Tensor:
+    def _ragged(self, ids, positions, cache, ragged: Ragged) -> torch.Tensor:
+        hidden = self.embed(ragged.flat(ids))  # (1, N, H)
+        cos, sin = self.rotary_emb(hidden, position_ids=ragged.flat(positions))
+        for layer in self.layers:
+            hidden = self._layer(layer, hidden, cos, sin, cache, ragged)
+        return ragged.unflatten(self.norm(hidden))
+
+    def _layer(self, layer: _Layer, hidden, cos, sin, cache, ragged=None) -> torch.Tensor:
         residual = hidden
         x = _apply_norm(layer.input_norm, hidden)
-        hidden = residual + self._attention(layer, x, cos, sin, cache)
+        hidden = residual + self._attention(layer, x, cos, sin, cache, ragged)
         residual = hidden
         x = _apply_norm(layer.post_norm, hidden)
         gate = layer.silu(_apply_proj(layer.gate, x))
         return residual + _apply_proj(layer.down, gate * _apply_proj(layer.up, x))
 
-    def _attention(self, layer: _Layer, x, cos, sin, cache) -> torch.Tensor:
+    def _attention(self, layer: _Layer, x, cos, sin, cache, ragged=None) -> torch.Tensor:
         input_shape = x.shape[:-1]
         hidden_shape = (*input_shape, -1, layer.head_dim)
         q = _head_states(layer.q, layer.q_norm, x, hidden_shape)  # (B, Hq, T, D)
         k = _head_states(layer.k, layer.k_norm, x, hidden_shape)  # (B, Hkv, T, D)
         v = _head_states(layer.v, None, x, hidden_shape)
         q, k = layer.rotary(q, k, cos, sin)
+        if ragged is not None:  # (1, heads, N, D) -> the (B, heads, T, D) layout
+            q, k, v = ragged.pad_heads(q), ragged.pad_heads(k), ragged.pad_heads(v)
         keys, values, q_pos, slots = cache.update_slots(layer.index, k, v)
         out = self.attention(
             q, keys, values, q_positions=q_pos, scale=layer.scaling, kv_index=slots
         )  # (B, Hq, T, D)
+        if ragged is not None:
+            return _apply_proj(layer.o, ragged.flat_heads(out))
         out = out.transpose(1, 2).contiguous().reshape(*input_shape, -1).contiguous()
         return _apply_proj(layer.o, out)
+
+
+class Ragged:
+    """Where the real cells of a (B, T) batch are: flatten them, and put them back."""
+
+    def __init__(self, real: torch.Tensor):
+        self.shape = real.shape
+        self.rows, self.cols = real.nonzero(as_tuple=True)  # (N,) row-major
+
+    def flat(self, padded: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) -> (1, N, ...)."""
+        return padded[self.rows, self.cols][None]
+
+    def unflatten(self, flat: torch.Tensor) -> torch.Tensor:
+        """(1, N, H) -> (B, T, H), zeros at padding."""
+        out = flat.new_zeros((*self.shape, flat.shape[-1]))
+        out[self.rows, self.cols] = flat[0]
+        return out
+
+    def pad_heads(self, states: torch.Tensor) -> torch.Tensor:
+        """(1, heads, N, D) -> (B, heads, T, D), zeros at padding."""
+        heads, dim = states.shape[1], states.shape[-1]
+        out = states.new_zeros((self.shape[0], heads, self.shape[1], dim))
+        out[self.rows, :, self.cols] = states[0].transpose(0, 1)
+        return out
+
+    def flat_heads(self, out: torch.Tensor) -> torch.Tensor:
+        """(B, Hq, T, D) -> (1, N, Hq * D): each token's heads concatenated."""
+        return out[self.rows, :, self.cols].reshape(1, self.rows.numel(), -1)
 
 
 def _head_states(proj: Proj, norm: Norm | None, x: torch.Tensor, hidden_shape) -> torch.Tensor:

@@ -196,7 +196,8 @@ class Stepper:
         HF's module calls); a packed one, and any other model, the modules."""
         try:
             if self._decoder is not None and not kwargs:
-                return self._decoder(ids, positions, self.cache)
+                real = None if ids.shape[1] == 1 else self.cache.bound()[1] >= 0
+                return self._decoder(ids, positions, self.cache, real)
             out = self.model.base_model(
                 input_ids=ids,
                 position_ids=positions,

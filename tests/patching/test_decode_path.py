@@ -126,3 +126,63 @@ def test_forward_hooks_keep_the_module_path():
 
 def test_unpatched_model_has_no_fast_decoder():
     assert fast_decoder(fresh_model("tiny-llama", patched=False)) is None
+
+
+def _ragged_and_padded(model, decoder, lengths=(4, 1, 2)):
+    """Final hidden states of the real cells of one ragged batch (rows of `lengths` tokens
+    after cached prefixes), run ragged (real mask) and padded, each on a fresh cache."""
+    from rl_engine.rollout.kv_cache import SlotKVCache
+
+    starts = (0, 6, 3)
+    ids = torch.randint(
+        3, model.config.vocab_size, (3, 4), generator=torch.Generator().manual_seed(0)
+    )
+    positions = torch.full((3, 4), -1)
+    for row, (n, start) in enumerate(zip(lengths, starts)):
+        positions[row, :n] = torch.arange(start, start + n)
+    real = positions >= 0
+    outs = []
+    for mask in (real, None):
+        cache = SlotKVCache(3, 16, torch.device("cpu"), dtype=torch.float32, block=16)
+        prefix = torch.arange(8).expand(3, 8)  # every slot's first positions, written first
+        cache.bind(torch.arange(3), prefix)
+        decoder(ids[:, :1].expand(3, 8).contiguous(), prefix, cache)
+        cache.unbind()
+        cache.bind(torch.arange(3), positions)
+        with torch.no_grad():
+            outs.append(decoder(ids, positions.clamp(min=0), cache, mask)[real])
+        cache.unbind()
+    return outs
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
+def test_a_ragged_batch_computes_the_padded_batchs_bits(name, dtype):
+    model = fresh_model(name, dtype)
+    ragged, padded = _ragged_and_padded(model, fast_decoder(model))
+    assert torch.equal(ragged, padded)
+
+
+def test_negative_control_a_ragged_batch_with_plain_gemm_differs():
+    """torch's own GEMM picks its kernel by the row count: one real token (a GEMV) against
+    the 12 rows of its padded batch differ, at any thread count."""
+    model = fresh_model("tiny-llama", torch.float32)
+    decoder = fast_decoder(model)
+
+    def plain_gemm(x, weight, bias):
+        return torch.nn.functional.linear(x, weight, bias)
+
+    decoder.layers = [
+        dataclasses.replace(
+            layer, **{name: (plain_gemm, *getattr(layer, name)[1:]) for name in PROJECTIONS}
+        )
+        for layer in decoder.layers
+    ]
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            ragged, padded = _ragged_and_padded(model, decoder, lengths=(1, 0, 0))
+            assert not torch.equal(ragged, padded), f"{threads} threads"
+    finally:
+        torch.set_num_threads(before)
