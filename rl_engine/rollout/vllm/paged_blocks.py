@@ -43,19 +43,36 @@ class PagedBlockCache:
         metadata, _, kv_cache, _ = get_attention_context(name)
         if metadata is not self._metadata:
             check_attention_metadata(name, metadata)
+            self._heads = kv_cache.shape[1]
             self._bind(metadata, kv_cache.shape[2])
         key_cache, value_cache = split_kv_cache(kv_cache)
-        self._write(key_cache, key)
-        self._write(value_cache, value)
+        if kv_cache.is_contiguous():
+            rows = kv_cache.view(-1, kv_cache.shape[-1] // 2)  # (blocks * Hkv * 2 block, D)
+            rows.index_copy_(0, self._key_rows, self._tokens(key, kv_cache.dtype))
+            rows.index_copy_(
+                0, self._key_rows + kv_cache.shape[2], self._tokens(value, kv_cache.dtype)
+            )
+        else:  # the same copy through advanced indexing (slower)
+            self._write(key_cache, key)
+            self._write(value_cache, value)
         return key_cache, value_cache, self.batch.q_positions, self._table
 
     def _bind(self, metadata, block: int) -> None:
         slots = metadata.slot_mapping[: self.batch.count].long()
         self._slots = (slots // block, slots % block)
+        heads = self._heads
+        # row of token n's key, head h in the cache viewed as (blocks * Hkv * 2 block, D)
+        first = (self._slots[0] * heads)[:, None] + torch.arange(heads)[None, :]
+        self._key_rows = (first * 2 * block + self._slots[1][:, None]).reshape(-1)
         seq_lens = metadata.seq_lens.long()
         needed = int((seq_lens.max() + block - 1) // block)
         self._table = metadata.block_table[:, :needed].long().contiguous()
         self._metadata = metadata
+
+    def _tokens(self, padded: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """(N * Hkv, D): each real token's heads, in the order of the rows bound."""
+        tokens = padded[self.batch.rows, :, self.batch.cols]  # (N, Hkv, D)
+        return tokens.reshape(-1, tokens.shape[-1]).to(dtype)
 
     def _write(self, cache: torch.Tensor, padded: torch.Tensor) -> None:
         """Each real token's (Hkv, D) row into its block and offset."""
