@@ -6,9 +6,11 @@ weights into it and patches it with `apply_batch_invariant`, so every op
 (embedding, RMSNorm with HF's residual order, separate q/k/v and gate/up linears,
 HF's rotary, SiLU-and-mul, attention, final norm, lm_head) is the kernel
 `get_op(name, device)` gives the trainer. vLLM's `Attention` layers exist only so
-that vLLM sizes, allocates and binds a paged KV cache per decoder layer; the
-patched attention reads and writes it through `PagedKVCache` and computes with
-rl_engine's attention op, never vLLM's kernels. `compute_logits` is the patched
+that vLLM sizes, allocates and binds a paged KV cache per decoder layer; rl_engine's
+attention op reads and writes it, never vLLM's kernels. On the cpp backend the forward
+is the patched model's `FastDecoder` (its ops in their order, GEMM weights packed:
+the same bits) over `PagedBlockCache` (the attention reads vLLM's blocks in place);
+otherwise the patched HF model over `PagedKVCache` (each request's blocks gathered). `compute_logits` is the patched
 model's lm_head op; vLLM's raw logprobs, log_softmax in fp32, are then the
 trainer's `log_softmax` op (native: the same `torch.log_softmax` of fp32 logits).
 
