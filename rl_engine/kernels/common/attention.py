@@ -77,6 +77,9 @@ def validate(
 
 
 def _check_kv_index(kv_index, B: int, S: int, k_positions, device) -> None:
+    if isinstance(kv_index, torch.Tensor) and kv_index.dim() == 2:
+        _check_block_table(kv_index, B, S, k_positions, device)
+        return
     if not isinstance(kv_index, torch.Tensor) or kv_index.dim() != 1:
         raise ValueError(f"kv_index must be a 1-D integer tensor of shape [{B}]")
     _check_positions("kv_index", kv_index.view(-1, 1), (B, 1), device)
@@ -84,6 +87,28 @@ def _check_kv_index(kv_index, B: int, S: int, k_positions, device) -> None:
         raise ValueError("kv_index needs the aligned layout (k_positions=None)")
     if B and not (0 <= int(kv_index.min()) and int(kv_index.max()) < S):
         raise ValueError(f"kv_index must lie in [0, {S}) (k's batch size)")
+
+
+def _check_block_table(table, B: int, S: int, k_positions, device) -> None:
+    """kv_index (B, n): a paged cache's block table (k, v: (blocks, Hkv, block, D))."""
+    if table.shape[0] != B:
+        raise ValueError(
+            f"kv_index (a block table) must have {B} rows (q's batch), got {table.shape[0]}"
+        )
+    _check_positions("kv_index", table, tuple(table.shape), device)
+    if k_positions is not None:
+        raise ValueError("kv_index needs the aligned layout (k_positions=None)")
+    if table.numel() and not (0 <= int(table.min()) and int(table.max()) < S):
+        raise ValueError(f"kv_index (a block table) must lie in [0, {S}) (k's block count)")
+
+
+def refuse_block_table(kv_index, backend: str) -> None:
+    """A backend whose forward reads no block table raises (never a quiet gather)."""
+    if kv_index is not None and kv_index.dim() == 2:
+        raise ValueError(
+            f"kv_index of shape {list(kv_index.shape)} is a block table (paged keys): the "
+            f"{backend} attention reads none; the cpp backend does"
+        )
 
 
 def _check_segments(q_segments, k_segments, k_positions, kv_index, q_shape, k_shape, device):
@@ -301,6 +326,11 @@ def attention_op(attention_forward, serving: Serving, module: str, backward=atte
                 torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
             ):  # no gradient wanted (rollout decode): the same forward without autograd's cost
                 return attention_forward(q, k, v, *args, kv_index, q_segments, k_segments)
+            if kv_index is not None and kv_index.dim() == 2:
+                raise ValueError(
+                    "kv_index as a block table (paged keys) is forward-only: no gradient flows "
+                    "into a paged KV cache"
+                )
             if kv_index is not None:  # the backward works on per-row keys
                 k, v, kv_index = k.index_select(0, kv_index), v.index_select(0, kv_index), None
             return function.apply(q, k, v, *args, kv_index, q_segments, k_segments)

@@ -100,6 +100,8 @@ def attention_forward(
         return _packed_forward(q, k, v, q_positions, k_positions, q_segments, k_segments, scale)
     if q_positions.shape[1] > 1:
         _check_distinct_positions(q_positions)
+    if kv_index is not None and kv_index.dim() == 2:
+        return _paged_forward(q, k, v, q_positions, kv_index, scale)
     if k_positions is not None:
         length = max(int(q_positions.max()) + 1, 1) if q_positions.numel() else 1
         k, v = _aligned_keys(k, k_positions, length), _aligned_keys(v, k_positions, length)
@@ -121,6 +123,25 @@ def _packed_forward(q, k, v, q_positions, k_positions, q_segments, k_segments, s
         k, v = (_keys_by_sequence(t, k_positions, layout) for t in (k, v))
     rows = torch.zeros(0, dtype=torch.long, device=q.device)  # the runs name the kv rows
     return _run_kernel(q, k, v, q_positions, rows, scale, layout.runs)
+
+
+def _paged_forward(q, k, v, q_positions, block_table, scale):
+    """Keys read in place from a paged cache: row b's position j is k[block_table[b, j //
+    block], :, j % block] (k, v: (blocks, Hkv, block, D) views, rows of D contiguous, such
+    as vLLM's CPU cache halves). The kernel packs them into the 16-key blocks the aligned
+    path packs (block % 16 == 0), so the bits are those of the gathered keys."""
+    if k.dtype != v.dtype or k.dtype not in KERNEL_DTYPES:
+        raise ValueError(f"paged k, v must share fp32 or bf16, got k={k.dtype}, v={v.dtype}")
+    block = k.shape[2]
+    if block % 16 or k.stride(3) != 1 or k.stride(2) != k.shape[3] or k.stride() != v.stride():
+        raise ValueError(
+            f"paged k, v of shape {list(k.shape)} and strides {k.stride()}, {v.stride()}: the "
+            "kernel reads blocks of a multiple of 16 positions with rows of D contiguous"
+        )
+    q = q.contiguous() if q.dtype == torch.bfloat16 else q.float().contiguous()
+    rows = torch.zeros(0, dtype=torch.long, device=q.device)
+    table = block_table.long().contiguous()
+    return extension().attention(q, k, v, q_positions, rows, scale, current_isa(), None, table)
 
 
 def _run_kernel(q, k, v, q_positions, rows, scale, runs=None):

@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_engine.kernels.common.attention import attention_op
+from rl_engine.kernels.common.attention import attention_op, refuse_block_table
 from rl_engine.kernels.common.attention import compute_dtype as _compute_dtype
 from rl_engine.kernels.common.segments import Sequences, sequence_lengths, sequences_of
 from rl_engine.kernels.native._serving import GEMM
@@ -431,6 +431,7 @@ def attention_forward(
     q, k, v, q_positions, k_positions, scale, kv_index, q_segments=None, k_segments=None
 ):
     """(B, Hq, Tq, D) in q.dtype; empty q -> zeros."""
+    refuse_block_table(kv_index, "native")
     if q.numel() == 0:
         return q.new_zeros(q.shape)
     out = _forward_any(q, k, v, q_positions, k_positions, scale, kv_index, q_segments, k_segments)

@@ -71,7 +71,7 @@ import torch
 import triton
 import triton.language as tl
 
-from rl_engine.kernels.common.attention import attention_op, compute_dtype
+from rl_engine.kernels.common.attention import attention_op, compute_dtype, refuse_block_table
 from rl_engine.kernels.common.segments import Sequences, sequences_of
 from rl_engine.kernels.triton._common import INTERPRET, SERVING, div_rn, tl_dtype, upcast_dot
 from rl_engine.kernels.triton._launch import FP_FUSION, Launch
@@ -357,6 +357,7 @@ def attention_forward(
     q, k, v, q_positions, k_positions, scale, kv_index, q_segments=None, k_segments=None
 ):
     """(B, Hq, Tq, D) in q.dtype; exact zeros for padding queries."""
+    refuse_block_table(kv_index, "triton")
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
     if q.numel() == 0:
         return out

@@ -5,7 +5,7 @@ Installing rl-engine registers `register` under the entry-point group
 nothing unless `RL_ENGINE_BATCH_INVARIANT=1` is set in the vLLM process. With it
 set, every architecture in vLLM's model registry resolves to `ExactCausalLM`
 (model.py): the trainer's own patched Hugging Face model run inside vLLM, its
-attention reading and writing vLLM's paged KV cache (paged.py). A model, dtype or
+attention reading and writing vLLM's paged KV cache (paged_blocks.py, paged.py). A model, dtype or
 feature that cannot keep the bits raises `ExactVllmUnsupported` (checks.py).
 See docs/rollouts.md, "vLLM, exact".
 

@@ -6,9 +6,11 @@ weights into it and patches it with `apply_batch_invariant`, so every op
 (embedding, RMSNorm with HF's residual order, separate q/k/v and gate/up linears,
 HF's rotary, SiLU-and-mul, attention, final norm, lm_head) is the kernel
 `get_op(name, device)` gives the trainer. vLLM's `Attention` layers exist only so
-that vLLM sizes, allocates and binds a paged KV cache per decoder layer; the
-patched attention reads and writes it through `PagedKVCache` and computes with
-rl_engine's attention op, never vLLM's kernels. `compute_logits` is the patched
+that vLLM sizes, allocates and binds a paged KV cache per decoder layer; rl_engine's
+attention op reads and writes it, never vLLM's kernels. On the cpp backend the forward
+is the patched model's `FastDecoder` (its ops in their order, GEMM weights packed:
+the same bits) over `PagedBlockCache` (the attention reads vLLM's blocks in place);
+otherwise the patched HF model over `PagedKVCache` (each request's blocks gathered). `compute_logits` is the patched
 model's lm_head op; vLLM's raw logprobs, log_softmax in fp32, are then the
 trainer's `log_softmax` op (native: the same `torch.log_softmax` of fp32 logits).
 
@@ -24,9 +26,19 @@ import torch
 from torch import nn
 
 from rl_engine.models.loading import load_skeleton
-from rl_engine.patching import KV_CACHE_KWARG, apply_batch_invariant, lm_head_parameters, model_op
+from rl_engine.patching import (
+    KV_CACHE_KWARG,
+    FastDecoder,
+    apply_batch_invariant,
+    fast_decoder,
+    lm_head_parameters,
+    model_op,
+    patch_handle,
+)
+from rl_engine.patching.packed_weights import PackedWeights
 from rl_engine.rollout.vllm.checks import check_vllm_config
 from rl_engine.rollout.vllm.paged import FlatBatch, PagedKVCache
+from rl_engine.rollout.vllm.paged_blocks import BLOCK_TABLE_BACKENDS, PagedBlockCache
 
 HF_ATTRIBUTE = "hf"
 
@@ -44,6 +56,9 @@ class ExactCausalLM(nn.Module):
         self.attn_layers = _attention_layers(vllm_config, hf.config, prefix)
         self.layer_names = [layer.layer_name for layer in self.attn_layers]
         self._lm_head = self._log_softmax = None  # the patched ops, once weights are in
+        self._packed = PackedWeights()
+        self._decoder: FastDecoder | None = None  # built at the first forward after new weights
+        self._decoder_built = False
         self.sample_positions: torch.Tensor | None = None
         """(R,) the last scheduled position of each request of the last forward (the
         position whose logits are sampled): read by ExactSampler."""
@@ -79,18 +94,45 @@ class ExactCausalLM(nn.Module):
         self.sample_positions = batch.q_positions.max(dim=1).values
         if batch.count == 0:
             return torch.zeros(total, self.config.hidden_size, dtype=self._dtype())
-        out = self.hf.base_model(
-            input_ids=batch.pad_ids(input_ids),
-            position_ids=batch.q_positions.clamp(min=0),
-            use_cache=False,
-            **{KV_CACHE_KWARG: PagedKVCache(self.layer_names, batch)},
-        )
-        return batch.flat(out.last_hidden_state, total)
+        ids, positions = batch.pad_ids(input_ids), batch.q_positions.clamp(min=0)
+        decoder = self.decoder()
+        if decoder is not None:
+            hidden = decoder(ids, positions, PagedBlockCache(self.layer_names, batch))
+        else:
+            hidden = self.hf.base_model(
+                input_ids=ids,
+                position_ids=positions,
+                use_cache=False,
+                **{KV_CACHE_KWARG: PagedKVCache(self.layer_names, batch)},
+            ).last_hidden_state
+        return batch.flat(hidden, total)
+
+    def decoder(self) -> FastDecoder | None:
+        """The patched model's FastDecoder on weights packed now (same ops, same order, the
+        same bits: decode_path.py), when the model has one and its attention reads vLLM's
+        block table in place; else None: the module path (the patched HF model over the
+        gathered keys) runs."""
+        if not self._decoder_built:
+            handle = patch_handle(self.hf)
+            plan = fast_decoder(self.hf) if handle.backend in BLOCK_TABLE_BACKENDS else None
+            self._decoder = None if plan is None else plan.packed_into(self._packed)
+            self._decoder_built = True
+        return self._decoder
+
+    def weights_changed(self) -> None:
+        """The parameters were written (a weight sync, load_weights): drop the packed copies,
+        the next forward packs the new weights (never a stale panel)."""
+        self._decoder, self._decoder_built = None, False
+        self._packed.release()
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """(M, H) -> (M, V) logits through the patched lm_head op (the trainer's)."""
+        """(M, H) -> (M, V) logits through the patched lm_head op (the trainer's; on its packed
+        weight where the FastDecoder runs: the same bits)."""
         if self._lm_head is None:
             raise RuntimeError("ExactCausalLM.compute_logits before load_weights")
+        decoder = self.decoder()
+        if decoder is not None:
+            return decoder.lm_head(hidden_states)
         weight, bias = lm_head_parameters(self.hf)
         return self._lm_head(hidden_states, weight, bias)
 
@@ -120,6 +162,7 @@ class ExactCausalLM(nn.Module):
             apply_batch_invariant(self.hf)
             self._lm_head = model_op(self.hf, "lm_head")
             self._log_softmax = model_op(self.hf, "log_softmax")
+        self.weights_changed()
         return loaded
 
     def _dtype(self) -> torch.dtype:

@@ -86,7 +86,7 @@ class PagedKVCache:
         name = self.layer_names[layer_idx]
         metadata, _, kv_cache, _ = get_attention_context(name)
         check_attention_metadata(name, metadata)
-        key_cache, value_cache = _split(kv_cache)
+        key_cache, value_cache = split_kv_cache(kv_cache)
         slots = metadata.slot_mapping[: self.batch.count].long()
         self._write(key_cache, key, slots)
         self._write(value_cache, value, slots)
@@ -103,7 +103,7 @@ class PagedKVCache:
         cache[slots // block, :, slots % block] = tokens.to(cache.dtype)
 
 
-def _split(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def split_kv_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[blocks, Hkv, block, 2D] -> key and value views [blocks, Hkv, block, D] (vLLM's CPU
     split: the block's keys, then its values)."""
     blocks, heads, block, _ = kv_cache.shape

@@ -50,7 +50,10 @@ class ExactWorkerExtension:
         receiver = getattr(self, "_rl_engine_receiver", None)
         if receiver is None:
             raise RuntimeError("rl_engine_receive_weights before rl_engine_weight_plan")
-        return receiver.receive(self._rl_engine_group)
+        try:
+            return receiver.receive(self._rl_engine_group)
+        finally:  # even a sync that failed half-way wrote parameters: repack them
+            self._rl_engine_model().weights_changed()
 
     def _rl_engine_model(self):
         from rl_engine.rollout.vllm.model import ExactCausalLM

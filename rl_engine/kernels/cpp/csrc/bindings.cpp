@@ -353,14 +353,43 @@ std::vector<AttentionRun> attention_runs(const c10::optional<at::Tensor>& runs_o
 // q (B, Hq, Tq, D) fp32 or bf16 (widened per block, exactly), k and v (S, Hkv,
 // Tk, D) both fp32 or both bf16; all contiguous. Output fp32; queries with
 // p < 0 and queries outside every run are 0.
+// Paged keys (block_table given): k, v are (blocks, Hkv, bs, D) views with rows of D
+// contiguous (stride(2) == D, stride(3) == 1; vLLM's CPU cache halves), bs a multiple
+// of 16; q row b's position j is row j % bs of block block_table[b, j / bs]. One run
+// per q row. The keys are packed into the same 16-key blocks as from an aligned row
+// (16 divides bs, so no 16-key block spans two cache blocks), and the values copied
+// (or widened) to one row of positions: the arithmetic is the aligned path's.
+struct PagedKeys {
+  const int64_t* table = nullptr;
+  int64_t width = 0, bs = 0, stride_block = 0, stride_head = 0, v_shift = 0;
+};
+
+PagedKeys paged_keys(const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+                     int64_t B) {
+  for (const at::Tensor* t : {&k, &v}) {
+    TORCH_CHECK(t->dim() == 4 && t->stride(3) == 1 && t->stride(2) == t->size(3),
+                "paged k, v must be (blocks, Hkv, block, D) with contiguous rows of D");
+  }
+  TORCH_CHECK(k.strides() == v.strides(), "paged k and v must share their strides");
+  TORCH_CHECK(k.size(2) % 16 == 0, "the KV block size must be a multiple of 16, got ", k.size(2));
+  TORCH_CHECK(table.scalar_type() == at::kLong && table.dim() == 2 && table.size(0) == B &&
+                  table.is_contiguous(),
+              "block_table must be a contiguous int64 (B, blocks) tensor");
+  const int64_t elem = k.element_size();
+  const int64_t shift = ((const char*)v.data_ptr() - (const char*)k.data_ptr()) / elem;
+  return {table.data_ptr<int64_t>(), table.size(1), k.size(2), k.stride(0), k.stride(1), shift};
+}
+
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& q_positions, const at::Tensor& kv_rows, double scale,
-                     const std::string& isa, const c10::optional<at::Tensor>& runs_opt) {
+                     const std::string& isa, const c10::optional<at::Tensor>& runs_opt,
+                     const c10::optional<at::Tensor>& table_opt) {
   TORCH_CHECK(q.dim() == 4 && q.is_contiguous() &&
                   (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16),
               "q must be a contiguous 4-D float32 or bfloat16 tensor");
+  const bool paged = table_opt.has_value() && table_opt->defined();
   for (const at::Tensor* t : {&k, &v}) {
-    TORCH_CHECK(t->dim() == 4 && t->is_contiguous() &&
+    TORCH_CHECK(t->dim() == 4 && (paged || t->is_contiguous()) &&
                     (t->scalar_type() == at::kFloat || t->scalar_type() == at::kBFloat16),
                 "k, v must be contiguous 4-D float32 or bfloat16 tensors");
   }
@@ -374,7 +403,14 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   TORCH_CHECK(Hq / Hkv <= 256, "at most 256 query heads per kv head, got ", Hq / Hkv);
   TORCH_CHECK(q_positions.dim() == 2 && q_positions.size(0) == B && q_positions.size(1) == Tq,
               "q_positions must be (B, Tq)");
-  const std::vector<AttentionRun> runs = attention_runs(runs_opt, kv_rows, B, Tq, S, Tk);
+  PagedKeys pk;
+  if (paged) {
+    TORCH_CHECK(!runs_opt.has_value() || !runs_opt->defined(), "block_table takes no runs");
+    pk = paged_keys(k, v, *table_opt, B);
+  }
+  const std::vector<AttentionRun> runs =
+      paged ? attention_runs(c10::nullopt, at::arange(B, at::kLong), B, Tq, B, Tk)
+            : attention_runs(runs_opt, kv_rows, B, Tq, S, Tk);
   const int64_t NR = (int64_t)runs.size();
   const at::Tensor pos = q_positions.contiguous();
   const int64_t* pp = pos.data_ptr<int64_t>();
@@ -384,8 +420,19 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     const AttentionRun& run = runs[i];
     int64_t mb = -1;
     for (int64_t t = 0; t < run.nq; ++t) mb = std::max(mb, pp[run.b * Tq + run.t0 + t]);
-    TORCH_CHECK(run.s0 + mb < Tk, "a query at position ", mb, " needs ", mb + 1,
-                " keys from slot ", run.s0, ", but k holds ", Tk);
+    if (paged) {
+      const int64_t need = (mb + 1 + pk.bs - 1) / pk.bs;
+      TORCH_CHECK(need <= pk.width, "a query at position ", mb, " of q row ", run.b, " needs ",
+                  need, " KV blocks, but block_table holds ", pk.width);
+      for (int64_t c = 0; c < need; ++c) {
+        const int64_t blk = pk.table[run.b * pk.width + c];
+        TORCH_CHECK(blk >= 0 && blk < S, "block_table[", run.b, ", ", c, "] = ", blk,
+                    " outside the cache's ", S, " blocks");
+      }
+    } else {
+      TORCH_CHECK(run.s0 + mb < Tk, "a query at position ", mb, " needs ", mb + 1,
+                  " keys from slot ", run.s0, ", but k holds ", Tk);
+    }
     max_pos = std::max(max_pos, mb);
     covered += run.nq;
     max_nq = std::max(max_nq, run.nq);
@@ -399,6 +446,7 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // every row of a run is written by its task; rows outside every run stay 0
   at::Tensor out = covered == B * Tq ? at::empty(q.sizes(), f32) : at::zeros(q.sizes(), f32);
   const bool bf16 = k.scalar_type() == at::kBFloat16;
+  const bool own_values = bf16 || paged;  // values copied (widened) to one row of positions
   const int G = (int)(Hq / Hkv);
   const int64_t QB = std::max<int64_t>(1, std::min<int64_t>(16, 256 / G));  // queries per block
   const int64_t L = (max_pos + 1 + 15) / 16 * 16;
@@ -417,10 +465,10 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const bool q_bf16 = q.scalar_type() == at::kBFloat16;
   const int64_t q_own = q_bf16 && !shared_pack ? rows_max * D : 0;  // the queries, widened
   const int64_t per_thread =
-      rows_max * (D + L) + q_own + (shared_pack ? 0 : L * D * (bf16 ? 2 : 1));
+      rows_max * (D + L) + q_own + (shared_pack ? 0 : L * D * (own_values ? 2 : 1));
   at::Tensor scratch = at::empty({at::get_num_threads(), per_thread}, f32);
   at::Tensor packed = at::empty({shared_pack ? kt_off[NR] : 0}, f32);
-  at::Tensor widened = at::empty({shared_pack && bf16 ? kt_off[NR] : 0}, f32);
+  at::Tensor widened = at::empty({shared_pack && own_values ? kt_off[NR] : 0}, f32);
   at::Tensor q_wide = at::empty({shared_pack && q_bf16 ? q.numel() : 0}, f32);
   float* qwp = q_wide.data_ptr<float>();
   const void* qp = q.data_ptr();
@@ -441,13 +489,35 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   auto key_offset = [&](const AttentionRun& run, int64_t h) {
     return ((run.r * Hkv + h) * Tk + run.s0) * D;
   };
+  // Paged: keys (values) 0..n-1 of q row b, kv head h, block by block.
+  auto prepare_paged = [&](int64_t b, int64_t h, int64_t n, float* kt, float* vw) {
+    const int64_t* table = pk.table + b * pk.width;
+    for (int64_t j0 = 0; j0 < n; j0 += pk.bs) {
+      const int64_t cnt = std::min(pk.bs, n - j0);
+      const int64_t off = table[j0 / pk.bs] * pk.stride_block + h * pk.stride_head;
+      float* ktb = kt + (j0 / 16) * D * 16;
+      if (bf16) {
+        packing.pack_bf16(static_cast<const uint16_t*>(kp) + off, cnt, D, ktb);
+        packing.widen_bf16(static_cast<const uint16_t*>(kp) + off + pk.v_shift, cnt * D,
+                           vw + j0 * D);
+      } else {
+        packing.pack_f32(static_cast<const float*>(kp) + off, cnt, D, ktb);
+        std::memcpy(vw + j0 * D, static_cast<const float*>(kp) + off + pk.v_shift,
+                    cnt * D * sizeof(float));
+      }
+    }
+  };
+  auto prepare_run = [&](const AttentionRun& run, int64_t h, int64_t nb, float* kt, float* vw) {
+    if (paged) return prepare_paged(run.b, h, nb * 16, kt, vw);
+    prepare(key_offset(run, h), std::min(nb * 16, Tk - run.s0), kt, vw);
+  };
   if (shared_pack) {
     at::parallel_for(0, NR * Hkv, 1, [&](int64_t begin, int64_t end) {
       for (int64_t task = begin; task < end; ++task) {
         const int64_t i = task / Hkv, h = task % Hkv;
         const AttentionRun& run = runs[i];
         const int64_t off = kt_off[i] + h * nblk[i] * D * 16;
-        prepare(key_offset(run, h), std::min(nblk[i] * 16, Tk - run.s0), ktp + off, vwp + off);
+        prepare_run(run, h, nblk[i], ktp + off, vwp + off);
       }
     });
     if (q_bf16) {  // the G heads of each kv head, all positions
@@ -464,10 +534,10 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     const int64_t ri = entries[task / Hkv].first, i = entries[task / Hkv].second;
     const int64_t h = task % Hkv;
     const AttentionRun& run = runs[ri];
-    const int64_t koff = key_offset(run, h);
+    const int64_t koff = paged ? 0 : key_offset(run, h);
     const int64_t off = kt_off[ri] + h * nblk[ri] * D * 16;
     const float* kt = ktp + off;
-    const float* vf = bf16 ? vwp + off : static_cast<const float*>(vp) + koff;
+    const float* vf = own_values ? vwp + off : static_cast<const float*>(vp) + koff;
     // The G heads of this kv head as fp32 rows [g][..][D]; column t at qf + t * D.
     const int64_t qh = (run.b * Hq + h * G) * Tq * D;
     const float* qf = (q_bf16 ? qwp + qh : static_cast<const float*>(qp) + qh) + run.t0 * D;
@@ -475,9 +545,9 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
     if (!shared_pack) {
       float* own_k = scr + rows_max * (D + L) + q_own;
       float* own_v = own_k + L * D;
-      prepare(koff, std::min(nblk[ri] * 16, Tk - run.s0), own_k, own_v);
+      prepare_run(run, h, nblk[ri], own_k, own_v);
       kt = own_k;
-      if (bf16) vf = own_v;
+      if (own_values) vf = own_v;
       if (q_bf16) {  // one block: nq <= QB, so G * nq * D fits in q_own
         float* own_q = scr + rows_max * (D + L);
         for (int g = 0; g < G; ++g)
@@ -519,5 +589,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "fixed-order causal GQA attention forward",
         pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("q_positions"),
         pybind11::arg("kv_rows"), pybind11::arg("scale"), pybind11::arg("isa"),
-        pybind11::arg("runs") = pybind11::none());
+        pybind11::arg("runs") = pybind11::none(), pybind11::arg("block_table") = pybind11::none());
 }
