@@ -97,7 +97,9 @@ class ExactCausalLM(nn.Module):
         ids, positions = batch.pad_ids(input_ids), batch.q_positions.clamp(min=0)
         decoder = self.decoder()
         if decoder is not None:
-            hidden = decoder(ids, positions, PagedBlockCache(self.layer_names, batch))
+            # a prefill chunk beside decodes: only the real tokens are computed (ragged)
+            real = batch.q_positions >= 0 if ids.shape[1] > 1 else None
+            hidden = decoder(ids, positions, PagedBlockCache(self.layer_names, batch), real)
         else:
             hidden = self.hf.base_model(
                 input_ids=ids,
