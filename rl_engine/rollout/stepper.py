@@ -55,6 +55,17 @@ class StepperEngine(Protocol):
     packed_weights: object
 
 
+def padded_rows(rows: list[list[int]], starts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, positions) (B, longest row): row b's tokens right-padded with PAD_ID, at positions
+    starts[b], starts[b] + 1, ...; -1 marks padding."""
+    ids = torch.full((len(rows), max(len(row) for row in rows)), PAD_ID, dtype=torch.long)
+    positions = torch.full(ids.shape, -1, dtype=torch.long)
+    for index, (row, start) in enumerate(zip(rows, starts)):
+        ids[index, : len(row)] = torch.tensor(row)
+        positions[index, : len(row)] = torch.arange(start, start + len(row))
+    return ids, positions
+
+
 def packs_prefill(batch_invariant: bool, lengths: list[int]) -> bool:
     """Whether a prefill of prompts of these lengths runs packed into one row: patched
     (the packed attention is the invariant op's) and padding would compute more than
@@ -113,11 +124,9 @@ class Stepper:
         continues = any(r.cached for r in requests)
         if not continues and packs_prefill(self.engine.batch_invariant, lengths):
             return self._packed_prefill(requests), True
-        ids = torch.full((len(requests), max(lengths)), PAD_ID, dtype=torch.long)  # (B, T)
-        positions = torch.full(ids.shape, -1, dtype=torch.long)  # (B, T), -1 = padding
-        for row, (request, n) in enumerate(zip(requests, lengths)):
-            ids[row, :n] = torch.tensor(request.prompt_ids[request.cached :])
-            positions[row, :n] = torch.arange(request.cached, len(request.prompt_ids))
+        ids, positions = padded_rows(
+            [r.prompt_ids[r.cached :] for r in requests], [r.cached for r in requests]
+        )
         last = torch.tensor(lengths) - 1  # (B,)
         return self.score(requests, ids, positions, last), False
 

@@ -17,8 +17,7 @@ from rl_engine.rollout.completion import Request
 from rl_engine.rollout.sampling import SamplingParams, sample_token, token_uniform
 from rl_engine.rollout.speculative.ngram import propose_ngram
 from rl_engine.rollout.speculative.params import SpeculativeParams
-
-PAD_ID = 0
+from rl_engine.rollout.stepper import padded_rows
 
 
 class NgramProposer:
@@ -84,12 +83,7 @@ class DraftProposer:
         return sequence[common:], common
 
     def _draw(self, requests, rows, drafts) -> None:
-        width = max(len(tokens) for tokens, _ in rows)
-        ids = torch.full((len(rows), width), PAD_ID, dtype=torch.long)
-        positions = torch.full(ids.shape, -1, dtype=torch.long)
-        for index, (tokens, first) in enumerate(rows):
-            ids[index, : len(tokens)] = torch.tensor(tokens)
-            positions[index, : len(tokens)] = torch.arange(first, first + len(tokens))
+        ids, positions = padded_rows([tokens for tokens, _ in rows], [first for _, first in rows])
         last = torch.tensor([len(tokens) - 1 for tokens, _ in rows])
         logp = self.stepper.score(requests, ids, positions, last).cpu()  # (B, V)
         sampling: SamplingParams = self.stepper.sampling

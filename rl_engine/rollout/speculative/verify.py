@@ -31,11 +31,10 @@ import torch
 from rl_engine.rollout.completion import Request
 from rl_engine.rollout.sampling import sample_token, token_uniform
 from rl_engine.rollout.speculative.params import SpeculativeParams
+from rl_engine.rollout.stepper import padded_rows
 
 if TYPE_CHECKING:
     from rl_engine.rollout.stepper import Stepper
-
-PAD_ID = 0
 
 
 @dataclass
@@ -88,12 +87,8 @@ class SpeculativeDecode:
             for d, b in zip(self.proposer.propose(requests, budgets), budgets)
         ]
         rows = [[r.token_ids[-1], *d] for r, d in zip(requests, drafts)]
-        width = max(len(row) for row in rows)
-        ids = torch.full((len(requests), width), PAD_ID, dtype=torch.long)
-        positions = torch.full(ids.shape, -1, dtype=torch.long)
-        for index, (request, row) in enumerate(zip(requests, rows)):
-            ids[index, : len(row)] = torch.tensor(row)
-            positions[index, : len(row)] = torch.arange(len(row)) + request.length - 1
+        ids, positions = padded_rows(rows, [r.length - 1 for r in requests])
+        width = ids.shape[1]
         logp = self.stepper.score_rows(requests, ids, positions)  # (N, V) row-major; None
         walked = None if logp is None else self._walk(requests, drafts, logp.cpu())
         # a tensor-parallel engine's rank 0 walks; every rank appends the same tokens
@@ -102,8 +97,9 @@ class SpeculativeDecode:
         ):
             for token, value in zip(tokens, values):
                 request.append(token, value, sampling)
-            self._count(draft, tokens)
-            self._adapt(request, draft, tokens)
+            accepted = sum(d == t for d, t in zip(draft, tokens))
+            self._count(draft, tokens, accepted)
+            self._adapt(request, draft, accepted)
         self.counts.forwards += 1
         self.counts.rows += len(requests)
 
@@ -125,19 +121,18 @@ class SpeculativeDecode:
             start += len(draft) + 1
         return walked
 
-    def _adapt(self, request: Request, draft: list[int], tokens: list[int]) -> None:
+    def _adapt(self, request: Request, draft: list[int], accepted: int) -> None:
         """The request's next allowance: k after every draft was accepted (or none was
         proposed), else one more than it accepted now."""
         if request.finished:
             self.allowance.pop(request.key, None)
             return
-        accepted = sum(d == t for d, t in zip(draft, tokens))
         full = accepted == len(draft)
         self.allowance[request.key] = self.params.num_tokens if full else accepted + 1
 
-    def _count(self, draft: list[int], tokens: list[int]) -> None:
+    def _count(self, draft: list[int], tokens: list[int], accepted: int) -> None:
         self.counts.proposed += len(draft)
-        self.counts.accepted += sum(d == t for d, t in zip(draft, tokens))
+        self.counts.accepted += accepted
         self.counts.emitted += len(tokens)
 
 
