@@ -16,6 +16,12 @@ and a correction with threshold C (> 1) bounds its variance:
 - `sequence_truncate`: every token of a sequence weighs min(R, C);
 - `sequence_mask`: sequences with R outside [1/C, C] are dropped whole; kept ones weigh R.
 
+Decoupled PPO (AReaL; asynchronous RL, `rollout.max_staleness` >= 1): the engine's logprobs
+are the behaviour policy's, possibly versions old, and the trainer's pre-update ones the
+proximal policy's; the PPO ratio is clipped around the proximal and every mode above weighs
+the proximal/behaviour ratio. There `decoupled=True` makes `none` the plain, uncapped weight
+r_t (AReaL's default) instead of 1.
+
 A dropped token leaves the loss entirely: `RolloutCorrection.mask` is the loss
 mask to use, so it leaves the aggregation's denominator (token count, or the
 sequences that keep a token) as well as its numerator. Weights are detached fp32
@@ -58,8 +64,10 @@ def rollout_correction(
     mode: str,
     threshold: float = 2.0,
     exact: bool = False,
+    decoupled: bool = False,
 ) -> RolloutCorrection:
-    """The correction `mode` with threshold C = `threshold` over the tokens `mask` selects.
+    """The correction `mode` with threshold C = `threshold` over the tokens `mask` selects;
+    `decoupled`: `none` weighs every token r_t (decoupled PPO's behaviour weight), not 1.
 
     trainer_logprobs / rollout_logprobs / mask: (B, T); values off the mask are never read.
     """
@@ -79,7 +87,7 @@ def rollout_correction(
         if mode.endswith("_mask"):
             kept &= (ratio >= 1.0 / threshold) & (ratio <= threshold)
         truncated = torch.zeros_like(valid)
-        weights = torch.ones_like(ratio) if mode == "none" else ratio
+        weights = torch.ones_like(ratio) if mode == "none" and not decoupled else ratio
         if mode.endswith("_truncate"):
             truncated = valid & (ratio > threshold)
             weights = ratio.clamp(max=threshold)

@@ -50,6 +50,7 @@ def check_run(config: RunSections) -> None:
     check_layout_invariant(config)
     check_vllm_engine(config)
     check_speculative(config)
+    check_async(config)
 
 
 def check_prompt_source(config: RunSections) -> None:
@@ -263,3 +264,12 @@ def check_speculative(config: RunSections) -> None:
     for what, used in refused.items():
         if used:
             raise ValueError(f"rollout.speculative does not support {what}")
+
+
+def check_async(config: RunSections) -> None:
+    """rollout.max_staleness >= 1 needs rollouts the engines generate while the ranks train."""
+    if config.rollout.max_staleness and config.rollout.source is not None:
+        raise ValueError(
+            "rollout.max_staleness does not support rollout.source (the rollouts are read, "
+            "not generated: nothing runs beside training); set rollout.max_staleness: 0"
+        )

@@ -25,6 +25,7 @@ from rl_engine.rollout.tp.layout import TENSOR_PARALLEL_SIZES
 PLACEMENTS = ("pack", "spread", "strict_spread")
 """Ray placement strategies of the engines (rollout.placement) and ranks (trainer.placement)."""
 
+ASYNC_ORDERS = ("deterministic", "free")
 ENGINES = ("own", "vllm")
 """The rollout engines a job can run (rollout.engine)."""
 
@@ -71,6 +72,16 @@ class RolloutConfig(SamplingKeys):
     num_tokens: k} (draft_model also names `model`, a load_model spec with the policy's
     tokenizer; ngram takes ngram_max / ngram_min). The tokens and logprobs stay those of plain
     decoding bit for bit; only the forwards per token fall (rl_engine.rollout.speculative)."""
+    max_staleness: int = 0
+    """Asynchronous RL: the engines generate the rollouts of steps t+1..t+k while the ranks
+    train step t, with weights up to k versions old; the loss is decoupled PPO, and each stale
+    sample's logprobs are checked against its own version's weights bit for bit. 0: the
+    synchronous job (docs/usage.md, "Asynchronous training")."""
+    async_order: str = "deterministic"
+    """Which version generates which step under max_staleness >= 1. 'deterministic': step s's
+    rollouts by the version after step s-k-1 (a function of the step: equal runs, exact
+    resume). 'free': the engines run ahead as far as max_staleness allows, each batch trained
+    in the order it finished: fewer waits, not reproducible."""
     filter_groups: bool = False
     """DAPO's dynamic sampling: drop the groups whose rewards are all equal (no learning
     signal) and generate groups for more prompts until prompts_per_step groups are kept."""
@@ -115,6 +126,8 @@ class RolloutConfig(SamplingKeys):
             "rollout.tensor_parallel_size", self.tensor_parallel_size, TENSOR_PARALLEL_SIZES
         )
         check_int("rollout.filter_groups_max_tries", self.filter_groups_max_tries, 1)
+        check_int("rollout.max_staleness", self.max_staleness, 0)
+        check_choice("rollout.async_order", self.async_order, ASYNC_ORDERS)
         if self.speculative is not None:
             SpeculativeParams.from_dict(self.speculative)
         self._check_env_keys()

@@ -9,6 +9,8 @@ Layout under RUN_DIR/checkpoints/:
         weights.safetensors  the policy under Hugging Face names (tied names stored once): what
                            the engines serve; written by trainer rank 0, a gathered bucket at a
                            time (older runs have weights.pt, a torch.save of the state dict)
+        pending_rollouts/  asynchronous runs (rollout.max_staleness >= 1): the rollouts generated
+                           for later steps, as rollout files, and their figures
         state.json         step, weight version, weights_only, the driver's state
         config.yaml        the config snapshot of the run that wrote it
 
@@ -139,9 +141,12 @@ def save(
     weight_version: int,
     driver_state: dict | None = None,
     critics=(),
+    extra=None,
 ) -> Checkpoint:
     """The checkpoint after `step` steps: the ranks write the weights file (rank 0) and their
-    DeepSpeed state (PPO's `critics` theirs, at the same time), then the driver its part."""
+    DeepSpeed state (PPO's `critics` theirs, at the same time), then the driver its part
+    (`extra(folder) -> dict`: more files of the driver's, e.g. asynchronous RL's pending
+    rollouts, and what they add to the driver's state)."""
     from rl_engine.executors.job.faults import gather  # here: reading checkpoints needs no Ray
 
     started = time.perf_counter()
@@ -153,6 +158,8 @@ def save(
     if not weights_only:
         calls += [(c, c.handle.save_checkpoint.remote(str(staging / "critic"))) for c in critics]
     gather(calls)
+    if extra is not None:
+        driver_state = {**(driver_state or {}), **extra(staging)}
     write_driver_part(
         staging,
         step=step,

@@ -18,12 +18,18 @@ One step (`_Job.step`) reads top to bottom, one call per stage, each stage a mod
     report: the metrics row -> every tracker, the progress bar      step_metrics, trackers
     (a checkpoint when due; weights written by rank 0)              job_checkpoints
 
+With rollout.max_staleness k >= 1 (asynchronous RL, `async_schedule`) the step's rollouts
+were generated while earlier steps trained, and the rollouts of later steps are generated
+while this one trains; the new ones are checked against the weights that sampled them before
+the sync.
+
 Around the steps: `actors` (the actor classes; placing, checking and starting them),
 `preflight`, `run_dir`, `cluster`, `faults`, `job_reports`, `progress`.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -34,6 +40,7 @@ from rl_engine.config import RunConfig
 from rl_engine.data.tasks import make_task
 from rl_engine.executors.job import cluster
 from rl_engine.executors.job import job_checkpoints as ckpt
+from rl_engine.executors.job.async_schedule import AsyncPipeline, ReadyRollouts
 from rl_engine.executors.job.actors.launch import (
     check_kernel_parity,
     describe_actors,
@@ -48,6 +55,7 @@ from rl_engine.executors.job.faults import (
     ActorInfo,
     JobStopped,
     StopOnSignal,
+    gather,
     stop_actors,
 )
 from rl_engine.executors.job.job_reports import after_stop_note, write_summary
@@ -117,6 +125,7 @@ class _Job:
         self.last_checkpoint: ckpt.Checkpoint | None = None
         self.reward_runner = None  # DriverRewards or a RewardPool (closed at the end), if any
         self.episodes: EpisodeRunner | None = None  # rollout.env's episodes
+        self.pipeline: AsyncPipeline | None = None  # rollout.max_staleness >= 1
 
     def start(self, resume_from: ckpt.Checkpoint | None) -> None:
         """Place and spawn the actors, check that they compute with the same kernels, then load
@@ -135,9 +144,13 @@ class _Job:
         self.sync_size = connect_weight_sync(self.trainers, self.engines)
         self.base_synced = False  # a LoRA run's first sync moves the base too, once
         self.engines_released = False  # the engines hold no weights until the next sync
+        if self.config.rollout.max_staleness:
+            self.pipeline = AsyncPipeline(self.config, self.generate_rollouts, self.verify)
         if resume_from is not None:
             self.sync_weights(resume_from.weight_version)
             self.rollouts.prompts.restore(resume_from.driver, resume_from.step)
+            if self.pipeline is not None:
+                self.pipeline.restore(resume_from.path)
             self.last_checkpoint = resume_from
         log.info("actors ready in %.1f s", time.perf_counter() - started)
 
@@ -199,26 +212,60 @@ class _Job:
         clock, eos = StepClock(), self.info["eos_token_id"]
         evaluation = self.evaluate(step, clock, before=True)  # the initial policy, into row 0
         with clock.phase("rollout"):  # prompts -> engines (or rollout.source) -> rewards
-            generation = self.generation(step, clock)
-            completions, rewards, rollout_metrics = self.rollouts(step, generation, clock)
-            if self.config.rollout.speculative is not None and self.engines:
-                rollout_metrics.update(speculation_metrics(self.engines))
+            ready, rollout_metrics = self.step_rollouts(step, clock)
         self.release_engine_weights()
         with clock.phase("batch"):
-            batch = train_batch(self.config, completions, rewards, eos)
-        trained = train_on_batch(
-            self.config, self.trainers, self.critics, batch, completions, step, clock
+            batch = train_batch(self.config, ready.completions, ready.rewards, eos)
+        train = functools.partial(
+            train_on_batch,
+            *(self.config, self.trainers, self.critics, batch, ready.completions, step, clock),
         )
+        if self.pipeline is None:
+            trained = train()
+        else:  # later steps' rollouts generated meanwhile, then checked
+            trained, overlap = self.pipeline.beside(step, train)
+            rollout_metrics.update(overlap)
+            rollout_metrics.update(_behaviour_figures(trained.policy, ready.parity))
         with clock.phase("weight_sync"):  # the whole sync, senders and receivers
             # the worker's version: a skipped (non-finite) update keeps the old weights and version
             synced = self.sync_weights(trained.policy["weight_version"])
         evaluation.update(self.evaluate(step, clock, before=False))
         extra = {**rollout_metrics, **evaluation, **trained.critic, "weight_sync/bytes": synced}
-        record = step_record(step, trained.policy, rewards, extra, clock.totals())
+        record = step_record(step, trained.policy, ready.rewards, extra, clock.totals())
         self.report(record)
         if ckpt.due(self.config, step + 1, stop.requested):
             self.save_checkpoint(step + 1)
         return record
+
+    def step_rollouts(self, step: int, clock: StepClock) -> tuple[ReadyRollouts, dict]:
+        """The step's rollouts and their figures: generated now (synchronous), or taken from
+        those generated beside earlier steps (asynchronous: with the async/* figures)."""
+        if self.pipeline is None:
+            ready = self.generate_rollouts(step, clock)
+            return ready, dict(ready.metrics)
+        ready, figures = self.pipeline.take(step, self.version, clock)
+        return ready, {**ready.metrics, **figures}
+
+    def generate_rollouts(self, step: int, clock: StepClock | None = None) -> ReadyRollouts:
+        """Step `step`'s completions (or episodes) by the engines' current weights, scored."""
+        clock = StepClock() if clock is None else clock  # generated ahead: timed apart
+        completions, rewards, metrics = self.rollouts(step, self.generation(step, clock), clock)
+        if self.config.rollout.speculative is not None and self.engines:
+            metrics.update(speculation_metrics(self.engines))
+        return ReadyRollouts(step, completions, rewards, metrics)
+
+    def verify(self, ready: ReadyRollouts) -> dict:
+        """The ranks' parity/* of rollouts generated beside a step, against the weights that
+        sampled them (each rank its shard; none under parity 'off')."""
+        if self.config.parity == "off":
+            return {}
+        batch = train_batch(self.config, ready.completions, ready.rewards, self.info["eos_token_id"])
+        world = len(self.trainers)
+        calls = [
+            (t, t.handle.verify_behaviour.remote(batch.shard(r, world)))
+            for r, t in enumerate(self.trainers)
+        ]
+        return gather(calls)[0]
 
     def generation(self, step: int, clock: StepClock):
         """The step's generation on the engines: completions, or rollout.env's episodes."""
@@ -256,8 +303,8 @@ class _Job:
         """A full-weight run's engines give their weights' memory back while the ranks train
         (their peak): the sync after the step rewrites every weight, and runs even after a
         skipped update. A LoRA run's later syncs move only the adapters: its engines keep theirs."""
-        if self.config.lora.enabled or not self.engines:
-            return
+        if self.config.lora.enabled or not self.engines or self.pipeline is not None:
+            return  # (asynchronous runs generate while the ranks train)
         release_weights(self.engines)
         self.engines_released = True
 
@@ -270,6 +317,7 @@ class _Job:
             weight_version=self.version,
             driver_state=self.rollouts.prompts.state(),
             critics=self.critics,
+            extra=None if self.pipeline is None else self.pipeline.save,
         )
 
     # ------------------------------------------------------------------ what the run leaves
@@ -284,7 +332,19 @@ class _Job:
         stop_actors(self.actors)
 
     def release(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
         if self.reward_runner is not None:
             self.reward_runner.close()
         self.stop_actors()
         cluster.release(self.groups)
+
+
+def _behaviour_figures(policy: dict, carried: dict) -> dict:
+    """The behaviour/proximal ratio's figures, and a stale step's parity/* from its check
+    (its own forward ran with newer weights: it checks nothing)."""
+    policy.update(carried)
+    return {
+        "async/behaviour_ratio_mean": policy.get("correction/ratio_mean", 1.0),
+        "async/behaviour_ratio_max": policy.get("correction/ratio_max", 1.0),
+    }

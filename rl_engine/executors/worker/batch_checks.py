@@ -79,6 +79,7 @@ def step_mini_batches(
     sequences: int,
     mini_batch: int,
     weight_version: int | None = None,
+    max_staleness: int = 0,
     packing: bool = False,
     max_tokens: int = 0,
     consecutive: bool = False,
@@ -87,13 +88,15 @@ def step_mini_batches(
     into micro-batches on `device`; raises BatchError.
 
     The shard must hold exactly `sequences` sequences with a scored token in every
-    micro-batch; with `weight_version` (parity 'strict') a batch sampled by another version is
-    stale. `MicroBatch.sequences` are rows of the whole shard.
+    micro-batch; with `weight_version` (parity 'strict') a batch sampled by a later version, or
+    by one more than `max_staleness` versions older, is refused. `MicroBatch.sequences` are rows
+    of the whole shard.
     """
     if not isinstance(batch, TrainBatch):
         raise BatchError(f"batch must be a TrainBatch, got {type(batch).__name__}")
     batch.validate(vocab_size)
-    _check_step_shard(batch, sequences, weight_version, micro_batch_size, max_tokens or consecutive)
+    _check_version(batch.weight_version, weight_version, max_staleness)
+    _check_step_shard(batch, sequences, micro_batch_size, max_tokens or consecutive)
     batch, minis = batch.to(device), []
     for start in range(0, sequences, mini_batch):
         rows = batch._rows(slice(start, start + mini_batch))
@@ -111,7 +114,13 @@ def step_mini_batches(
 
 
 def plan_step(
-    config: RunConfig, batch, *, vocab_size: int, device, weight_version: int | None = None
+    config: RunConfig,
+    batch,
+    *,
+    vocab_size: int,
+    device,
+    weight_version: int | None = None,
+    max_staleness: int = 0,
 ) -> list[list[MicroBatch]]:
     """`step_mini_batches` of a training step's shard under the run's trainer settings."""
     trainer = config.trainer
@@ -123,6 +132,7 @@ def plan_step(
         sequences=config.sequences_per_rank,
         mini_batch=config.mini_batch_per_rank,
         weight_version=weight_version,
+        max_staleness=max_staleness,
         packing=trainer.packing,
         max_tokens=trainer.max_tokens_per_micro_batch,
         consecutive=trainer.layout_invariant,
@@ -157,13 +167,21 @@ def _planned(
         raise BatchError(f"{err} (trainer.max_tokens_per_micro_batch = {max_tokens})") from None
 
 
-def _check_step_shard(batch, sequences, weight_version, micro_batch_size, ragged) -> None:
-    version = batch.weight_version
-    if weight_version is not None and version is not None and version != weight_version:
+def _check_version(version: int | None, weight_version: int | None, max_staleness: int) -> None:
+    if weight_version is None or version is None:
+        return
+    if not weight_version - max_staleness <= version <= weight_version:
+        allowed = (
+            "on-policy batches only" if not max_staleness else f"at most {max_staleness} behind"
+        )
         raise BatchError(
             f"stale batch: sampled by weight_version {version} but the worker's weights are "
-            f"version {weight_version} (parity 'strict' trains on-policy batches only)"
+            f"version {weight_version} (parity 'strict' with rollout.max_staleness = "
+            f"{max_staleness} trains {allowed})"
         )
+
+
+def _check_step_shard(batch, sequences, micro_batch_size, ragged) -> None:
     if batch.num_sequences != sequences:
         how = (
             "sequences_per_step / num_ranks"

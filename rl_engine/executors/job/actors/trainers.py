@@ -88,6 +88,9 @@ class TrainerActor(_DeepSpeedRank):
     def compute_logprobs(self, batch):
         return self._collective("compute_logprobs", self.worker.compute_logprobs, batch)
 
+    def verify_behaviour(self, batch) -> dict:
+        return self._collective("verify_behaviour", self.worker.verify_behaviour, batch)
+
     def _collective(self, what: str, fn, *args, **kwargs):
         return _collective(f"trainer rank {self.rank}", self.config, what, fn, *args, **kwargs)
 

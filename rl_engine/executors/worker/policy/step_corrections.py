@@ -30,10 +30,11 @@ from rl_engine.executors.worker.policy.step_loss import Corrected
 from rl_engine.logprobs.parity import CorrectionSums, ParitySums, correction_sums
 
 
-def needs_scoring_pass(algo: AlgorithmConfig, mini: int) -> bool:
-    """Whether the correction of mini-batch `mini` needs the step's scoring pass."""
+def needs_scoring_pass(algo: AlgorithmConfig, mini: int, decoupled: bool = False) -> bool:
+    """Whether the correction of mini-batch `mini` needs the step's scoring pass (`decoupled`:
+    an asynchronous run's decoupled PPO, which needs every proximal logprob)."""
     mode = algo.rollout_correction
-    return mode.endswith("_mask") or (mode != "none" and mini > 0)
+    return mode.endswith("_mask") or ((mode != "none" or decoupled) and mini > 0)
 
 
 @torch.no_grad()
@@ -49,9 +50,10 @@ def scoring_pass(
     (b, T-1) logprobs (every rank runs as many forwards: ZeRO-3). Returns (logprobs by
     (mini-batch, micro-batch), parity sums). Nothing to do with one mini-batch."""
     checks = parity.active and config.trainer.parity_scope == "all"
+    decoupled = config.rollout.max_staleness > 0
     logps, sums = {}, parity.empty()
     for j, micro in enumerate(minis):
-        if not ((checks and j > 0) or needs_scoring_pass(config.algorithm, j)):
+        if not ((checks and j > 0) or needs_scoring_pass(config.algorithm, j, decoupled)):
             continue
         for i, mb in enumerate(micro):
             logp = forward(mb)
@@ -68,7 +70,8 @@ class StepCorrections:
     `minis`: the step's mini-batches of micro-batches in the padded view (None: an empty
     micro-batch that only keeps this rank in step with the others); `scored`: the scoring
     pass's (b, T-1) fp32 logprobs by (mini-batch, micro-batch); `all_reduce`: the ranks' sum
-    (every rank builds this object: the normalisers are a collective).
+    (every rank builds this object: the normalisers are a collective); `decoupled`: an
+    asynchronous run's decoupled PPO, corrected under every mode ('none': the plain weight).
     """
 
     def __init__(
@@ -78,8 +81,9 @@ class StepCorrections:
         scored: dict[tuple[int, int], torch.Tensor],
         all_reduce: Callable[[torch.Tensor], torch.Tensor],
         all_gather: Callable[[object], list] | None = None,
+        decoupled: bool = False,
     ):
-        self.algo, self._all_gather = algo, all_gather
+        self.algo, self._all_gather, self._decoupled = algo, all_gather, decoupled
         # trainer.layout_invariant (all_gather given): one record per sequence, totalled
         # exactly, and each sequence's log-ratio summed exactly (sequence modes)
         self._exact = all_gather is not None
@@ -88,7 +92,7 @@ class StepCorrections:
         for key in sorted(scored):
             mb = minis[key[0]][key[1]]
             if mb is not None:
-                self._count(key, mb, Corrected.of(algo, mb, scored[key], self._exact))
+                self._count(key, mb, self._corrected(mb, scored[key]))
         self.units = self._mini_batch_units(minis, all_reduce)
 
     def _mini_batch_units(self, minis, all_reduce) -> list[float]:
@@ -121,12 +125,15 @@ class StepCorrections:
         metrics), or None for a forward after one (then the kept correction is used).
         """
         if key not in self._taken and logp is not None:
-            self._count(key, mb, Corrected.of(self.algo, mb, logp.detach(), self._exact))
-        if self.algo.rollout_correction == "none":
+            self._count(key, mb, self._corrected(mb, logp.detach()))
+        if self.algo.rollout_correction == "none" and not self._decoupled:
             return None
         if key not in self._taken:
             raise RuntimeError(f"no pre-update correction for micro-batch {key}")  # a worker bug
         return self._taken[key]
+
+    def _corrected(self, mb: TrainBatch, logp: torch.Tensor) -> Corrected:
+        return Corrected.of(self.algo, mb, logp, self._exact, self._decoupled)
 
     def _count(self, key, mb: TrainBatch, corrected: Corrected) -> None:
         self._taken[key] = corrected

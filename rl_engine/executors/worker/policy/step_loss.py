@@ -8,7 +8,7 @@ gradient_accumulation_steps x world_size to undo DeepSpeed's own averaging. So
 sequences, however the sequences were split into micro-batches (or packed).
 
 Rollout correction (`algorithm.rollout_correction`, docs/rollouts.md): with a mode
-other than 'none' the PPO ratio is taken against the trainer's own logprobs before
+other than 'none', or in an asynchronous run (decoupled PPO), the PPO ratio is taken against the trainer's own logprobs before
 the update (`Corrected.proximal`) and the correction's weights carry the engine
 mismatch; tokens the correction drops leave the loss mask, and sequences left
 with no token leave the micro-batch, so both leave every aggregation's
@@ -65,9 +65,16 @@ class Corrected:
 
     @classmethod
     def of(
-        cls, algo: AlgorithmConfig, mb: TrainBatch, trainer_logp: torch.Tensor, exact: bool = False
+        cls,
+        algo: AlgorithmConfig,
+        mb: TrainBatch,
+        trainer_logp: torch.Tensor,
+        exact: bool = False,
+        decoupled: bool = False,
     ) -> Corrected:
-        """`exact`: sequence modes sum each sequence's log-ratio exactly (layout_invariant)."""
+        """`exact`: sequence modes sum each sequence's log-ratio exactly (layout_invariant);
+        `decoupled`: decoupled PPO (asynchronous RL), where mode 'none' weighs each token by
+        its plain proximal/behaviour ratio."""
         correction = rollout_correction(
             trainer_logp,
             mb.rollout_logprobs,
@@ -75,6 +82,7 @@ class Corrected:
             mode=algo.rollout_correction,
             threshold=algo.correction_threshold,
             exact=exact,
+            decoupled=decoupled,
         )
         return cls(correction, trainer_logp.detach())
 

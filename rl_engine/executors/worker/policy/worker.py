@@ -36,6 +36,7 @@ from rl_engine.executors.worker.ds_config import build_deepspeed_config, validat
 from rl_engine.executors.worker.errors import BatchError, ParityError
 from rl_engine.executors.worker.layout_free.loss import layout_free_micro_loss
 from rl_engine.executors.worker.micro_batches import MicroBatch, MicroSlot
+from rl_engine.executors.worker.policy.behaviour import VersionSnapshot
 from rl_engine.executors.worker.policy.logprob_module import (
     LogprobModule,
     frozen_copy,
@@ -112,6 +113,11 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         self.update, self._mid_step = trained.update, trained.mid_step
         self._loop = StepLoop(trained, config)
         self.weight_version = 0
+        # asynchronous RL (rollout.max_staleness >= 1): decoupled PPO, and the weights the
+        # engines sample with while this rank trains, kept to check their rollouts exactly
+        self._decoupled = config.rollout.max_staleness > 0
+        self._behaviour: VersionSnapshot | None = None
+        self._stale_step = False  # this step's batch was sampled by an older version
         self._weight_sync = None  # (manifest, senders, group) once connect_weight_sync ran
         self._log(
             f"DeepSpeed worker ready: {self.world_size} rank(s), ZeRO-{self.zero_stage}, "
@@ -125,9 +131,12 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
     global_step = property(
         lambda self: int(self.engine.global_steps), doc="optimizer steps taken, skipped or not"
     )
-    # read at each use: `config.parity` may change between steps
+    # read at each use: `config.parity` may change between steps; a stale batch was checked
+    # against its own version's weights before this step (`verify_behaviour`)
     _parity = property(
-        lambda self: ParityCheck(self.config.parity, self.comm, self.update.layout_free)
+        lambda self: ParityCheck(
+            "off" if self._stale_step else self.config.parity, self.comm, self.update.layout_free
+        )
     )
 
     # -------------------------------------------------------------- the step
@@ -162,6 +171,9 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         """
         self._mid_step.require_usable()
         minis = agree_on_batch(self.comm, lambda: self._mini_batches(batch))
+        self._stale_step = batch.weight_version not in (None, self.weight_version)
+        if self._decoupled:  # the version the engines sample with during this step
+            self._behaviour = VersionSnapshot.take(self.module.policy, self.weight_version)
         if not update:
             return self._forward_only_step(minis)
         self._ref_logp, self._step_parity = {}, self._parity.empty()
@@ -176,6 +188,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
                 scored,
                 self.comm.all_reduce,
                 self.comm.all_gather if self.update.layout_free else None,
+                decoupled=self._decoupled,
             )
             self.router.start(minis, self.comm.all_reduce)
             loss = functools.partial(self._micro_loss, corrections=corrections)
@@ -242,6 +255,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
             vocab_size=self.vocab_size,
             device=self.device,
             weight_version=self.weight_version if strict else None,
+            max_staleness=self.config.rollout.max_staleness,
         )
 
     def _micro_batches(self, batch) -> list[MicroBatch]:
@@ -309,6 +323,31 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
                 if mb is not None:
                     out[list(mb.sequences), : logp.shape[1]] = logp
         return out
+
+    @torch.no_grad()
+    def verify_behaviour(self, batch: TrainBatch) -> dict[str, float]:
+        """Parity of a batch the engines sampled while this rank trained (asynchronous RL): its
+        rollout logprobs against this rank's logprobs with the weights of the batch's version,
+        the snapshot taken before that step's update, checked like a step's (strict: a
+        mismatch raises ParityError on every rank). Returns the parity/* metrics (collective),
+        or parity/unverified_tokens when no snapshot of that version is held (never exact)."""
+        self._mid_step.require_usable()
+        held, check = self._behaviour, ParityCheck(self.config.parity, self.comm, self.update.layout_free)
+        if held is None or held.version != batch.weight_version or not check.active:
+            if self.config.parity == "strict":
+                raise ParityError(
+                    f"cannot check a batch of weight_version {batch.weight_version}: this rank "
+                    f"holds {'no' if held is None else f'version {held.version}'} snapshot"
+                )
+            tokens = self.comm.all_reduce(torch.tensor([float(batch.num_tokens)]))
+            return {"parity/unverified_tokens": float(tokens[0])} if check.active else {}
+        micro = agree_on_batch(self.comm, lambda: [self._micro_batches(batch)])[0]
+        self.engine.eval()
+        sums = check.empty()
+        with self._mid_step.recoverable(), held.swapped_in(self.module.policy):
+            for mb in micro:  # every rank runs as many forwards (ZeRO-3)
+                sums = sums.merge(check.check(mb, self._forward(mb)))
+        return {**check.metrics(sums).step_metrics(), "parity/unverified_tokens": 0.0}
 
     def export_weights(self) -> dict[str, torch.Tensor] | None:
         """The policy's full state dict under the HF model's own names (what RolloutEngine.load_weights takes).
