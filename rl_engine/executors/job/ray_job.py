@@ -40,7 +40,6 @@ from rl_engine.config import RunConfig
 from rl_engine.data.tasks import make_task
 from rl_engine.executors.job import cluster
 from rl_engine.executors.job import job_checkpoints as ckpt
-from rl_engine.executors.job.async_schedule import AsyncPipeline, ReadyRollouts
 from rl_engine.executors.job.actors.launch import (
     check_kernel_parity,
     describe_actors,
@@ -48,6 +47,7 @@ from rl_engine.executors.job.actors.launch import (
     spawn_critics,
     start_actors,
 )
+from rl_engine.executors.job.async_schedule import AsyncPipeline, ReadyRollouts
 from rl_engine.executors.job.episodes import EpisodeGeneration, EpisodeRunner
 from rl_engine.executors.job.evaluation import build_evaluator, run_if_due
 from rl_engine.executors.job.faults import (
@@ -259,7 +259,9 @@ class _Job:
         sampled them (each rank its shard; none under parity 'off')."""
         if self.config.parity == "off":
             return {}
-        batch = train_batch(self.config, ready.completions, ready.rewards, self.info["eos_token_id"])
+        batch = train_batch(
+            self.config, ready.completions, ready.rewards, self.info["eos_token_id"]
+        )
         world = len(self.trainers)
         calls = [
             (t, t.handle.verify_behaviour.remote(batch.shard(r, world)))

@@ -332,7 +332,10 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         mismatch raises ParityError on every rank). Returns the parity/* metrics (collective),
         or parity/unverified_tokens when no snapshot of that version is held (never exact)."""
         self._mid_step.require_usable()
-        held, check = self._behaviour, ParityCheck(self.config.parity, self.comm, self.update.layout_free)
+        held, check = (
+            self._behaviour,
+            ParityCheck(self.config.parity, self.comm, self.update.layout_free),
+        )
         if held is None or held.version != batch.weight_version or not check.active:
             if self.config.parity == "strict":
                 raise ParityError(
