@@ -346,6 +346,8 @@ def _behaviour_figures(policy: dict, carried: dict) -> dict:
     """The behaviour/proximal ratio's figures, and a stale step's parity/* from its check
     (its own forward ran with newer weights: it checks nothing)."""
     policy.update(carried)
+    if "parity/num_tokens" in policy:  # an on-policy step checked its own tokens
+        policy.setdefault("parity/unverified_tokens", 0.0)
     return {
         "async/behaviour_ratio_mean": policy.get("correction/ratio_mean", 1.0),
         "async/behaviour_ratio_max": policy.get("correction/ratio_max", 1.0),
