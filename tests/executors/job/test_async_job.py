@@ -69,10 +69,10 @@ def test_an_async_run_is_exact_reproducible_and_resumes(tmp_path, job_ray, k):
         theirs = _final_weights(other)
         assert [n for n in weights if not torch.equal(weights[n], theirs[n])] == []
 
-    _check_the_check_can_fail(first)
+    _check_the_check_can_fail(first, k)
 
 
-def _check_the_check_can_fail(run) -> None:
+def _check_the_check_can_fail(run, k: int) -> None:
     """Step 1 + k's rollouts, pending in the step-2 checkpoint, were sampled by version 1 (while
     step 1 trained): exact under version 1's weights, not under the checkpoint's version 2."""
     held = ckpt.at_step(run, 2)
