@@ -201,3 +201,13 @@ def test_speculation_keys_are_checked_and_round_trip():
     assert config.rollout.speculative_params.num_tokens == 3
     assert RunConfig.from_dict(config.to_dict()).rollout.speculative == NGRAM
     assert RunConfig().rollout.speculative_params is None
+
+
+def test_asynchronous_rollouts_need_generation_and_round_trip(tmp_path):
+    with pytest.raises(ValueError, match="rollout.max_staleness does not support rollout.source"):
+        RunConfig.from_dict({"rollout": {"max_staleness": 1, "source": str(tmp_path)}})
+    config = RunConfig.from_dict({"rollout": {"max_staleness": 2, "async_order": "free"}})
+    again = RunConfig.from_dict(config.to_dict()).rollout
+    assert (again.max_staleness, again.async_order) == (2, "free")
+    default = RunConfig().rollout
+    assert (default.max_staleness, default.async_order) == (0, "deterministic")

@@ -33,6 +33,9 @@ INVALID = [
     ({"rollout": {"filter_groups": "no"}}, "rollout.filter_groups"),
     ({"rollout": {"tensor_parallel_size": 3}}, "rollout.tensor_parallel_size"),
     ({"rollout": {"filter_groups_max_tries": 0}}, "rollout.filter_groups_max_tries"),
+    ({"rollout": {"max_staleness": -1}}, "rollout.max_staleness"),
+    ({"rollout": {"max_staleness": 1.5}}, "rollout.max_staleness"),
+    ({"rollout": {"async_order": "fifo"}}, "rollout.async_order"),
 ]
 
 

@@ -84,22 +84,25 @@ class AsyncPipeline:
         self.steps = config.steps
         self.generate, self.verify = generate, verify
         self.pending: dict[int, ReadyRollouts] = {}
+        self.published: list[int] = []  # the versions the engines served, oldest first
         self._waited = 0.0  # the step's generation that nothing hid (its own, when not pending)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rl-engine-generate")
 
     def take(self, step: int, version: int, clock=None) -> tuple[ReadyRollouts, dict]:
         """Step `step`'s rollouts and the async/* figures of taking them: generated now when
-        none are pending (the first step, or after a drop), else the pending ones."""
+        none are pending (the first step, or after a drop), else the pending ones. `version`:
+        the weights the ranks train from (and the engines serve) at this step."""
+        self._publish(version)
         dropped, started = 0, time.perf_counter()
         ready = self.pending.pop(step, None)
-        if ready is not None and version - ready.version > self.k:
+        if ready is not None and self.staleness(ready) > self.k:
             dropped = len(ready.completions)
             log.warning(
                 "step %d: its rollouts of weight version %d are %d versions old, more than "
                 "rollout.max_staleness = %d: dropped and generated again",
                 step,
                 ready.version,
-                version - ready.version,
+                self.staleness(ready),
                 self.k,
             )
             ready = None
@@ -107,12 +110,26 @@ class AsyncPipeline:
         if ready is None:
             ready = self.generate(step, clock)
             self._waited = time.perf_counter() - started
-        staleness = float(version - ready.version)
+        staleness = float(self.staleness(ready))
         return ready, {
             "async/staleness_mean": staleness,  # one version per step's rollouts: mean = max
             "async/staleness_max": staleness,
             "async/dropped": float(dropped),
         }
+
+    def _publish(self, version: int) -> None:
+        """`version` is the one the engines serve from now on (a skipped update publishes none)."""
+        if not self.published or self.published[-1] != version:
+            self.published.append(version)
+        del self.published[: -(self.k + 2)]  # older ones are too old to train on anyway
+
+    def staleness(self, ready: ReadyRollouts) -> int:
+        """Versions the engines were sent after the one that sampled `ready`: a step of several
+        optimizer updates (mini-batches, epochs) publishes one version, as it syncs once.
+        Rollouts of a version no longer listed are older than any the run may train on."""
+        if ready.version not in self.published:
+            return self.k + 1
+        return len(self.published) - 1 - self.published.index(ready.version)
 
     def beside(self, step: int, train: Callable):
         """`train()` with the later steps' rollouts generated at the same time; returns
@@ -164,10 +181,12 @@ class AsyncPipeline:
             write_episodes(root / f"step_{step}.jsonl", saved)
             figures[str(step)] = {"metrics": ready.metrics, "parity": ready.parity}
         write_json_atomic(root / "figures.json", figures)
-        return {"pending_steps": sorted(self.pending)}
+        return {"pending_steps": sorted(self.pending), "published_versions": self.published}
 
-    def restore(self, folder: Path) -> None:
-        """The pending rollouts a checkpoint saved (none in a synchronous run's)."""
+    def restore(self, folder: Path, driver: dict) -> None:
+        """The pending rollouts a checkpoint saved (none in a synchronous run's) and the
+        versions published before it (`driver`: its state.json "driver")."""
+        self.published = [int(v) for v in driver.get("published_versions", [])]
         root = folder / PENDING
         if not (root / "figures.json").is_file():
             return

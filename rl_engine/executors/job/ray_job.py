@@ -150,7 +150,7 @@ class _Job:
             self.sync_weights(resume_from.weight_version)
             self.rollouts.prompts.restore(resume_from.driver, resume_from.step)
             if self.pipeline is not None:
-                self.pipeline.restore(resume_from.path)
+                self.pipeline.restore(resume_from.path, resume_from.driver)
             self.last_checkpoint = resume_from
         log.info("actors ready in %.1f s", time.perf_counter() - started)
 

@@ -88,9 +88,9 @@ def step_mini_batches(
     into micro-batches on `device`; raises BatchError.
 
     The shard must hold exactly `sequences` sequences with a scored token in every
-    micro-batch; with `weight_version` (parity 'strict') a batch sampled by a later version, or
-    by one more than `max_staleness` versions older, is refused. `MicroBatch.sequences` are rows
-    of the whole shard.
+    micro-batch; with `weight_version` (parity 'strict') a batch sampled by another version is
+    refused (`max_staleness` > 0, asynchronous runs: one by a later version).
+    `MicroBatch.sequences` are rows of the whole shard.
     """
     if not isinstance(batch, TrainBatch):
         raise BatchError(f"batch must be a TrainBatch, got {type(batch).__name__}")
@@ -168,12 +168,12 @@ def _planned(
 
 
 def _check_version(version: int | None, weight_version: int | None, max_staleness: int) -> None:
+    """Synchronous runs train on-policy batches only; asynchronous ones (the job counts their
+    staleness in published versions) never a batch of weights this rank has not had yet."""
     if weight_version is None or version is None:
         return
-    if not weight_version - max_staleness <= version <= weight_version:
-        allowed = (
-            "on-policy batches only" if not max_staleness else f"at most {max_staleness} behind"
-        )
+    if version > weight_version or (not max_staleness and version != weight_version):
+        allowed = "on-policy batches only" if not max_staleness else "no batch from its future"
         raise BatchError(
             f"stale batch: sampled by weight_version {version} but the worker's weights are "
             f"version {weight_version} (parity 'strict' with rollout.max_staleness = "

@@ -79,14 +79,36 @@ def test_generated_rollouts_are_verified_and_wait_with_their_figures():
     pipeline.close()
 
 
-def test_rollouts_older_than_k_versions_are_dropped_counted_and_generated_again():
+def test_rollouts_older_than_k_versions_are_dropped_counted_and_generated_again(tmp_path):
+    """A run checkpointed with k = 2 and resumed with k = 1: step 2's rollouts (version 0) are
+    2 published versions old at step 2, one too many."""
+    pipeline, engines = _pipeline(2)
+    for step in (0, 1):
+        pipeline.take(step, engines.version)
+        pipeline.beside(step, lambda: None)
+        engines.version += 1
+    state = pipeline.save(tmp_path)
+    pipeline.close()
+    resumed, engines = _pipeline(1)
+    resumed.restore(tmp_path, state)
+    engines.version = 2
+    ready, figures = resumed.take(2, engines.version)
+    assert figures["async/dropped"] == 4.0 and ready.version == 2
+    assert figures["async/staleness_max"] == 0.0 and engines.calls == [2]
+    ready, figures = resumed.take(3, engines.version)  # version 1: one version old, kept
+    assert figures["async/dropped"] == 0.0 and figures["async/staleness_max"] == 1.0
+    resumed.close()
+
+
+def test_a_step_of_several_updates_publishes_one_version():
+    """Mini-batches or epochs: the ranks' version moves by several updates a step, the engines
+    see one sync: a step-old batch is one version old."""
     pipeline, engines = _pipeline(1)
     pipeline.take(0, 0)
-    pipeline.beside(0, lambda: None)  # step 1 by version 0
-    engines.version = 2  # e.g. resumed with a smaller rollout.max_staleness
-    ready, figures = pipeline.take(1, engines.version)
-    assert figures["async/dropped"] == 4.0 and ready.version == 2
-    assert engines.calls == [0, 1, 1]
+    pipeline.beside(0, lambda: None)
+    ready, figures = pipeline.take(1, 4)  # four updates in step 0
+    assert ready.version == 0 and figures["async/staleness_max"] == 1.0
+    assert figures["async/dropped"] == 0.0
     pipeline.close()
 
 
@@ -114,9 +136,9 @@ def test_pending_rollouts_survive_a_checkpoint_folder_bit_for_bit(tmp_path):
     pipeline.take(0, 0)
     pipeline.beside(0, lambda: None)
     state = pipeline.save(tmp_path)
-    assert state == {"pending_steps": [1, 2]}
+    assert state == {"pending_steps": [1, 2], "published_versions": [0]}
     restored, _ = _pipeline(2)
-    restored.restore(tmp_path)
+    restored.restore(tmp_path, state)
     assert sorted(restored.pending) == [1, 2]
     for step in (1, 2):
         a, b = pipeline.pending[step], restored.pending[step]

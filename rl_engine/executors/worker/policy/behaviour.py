@@ -25,18 +25,32 @@ import torch
 from torch import nn
 
 
-def _holders(module: nn.Module) -> list[torch.Tensor]:
-    """The tensors that hold this rank's share of every trainable parameter."""
-    held = []
+def _shares(module: nn.Module) -> list[tuple[nn.Parameter, torch.Tensor]]:
+    """(parameter, the tensor holding this rank's share of it) for every trainable parameter:
+    its ZeRO-3 partition (`ds_tensor`), else the parameter itself."""
+    shares = []
     for param in module.parameters():  # tied parameters once
-        if not param.requires_grad:
-            continue
-        part = getattr(param, "ds_tensor", None)  # ZeRO-3: this rank's partition
-        if part is not None:
-            held.append(part.data)
-        if part is None or param.data.numel() > 0:  # ZeRO-3 keeps small ones gathered too
-            held.append(param.data)
-    return held
+        if param.requires_grad:
+            part = getattr(param, "ds_tensor", None)
+            shares.append((param, param.data if part is None else part.data))
+    return shares
+
+
+def _gathered(params: list[nn.Parameter], parts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The whole values of ZeRO-3 `params` from every rank's partition in `parts` (rank r holds
+    flat elements [r p, (r + 1) p) of each): one all-gather for all of them, on every rank."""
+    import torch.distributed as dist
+
+    flat = torch.cat([t.reshape(-1) for t in parts]) if parts else torch.empty(0)
+    pieces = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(pieces, flat)
+    whole, offset = [], 0
+    for param, part in zip(params, parts):
+        n = part.numel()
+        full = torch.cat([piece[offset : offset + n] for piece in pieces])
+        whole.append(full[: param.numel()].view_as(param.data))
+        offset += n
+    return whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +63,7 @@ class VersionSnapshot:
     @classmethod
     @torch.no_grad()
     def take(cls, module: nn.Module, version: int) -> VersionSnapshot:
-        return cls(version, tuple(t.detach().clone() for t in _holders(module)))
+        return cls(version, tuple(share.detach().clone() for _, share in _shares(module)))
 
     @property
     def nbytes(self) -> int:
@@ -58,17 +72,35 @@ class VersionSnapshot:
     @contextmanager
     def swapped_in(self, module: nn.Module) -> Iterator[None]:
         """`module` computes with this snapshot's weights inside the block (copied in place, so
-        every optimizer and ZeRO reference stays valid), with its own weights after it."""
-        holders = _holders(module)
-        if [t.shape for t in holders] != [t.shape for t in self.tensors]:
-            raise RuntimeError("the policy's trainable parameters changed shape since the snapshot")
+        every optimizer and ZeRO reference stays valid), with its own weights after it.
+
+        Under ZeRO-3 the partitions are swapped, and a parameter ZeRO-3 holds whole between
+        forwards (a small, persistent one) gets its whole value gathered from the snapshot's
+        partitions: collective, like the forward itself."""
+        shares = _shares(module)
+        now, then = [t.shape for _, t in shares], [t.shape for t in self.tensors]
+        if now != then:
+            raise RuntimeError(
+                f"the policy's trainable parameters changed since the snapshot of version "
+                f"{self.version}: {len(then)} tensors of shapes {then[:4]}..., now {len(now)} "
+                f"of shapes {now[:4]}..."
+            )
+        targets = [share for _, share in shares]
+        sharded = [(p, old) for (p, _), old in zip(shares, self.tensors) if hasattr(p, "ds_tensor")]
+        whole = [(p, old) for p, old in sharded if p.data.numel() > 0]
         with torch.no_grad():
-            live = [t.clone() for t in holders]
-            for held, old in zip(holders, self.tensors):
-                held.copy_(old)
+            if sharded:  # ZeRO-3
+                values = _gathered([p for p, _ in whole], [old for _, old in whole])
+                targets += [p.data for p, _ in whole]
+                news = list(self.tensors) + values
+            else:
+                news = list(self.tensors)
+            live = [t.clone() for t in targets]
+            for target, new in zip(targets, news):
+                target.copy_(new)
         try:
             yield
         finally:
             with torch.no_grad():
-                for held, mine in zip(holders, live):
-                    held.copy_(mine)
+                for target, mine in zip(targets, live):
+                    target.copy_(mine)
