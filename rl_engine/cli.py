@@ -141,7 +141,7 @@ BENCH_CASES: dict[str, dict[str | None, tuple[str, ...]]] = {
         "layout": ("layout_train",),
     },
     "moe": {None: ("moe",)},
-    "job": {None: ("real_size",), "real-size": ("real_size",)},
+    "job": {None: ("real_size",), "real-size": ("real_size",), "async": ("async_job",)},
 }
 # `--device cuda`: the Triton backend vs cuBLAS / SDPA (every other benchmark runs on the CPU)
 BENCH_CASES_CUDA: dict[str, dict[str | None, tuple[str, ...]]] = {

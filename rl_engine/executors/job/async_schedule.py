@@ -131,9 +131,10 @@ class AsyncPipeline:
             return self.k + 1
         return len(self.published) - 1 - self.published.index(ready.version)
 
-    def beside(self, step: int, train: Callable):
+    def beside(self, step: int, train: Callable, clock=None):
         """`train()` with the later steps' rollouts generated at the same time; returns
-        (train's result, the async/overlap figures). Then the new rollouts are verified."""
+        (train's result, the async/* figures). Then the new rollouts are verified. `clock`
+        (a StepClock) takes time/generate_ahead and time/behaviour_check."""
         trained_done = threading.Event()
         started = time.perf_counter()
         ahead = self._pool.submit(self._generate_ahead, step, trained_done)
@@ -149,9 +150,13 @@ class AsyncPipeline:
             hidden=min(generate_seconds, train_seconds),
             exposed=max(generate_seconds - train_seconds, 0.0) + self._waited,
         )
+        checked = time.perf_counter()
         for ready in generated:
             ready.parity = self.verify(ready)
             self.pending[ready.step] = ready
+        if clock is not None:
+            clock.add("generate_ahead", generate_seconds)
+            clock.add("behaviour_check", time.perf_counter() - checked)
         return result, {"async/overlap": overlap.fraction(), "async/generated": len(generated)}
 
     def _generate_ahead(self, step: int, trained_done: threading.Event):

@@ -223,7 +223,7 @@ class _Job:
         if self.pipeline is None:
             trained = train()
         else:  # later steps' rollouts generated meanwhile, then checked
-            trained, overlap = self.pipeline.beside(step, train)
+            trained, overlap = self.pipeline.beside(step, train, clock)
             rollout_metrics.update(overlap)
             rollout_metrics.update(_behaviour_figures(trained.policy, ready.parity))
         with clock.phase("weight_sync"):  # the whole sync, senders and receivers

@@ -10,6 +10,10 @@ run's on every other key):
 - `time/weight_sync`: the whole weight sync, from the driver's call until every rank has
   sent and every engine has received in place (0 when the engines serve the version already);
 - `time/eval`: validation (when one ran in the step);
+- asynchronous runs (rollout.max_staleness >= 1): `time/generate_ahead`, the generation of
+  later steps' rollouts beside the training (hidden behind it up to `async/overlap`), and
+  `time/behaviour_check`, the ranks' check of those rollouts against the weights that sampled
+  them;
 - `time/step`: all of the above; `time/driver_overhead` (and `_fraction`): what is neither
   generation, training compute nor validation.
 """
