@@ -3,7 +3,8 @@
 
 The default tier runs LoRA on 2 ZeRO-3 ranks with a TP-2 engine (the adapters-only sync, the
 ZeRO-3 partitions in the snapshot, a sharded engine); the exhaustive tier runs PPO with a
-critic (its warm-up step takes no update, so the next step is on-policy), multi-turn episodes, layout-invariant training with mini-batches
+critic (its warm-up step takes no update, so the next step is on-policy), multi-turn episodes
+in padded batches, prompt-lookup speculation, layout-invariant training with mini-batches
 and epochs (decoupled PPO's proximal from the scoring pass) under DAPO's group filter, and the
 vLLM engine on SmolLM2.
 """
@@ -31,20 +32,22 @@ CASES = {
         "lora": {"rank": 4, "alpha": 8},
     },
     "ppo-critic": {"algorithm": {"name": "ppo"}, "critic": {"lr": 1e-3, "warmup_steps": 1}},
-    "multi-turn": {
+    "multi-turn-padded": {
         "rollout": {
             "env": f"{SCRIPTED}:Mixed",
             "env_args": {},
             "max_turns": 3,
             "max_total_tokens": 40,
-        }
+        },
+        "trainer": {"packing": False},
     },
+    "speculative": {"rollout": {"speculative": {"method": "ngram", "num_tokens": 3}}},
     "layout-invariant-minibatches-filter": {
         "trainer": {**TWO_ZERO3, "layout_invariant": True, "mini_batch_size": 4, "epochs": 2},
         "rollout": {"filter_groups": True},
     },
 }
-EXHAUSTIVE = ("ppo-critic", "multi-turn", "layout-invariant-minibatches-filter")
+EXHAUSTIVE = tuple(case for case in CASES if case != "lora-zero3-tp2")
 
 
 def _check(history: list[dict], staleness=(0, 1, 1)) -> None:
