@@ -21,7 +21,7 @@ def test_bench_job_async(capsys):
     )
     assert [number(r["max staleness"]) for r in measured] == [0, 1, 2]
     assert all(number(r["parity exact"]) == 1.0 for r in measured)
-    assert len(projected) == 2 and all(number(r["step s"]) > 0 for r in projected)
+    assert len(projected) == 3 and all(number(r["step s"]) > 0 for r in projected)
 
 
 def test_the_case_runs_this_module():
