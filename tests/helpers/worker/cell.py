@@ -218,3 +218,14 @@ def _strict_mismatch(worker, shard: TrainBatch, rank: int, world: int):
             "step_unchanged": worker.global_step == step,
         }
     return None
+
+
+def nudged(batch: TrainBatch, *sequences: int, token: int = 1) -> TrainBatch:
+    """Copy of `batch` with the rollout logprob of completion token `token` of each sequence moved by 1 ulp."""
+    logprobs = batch.rollout_logprobs.clone()
+    for seq in sequences:
+        pos = int(
+            batch.response_mask[seq].nonzero()[min(token, int(batch.response_mask[seq].sum()) - 1)]
+        )
+        logprobs[seq, pos] = torch.nextafter(logprobs[seq, pos], torch.tensor(0.0))
+    return dataclasses.replace(batch, rollout_logprobs=logprobs)

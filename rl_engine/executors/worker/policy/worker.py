@@ -171,7 +171,9 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         """
         self._mid_step.require_usable()
         minis = agree_on_batch(self.comm, lambda: self._mini_batches(batch))
-        self._stale_step = batch.weight_version not in (None, self.weight_version)
+        # asynchronous runs: a stale batch's parity was checked against its own version
+        stale = batch.weight_version not in (None, self.weight_version)
+        self._stale_step = self._decoupled and stale
         if self._decoupled:  # the version the engines sample with during this step
             self._behaviour = VersionSnapshot.take(self.module.policy, self.weight_version)
         if not update:

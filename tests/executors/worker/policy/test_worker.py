@@ -22,6 +22,7 @@ from tests.helpers.worker.cell import (
     cached_completions,
     cell_config,
     generate,
+    nudged,
     rollout_engine,
     to_batch,
 )
@@ -40,17 +41,6 @@ def batch() -> TrainBatch:
 def worker() -> DeepSpeedTrainingWorker:
     """A worker that never takes a step in this module (only errors and no-grad forwards)."""
     return make_worker()
-
-
-def nudged(batch: TrainBatch, *sequences: int, token: int = 1) -> TrainBatch:
-    """Copy of `batch` with the rollout logprob of completion token `token` of each sequence moved by 1 ulp."""
-    logprobs = batch.rollout_logprobs.clone()
-    for seq in sequences:
-        pos = int(
-            batch.response_mask[seq].nonzero()[min(token, int(batch.response_mask[seq].sum()) - 1)]
-        )
-        logprobs[seq, pos] = torch.nextafter(logprobs[seq, pos], torch.tensor(0.0))
-    return dataclasses.replace(batch, rollout_logprobs=logprobs)
 
 
 def weights_equal(a: dict, b: dict) -> bool:

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from rl_engine.executors.worker.policy.worker import DeepSpeedTrainingWorker, ParityError
-from tests.executors.worker.policy.test_worker import nudged
-from tests.helpers.worker.cell import cached_completions, cell_config, to_batch
+from tests.helpers.worker.cell import cached_completions, cell_config, nudged, to_batch
 
 
 @pytest.fixture(scope="module")
