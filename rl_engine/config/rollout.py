@@ -80,8 +80,8 @@ class RolloutConfig(SamplingKeys):
     async_order: str = "deterministic"
     """Which version generates which step under max_staleness >= 1. 'deterministic': step s's
     rollouts by the version after step s-k-1 (a function of the step: equal runs, exact
-    resume). 'free': the engines run ahead as far as max_staleness allows, each batch trained
-    in the order it finished: fewer waits, not reproducible."""
+    resume). 'free': the generation beside a step stops once the ranks are done and the next
+    step's rollouts exist: no wait for the rest of the window, not reproducible."""
     filter_groups: bool = False
     """DAPO's dynamic sampling: drop the groups whose rewards are all equal (no learning
     signal) and generate groups for more prompts until prompts_per_step groups are kept."""
