@@ -174,7 +174,7 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         # asynchronous runs: a stale batch's parity was checked against its own version
         stale = batch.weight_version not in (None, self.weight_version)
         self._stale_step = self._decoupled and stale
-        if self._decoupled:  # the version the engines sample with during this step
+        if self._decoupled and self.config.parity != "off":  # what the engines sample with now
             self._behaviour = VersionSnapshot.take(self.module.policy, self.weight_version)
         if not update:
             return self._forward_only_step(minis)
