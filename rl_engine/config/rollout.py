@@ -26,6 +26,7 @@ PLACEMENTS = ("pack", "spread", "strict_spread")
 """Ray placement strategies of the engines (rollout.placement) and ranks (trainer.placement)."""
 
 ASYNC_ORDERS = ("deterministic", "free")
+"""Which version generates which step in asynchronous runs (rollout.async_order)."""
 ENGINES = ("own", "vllm")
 """The rollout engines a job can run (rollout.engine)."""
 

@@ -53,6 +53,11 @@ def _gathered(params: list[nn.Parameter], parts: list[torch.Tensor]) -> list[tor
     return whole
 
 
+def _held_whole(param: nn.Parameter) -> bool:
+    """A ZeRO-3 parameter gathered between forwards (a small, persistent one)."""
+    return hasattr(param, "ds_tensor") and param.data.numel() > 0
+
+
 @dataclass(frozen=True, slots=True)
 class VersionSnapshot:
     """This rank's trainable weights at `version`, as the engines received them."""
@@ -85,16 +90,13 @@ class VersionSnapshot:
                 f"{self.version}: {len(then)} tensors of shapes {then[:4]}..., now {len(now)} "
                 f"of shapes {now[:4]}..."
             )
-        targets = [share for _, share in shares]
-        sharded = [(p, old) for (p, _), old in zip(shares, self.tensors) if hasattr(p, "ds_tensor")]
-        whole = [(p, old) for p, old in sharded if p.data.numel() > 0]
+        targets, news = [share for _, share in shares], list(self.tensors)
         with torch.no_grad():
-            if sharded:  # ZeRO-3
-                values = _gathered([p for p, _ in whole], [old for _, old in whole])
+            if any(hasattr(p, "ds_tensor") for p, _ in shares):  # ZeRO-3: collective, every rank
+                pairs = zip(shares, self.tensors)
+                whole = [(p, old) for (p, _), old in pairs if _held_whole(p)]
                 targets += [p.data for p, _ in whole]
-                news = list(self.tensors) + values
-            else:
-                news = list(self.tensors)
+                news += _gathered([p for p, _ in whole], [old for _, old in whole])
             live = [t.clone() for t in targets]
             for target, new in zip(targets, news):
                 target.copy_(new)

@@ -8,9 +8,9 @@ gradient_accumulation_steps x world_size to undo DeepSpeed's own averaging. So
 sequences, however the sequences were split into micro-batches (or packed).
 
 Rollout correction (`algorithm.rollout_correction`, docs/rollouts.md): with a mode
-other than 'none', or in an asynchronous run (decoupled PPO), the PPO ratio is taken against the trainer's own logprobs before
-the update (`Corrected.proximal`) and the correction's weights carry the engine
-mismatch; tokens the correction drops leave the loss mask, and sequences left
+other than 'none', or in an asynchronous run (decoupled PPO), the PPO ratio is taken
+against the trainer's own logprobs before the update (`Corrected.proximal`) and the
+correction's weights carry the engine mismatch (and an asynchronous run's policy lag); tokens the correction drops leave the loss mask, and sequences left
 with no token leave the micro-batch, so both leave every aggregation's
 denominator. With 'none' the ratio is against the rollout's logprobs.
 """

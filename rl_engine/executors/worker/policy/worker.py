@@ -334,18 +334,18 @@ class DeepSpeedTrainingWorker(EngineWeightSync):
         mismatch raises ParityError on every rank). Returns the parity/* metrics (collective),
         or parity/unverified_tokens when no snapshot of that version is held (never exact)."""
         self._mid_step.require_usable()
-        held, check = (
-            self._behaviour,
-            ParityCheck(self.config.parity, self.comm, self.update.layout_free),
-        )
-        if held is None or held.version != batch.weight_version or not check.active:
-            if self.config.parity == "strict":
+        check = ParityCheck(self.config.parity, self.comm, self.update.layout_free)
+        if not check.active:
+            return {}
+        held = self._behaviour
+        if held is None or held.version != batch.weight_version:
+            if check.mode == "strict":
                 raise ParityError(
                     f"cannot check a batch of weight_version {batch.weight_version}: this rank "
                     f"holds {'no' if held is None else f'version {held.version}'} snapshot"
                 )
             tokens = self.comm.all_reduce(torch.tensor([float(batch.num_tokens)]))
-            return {"parity/unverified_tokens": float(tokens[0])} if check.active else {}
+            return {"parity/unverified_tokens": float(tokens[0])}
         micro = agree_on_batch(self.comm, lambda: [self._micro_batches(batch)])[0]
         self.engine.eval()
         sums = check.empty()
