@@ -6,18 +6,19 @@ layout (`BackendLayout.weight_packing`); `FastDecoder` then runs its projections
 LM head on packed copies (decode_path.py), with the bits of the unpacked ops.
 
 Where the copies live and when they are made (the rule that keeps them never stale):
-- one `PackedWeights` per `RolloutEngine`, which holds a buffer per weight tensor only
-  while a `generate` / `generate_episodes` call runs: every weight is packed when the
-  call's FastDecoder is built, and the engine `release`s them all when the call returns
-  (however it ends). Between calls, when the trainer ranks step and the weight syncs land,
-  the engine holds its GEMM weights once (the parameters, which the module path, the weight
-  syncs and the trainer-side recompute use); the panels (about the model's size again: 1 GB
-  for the 0.5B shape in bf16) exist only while it generates, when the trainer ranks are at
-  rest. A weight sync, a `load_weights` or any in-place change between calls is therefore
-  always seen, however it was written (a tensor's version counter does not see writes
-  through `.data`, so nothing here relies on it). During a call nothing writes them: the
-  engine's weight syncs and `load_weights` run between calls, on the thread that calls
-  `generate` (the Ray rollout actor runs one method at a time).
+- one `PackedWeights` per `RolloutEngine`, with a buffer per weight tensor. Every
+  `generate` / `generate_episodes` call packs every weight into its buffer when the call's
+  FastDecoder is built, so a call always reads the weights as they are at its start: a
+  weight sync, a `load_weights` or any in-place change between calls is seen, however it
+  was written (a tensor's version counter does not see writes through `.data`, so nothing
+  here relies on it). During a call nothing writes them: the engine's weight syncs and
+  `load_weights` run between calls, on the thread that calls `generate` (the Ray rollout
+  actor runs one method at a time).
+- the buffers are kept between calls (about the model's size again: 1 GB for the 0.5B
+  shape in bf16): allocating them afresh costs three to four times the packing itself
+  (page faults; docs/benchmarks.md). `release` frees them: the engine's `release_weights`
+  does (a full-weight job's engines between their generate and the next sync, while the
+  trainer ranks hold their peak), and so does `RolloutEngine.release_packed_weights`.
 - the trainer never reads these copies: only the engine's no-grad FastDecoder does, and the
   packed projection refuses an input that wants a gradient.
 """
@@ -32,7 +33,7 @@ from rl_engine.kernels import WeightPacking
 
 
 class PackedWeights:
-    """Packed weights of one generate call, keyed by the weight tensor (the Parameter object)."""
+    """Packed weights, keyed by the weight tensor (the Parameter object); repacked by each call."""
 
     def __init__(self):
         self._entries: dict[int, tuple[weakref.ref, object]] = {}
@@ -52,8 +53,8 @@ class PackedWeights:
         return packed
 
     def release(self) -> None:
-        """Drop every packed copy (the engine does when a generate call returns): the buffers
-        are freed once the call's FastDecoder, their only other holder, is gone."""
+        """Drop every packed copy: the buffers are freed once no FastDecoder holds them (a
+        call's decoder lives for the call), and the next pack allocates new ones."""
         self._entries.clear()
 
     @property

@@ -114,8 +114,8 @@ class RolloutEngine:
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
         self.last_stats = GenerateStats()
         self._torn: str | None = None  # why the weights are incomplete (a failed sync), if they are
-        # the fast path's GEMM weights, packed at the start of every call and released at its
-        # end (packed_weights.py)
+        # the fast path's GEMM weights (the policy's and a draft's), repacked at the start of
+        # every call into buffers kept between calls (packed_weights.py)
         self.packed_weights = PackedWeights()
 
     @property
@@ -262,10 +262,19 @@ class RolloutEngine:
         previous = self._torn
         self._torn = "they were released until the next weight sync (release_weights)"
         try:
-            return receiver.release_targets()
+            released = receiver.release_targets()
         except WeightReleaseError:
             self._torn = previous  # checked before any release
             raise
+        return released + self.release_packed_weights()
+
+    def release_packed_weights(self) -> int:
+        """Free the packed copies of the GEMM weights that the engine keeps between calls
+        (about the model's size again; packed_weights.py); the next call packs into new
+        buffers. Returns the bytes freed."""
+        held = self.packed_weights.nbytes
+        self.packed_weights.release()
+        return held
 
     # ------------------------------------------------------------------ helpers
 
@@ -278,20 +287,14 @@ class RolloutEngine:
             self._attention_mode(),
             self._progress_bar(len(requests), progress) as bar,
         ):
-            draft = None
-            try:
-                step = self._make_stepper(self._make_cache(num_slots, capacity), sampling)
-                if self.speculative is not None:
-                    cache = functools.partial(self._make_cache, num_slots, capacity)
-                    draft = attach_speculation(self, step, cache, sampling)
-                run_continuous_batching(requests, step, num_slots, self.last_stats, bar, next_turn)
-                if step.speculation is not None:
-                    self.last_stats.speculation = step.speculation.counts
-                    self.speculation_total.add(step.speculation.counts)
-            finally:  # the packed weights live for the call only (packed_weights.py)
-                self.packed_weights.release()
-                if draft is not None:
-                    draft.packed_weights.release()
+            step = self._make_stepper(self._make_cache(num_slots, capacity), sampling)
+            if self.speculative is not None:
+                cache = functools.partial(self._make_cache, num_slots, capacity)
+                attach_speculation(self, step, cache, sampling)
+            run_continuous_batching(requests, step, num_slots, self.last_stats, bar, next_turn)
+            if step.speculation is not None:
+                self.last_stats.speculation = step.speculation.counts
+                self.speculation_total.add(step.speculation.counts)
         self.last_stats.seconds = time.perf_counter() - start
 
     def _check_weights_complete(self) -> None:

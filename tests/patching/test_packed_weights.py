@@ -5,9 +5,9 @@ engine's `packed_weights` at the start of every generate call. After the weights
 between calls (`load_weights`, and an in-place write through `.data`, which a tensor's
 version counter does not see), the next call's tokens and logprobs are torch.equal to the
 module path on the new weights. Negative control: a store that keeps its first packing
-(no repack per call) gives other tokens or logprobs after the change. During a call the
-store holds one packed copy of each GEMM weight; between calls it holds none (the engine
-releases them when the call returns, even when the call raises).
+(no repack per call) gives other tokens or logprobs after the change. The store holds one
+packed copy of each GEMM weight, kept between calls and repacked in place by the next
+one (no new buffer); `release_packed_weights` frees them, and the next call packs anew.
 """
 
 from __future__ import annotations
@@ -50,12 +50,11 @@ def test_weights_changed_between_calls_are_repacked():
     model = fresh_model("tiny-llama", torch.bfloat16)
     engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)
     assert _same(_generate(engine), _module_path(model))
-    assert engine.packed_weights._entries == {}
+    assert engine.packed_weights._entries != {}  # kept for the next call
     engine.load_weights(_changed_state(model), version=1)
     assert _same(_generate(engine), _module_path(model))
     model.model.layers[0].mlp.down_proj.weight.data.mul_(-1)  # unseen by _version
     assert _same(_generate(engine), _module_path(model))
-    assert engine.packed_weights._entries == {}
 
 
 def test_negative_control_a_store_that_never_repacks_is_stale():
@@ -76,42 +75,48 @@ def test_negative_control_a_store_that_never_repacks_is_stale():
     assert not _same(stale, _module_path(model))
 
 
-def _held_at_release(engine) -> list[tuple[int, int]]:
-    """(entries, nbytes) of the engine's store each time it is released (a call's end)."""
-    held = []
-    store = engine.packed_weights
-    real_release = store.release
-
-    def release():
-        held.append((len(store._entries), store.nbytes))
-        real_release()
-
-    store.release = release
-    return held
+def _buffers(store) -> dict[int, int]:
+    """{weight id: data_ptr of its packed buffer} of the store's live entries."""
+    return {key: packed.data.data_ptr() for key, (_, packed) in store._entries.items()}
 
 
-def test_the_store_holds_one_packed_copy_of_each_gemm_weight_during_a_call_only():
+def test_the_store_keeps_one_packed_copy_of_each_gemm_weight_and_repacks_it_in_place():
     model = fresh_model("tiny-llama", torch.float32)
     engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)
-    held = _held_at_release(engine)
     _generate(engine)
     gemm = [p for n, p in model.named_parameters() if "proj" in n]
     head = model.get_output_embeddings().weight
     weights = gemm + ([] if any(head is p for p in gemm) else [head])
     logical = sum(p.numel() * p.element_size() for p in weights)
-    [(entries, nbytes)] = held
-    assert entries == len(weights)
+    store = engine.packed_weights
+    assert sorted(store._entries) == sorted(id(w) for w in weights)
     # the panels pad N to 64 columns and K to whole blocks, nothing more
-    assert logical <= nbytes < 2 * logical
+    assert logical <= store.nbytes < 2 * logical
+    first = _buffers(store)
+    engine.load_weights(_changed_state(model), version=1)
+    assert _same(_generate(engine), _module_path(model))
+    assert _buffers(store) == first  # repacked into the same buffers
+
+
+def test_released_packed_weights_are_packed_anew_by_the_next_call():
+    model = fresh_model("tiny-llama", torch.bfloat16)
+    engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)
+    _generate(engine)
+    held = engine.packed_weights.nbytes
+    assert held > 0
+    assert engine.release_packed_weights() == held
     assert engine.packed_weights._entries == {} and engine.packed_weights.nbytes == 0
+    engine.load_weights(_changed_state(model), version=1)
+    assert _same(_generate(engine), _module_path(model))
+    assert engine.packed_weights.nbytes == held
 
 
-def test_a_call_that_raises_releases_the_store():
+def test_a_call_that_raises_leaves_buffers_the_next_call_repacks():
     model = fresh_model("tiny-llama", torch.float32)
     engine = RolloutEngine(model, device="cpu", max_batch_size=3, progress=False)
-    held = _held_at_release(engine)
     with mock.patch.object(stepper.Stepper, "decode", side_effect=RuntimeError("boom")):
         with pytest.raises(RuntimeError, match="boom"):
             _generate(engine)
-    assert len(held) == 1 and held[0][0] > 0  # it held the packed weights when it raised
-    assert engine.packed_weights._entries == {}
+    assert engine.packed_weights.nbytes > 0
+    engine.load_weights(_changed_state(model), version=1)
+    assert _same(_generate(engine), _module_path(model))

@@ -89,7 +89,8 @@ def test_everything_plan_makes_each_engine_the_senders_model(results):
     reference = RolloutEngine(senders_model, device="cpu", max_batch_size=2, progress=False)
     expected = reference.generate(procs.PROMPTS, procs.sampling())
     for got in results:
-        assert got["released"] > 0
+        assert got["released"] > got["packed_before_release"] > 0
+        assert got["packed_after_release"] == 0  # the packed copies go with the weights
         assert "released until the next weight sync" in got["generate_released"]
         assert got["version"] == procs.VERSIONS[0]
         assert got["state"].keys() == expected_state.keys()

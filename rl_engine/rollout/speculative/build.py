@@ -59,14 +59,16 @@ def _check_draft(model: nn.Module, draft: nn.Module, device: torch.device) -> No
 
 def attach_speculation(engine, stepper, make_cache, sampling) -> DraftEngine | None:
     """Give `stepper` its SpeculativeDecode (the engine's `speculative`); returns the draft's
-    engine view (whose packed weights the caller releases) or None."""
+    engine view (its weights packed into the engine's store) or None."""
     params: SpeculativeParams = engine.speculative
     if params.method == "ngram":
         stepper.speculation = SpeculativeDecode(stepper, params, NgramProposer(params))
         return None
     from rl_engine.rollout.stepper import Stepper
 
-    draft = DraftEngine(engine.draft_model, engine.device, batch_invariant=True)
+    draft = DraftEngine(
+        engine.draft_model, engine.device, batch_invariant=True, packed_weights=engine.packed_weights
+    )
     draft_stepper = Stepper(draft, make_cache(engine.draft_model), sampling)
     stepper.speculation = SpeculativeDecode(stepper, params, DraftProposer(draft_stepper, params))
     return draft

@@ -36,7 +36,8 @@ class NgramProposer:
 
 @dataclass
 class DraftEngine:
-    """What a Stepper reads of an engine, for the draft model (its own packed-weight store)."""
+    """What a Stepper reads of an engine, for the draft model (the engine passes its own
+    packed-weight store: one store holds the policy's and the draft's packed weights)."""
 
     model: nn.Module
     device: torch.device

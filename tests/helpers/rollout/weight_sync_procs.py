@@ -109,7 +109,9 @@ def run_receiver(index: int, group, out: Path) -> None:
     engine = RolloutEngine(policy, device="cpu", max_batch_size=3, progress=False)
     result["before"] = engine.generate(PROMPTS, sampling())
     receiver = engine.weight_receiver(manifest_of(policy), receiver=index, bucket_bytes=BUCKET)
+    result["packed_before_release"] = engine.packed_weights.nbytes
     result["released"] = engine.release_weights(receiver)  # the sync refills them
+    result["packed_after_release"] = engine.packed_weights.nbytes
     try:
         engine.generate(PROMPTS, sampling())
         result["generate_released"] = "generated"

@@ -75,6 +75,25 @@ constexpr int64_t kSmallTaskCols = 64;
 constexpr int64_t kBlockKF32 = 256;
 constexpr int64_t kBlockKBf16 = 512;
 
+// The output block of one task. Large M: kTaskRows x kTaskCols, halved (columns down
+// to one panel, then rows down to kMinTaskRows) while there are fewer than
+// kTasksPerThread tasks a thread: a prefill's k / v / o projections (N of a few
+// hundred) would otherwise leave a thread idle. Small M: one panel, every row.
+constexpr int64_t kTasksPerThread = 4;
+constexpr int64_t kMinTaskRows = 60;  // a multiple of every ISA's register tile rows
+struct TaskBlock {
+  int64_t rows, cols;
+};
+TaskBlock task_block(int64_t M, int64_t N) {
+  if (M <= kSmallM) return {M, kSmallTaskCols};
+  const int64_t wanted = kTasksPerThread * at::get_num_threads();
+  int64_t rows = kTaskRows, cols = kTaskCols;
+  const auto tasks = [&] { return ((M + rows - 1) / rows) * ((N + cols - 1) / cols); };
+  while (cols > kSmallTaskCols && tasks() < wanted) cols /= 2;
+  while (rows > kMinTaskRows && tasks() < wanted) rows /= 2;
+  return {rows, cols};
+}
+
 // Runs fn(t) for t in [0, n) on the intra-op threads, each thread claiming the
 // next task from a shared counter (dynamic: a descheduled thread on a busy
 // machine does not hold back a fixed share). Speed only: tasks are independent.
@@ -124,8 +143,8 @@ at::Tensor gemm_run(const Kernels& k, const at::Tensor& x, const void* wp, int64
     at::Tensor z = at::zeros({M, N}, x.options().dtype(at::kFloat)).to(out_type);
     return has_bias ? z + *bias : z;
   }
-  const int64_t rows = M <= kSmallM ? M : kTaskRows;
-  const int64_t cols = M <= kSmallM ? kSmallTaskCols : kTaskCols;
+  const TaskBlock block = task_block(M, N);
+  const int64_t rows = block.rows, cols = block.cols;
   const int64_t mt = (M + rows - 1) / rows, nt = (N + cols - 1) / cols;
   const int64_t ldx = x.stride(0);
   const bool bf16 = x.scalar_type() == at::kBFloat16;
