@@ -67,7 +67,10 @@ def attach_speculation(engine, stepper, make_cache, sampling) -> DraftEngine | N
     from rl_engine.rollout.stepper import Stepper
 
     draft = DraftEngine(
-        engine.draft_model, engine.device, batch_invariant=True, packed_weights=engine.packed_weights
+        engine.draft_model,
+        engine.device,
+        batch_invariant=True,
+        packed_weights=engine.packed_weights,
     )
     draft_stepper = Stepper(draft, make_cache(engine.draft_model), sampling)
     stepper.speculation = SpeculativeDecode(stepper, params, DraftProposer(draft_stepper, params))
