@@ -284,7 +284,10 @@ def header(setup: Setup) -> str:
         f"{thread_bind(setup.threads)}, the own engine on torch threads {setup.threads}. Modes: "
         f"{LABELS['plugin']} = RL_ENGINE_BATCH_INVARIANT=1, eager; {LABELS['plain']} = vLLM's "
         "default compilation; limit = the own engine's decode step (roofline.py); every engine "
-        f"under OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}"
+        f"under OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; the prompts "
+        "repeat past 8: the own engine prefills a repeated prompt once per call "
+        "(share_prompt_prefill), vLLM's prefix cache is off (it would also serve the timed "
+        "calls that repeat the warm-up's prompts)"
     )
 
 
@@ -341,7 +344,38 @@ def main(argv: list[str] | None = None) -> str:
     table = markdown_table(rows, max(probes))
     print()
     print(table)
+    for line in verdict_lines(rows):
+        print(line)
     return table
+
+
+PLUGIN_COST_TARGET = 1.25  # the plugin may take at most this many times plain vLLM's time
+
+
+def verdict_lines(rows: list[dict]) -> list[str]:
+    """Per dtype and batch, against plain vLLM's rate: the plugin's cost (target: at most
+    PLUGIN_COST_TARGET x plain vLLM's time) and the own engine's lead, or by how much it
+    falls short. Nothing without plain vLLM's rows."""
+    lines = []
+    for r in rows:
+        if r["plain"] is None or r["kind"] == "plain":
+            continue
+        ratio = r["rate"] / r["plain"]
+        where = f"{r['dtype']} batch {r['batch']}"
+        if r["kind"] == "plugin":
+            verdict = "met" if 1 / ratio <= PLUGIN_COST_TARGET else "MISSED"
+            lines.append(
+                f"  plugin {where}: costs {1 / ratio:.2f}x plain vLLM's time "
+                f"(target <= {PLUGIN_COST_TARGET}x): {verdict}"
+            )
+        elif ratio >= 1:
+            lines.append(f"  own engine {where}: {ratio:.2f}x plain vLLM's tok/s: ahead")
+        else:
+            lines.append(
+                f"  own engine {where}: {ratio:.2f}x plain vLLM's tok/s: short by "
+                f"{(1 - ratio) * 100:.0f}%"
+            )
+    return lines
 
 
 if __name__ == "__main__":  # vLLM's engine core is spawned by the child, not here

@@ -77,3 +77,26 @@ def test_vllm_processes_get_the_plugin_variable_only_when_exact(monkeypatch):
 def test_a_model_vllm_cannot_load_is_named():
     with pytest.raises(ValueError, match="--model 'nope'"):
         rollout_vllm.write_model_folder("nope", None, None)
+
+
+def test_the_verdict_names_each_cell_and_by_how_much_it_falls_short():
+    """The lines after the table: the plugin's cost against its 1.25x target, the own engine
+    ahead of plain vLLM or short by a percentage; none without plain vLLM's rows."""
+    row = {"dtype": "float32", "batch": 8, "plain": 200.0}
+    lines = rollout_vllm.verdict_lines(
+        [
+            row | {"kind": "plain", "rate": 200.0},
+            row | {"kind": "plugin", "rate": 150.0},
+            row | {"kind": "own", "rate": 180.0},
+            row | {"kind": "own", "batch": 32, "rate": 240.0},
+            row | {"kind": "plugin", "batch": 32, "rate": 170.0},
+        ]
+    )
+    assert lines == [
+        "  plugin float32 batch 8: costs 1.33x plain vLLM's time (target <= 1.25x): MISSED",
+        "  own engine float32 batch 8: 0.90x plain vLLM's tok/s: short by 10%",
+        "  own engine float32 batch 32: 1.20x plain vLLM's tok/s: ahead",
+        "  plugin float32 batch 32: costs 1.18x plain vLLM's time (target <= 1.25x): met",
+    ]
+    assert rollout_vllm.verdict_lines([row | {"kind": "own", "rate": 1.0, "plain": None}]) == []
+
