@@ -369,11 +369,11 @@ def verdict_lines(rows: list[dict]) -> list[str]:
                 f"(target <= {PLUGIN_COST_TARGET}x): {verdict}"
             )
         elif ratio >= 1:
-            lines.append(f"  own engine {where}: {ratio:.2f}x plain vLLM's tok/s: ahead")
+            lines.append(f"  own engine {where}: {ratio:.3f}x plain vLLM's tok/s: ahead")
         else:
             lines.append(
-                f"  own engine {where}: {ratio:.2f}x plain vLLM's tok/s: short by "
-                f"{(1 - ratio) * 100:.0f}%"
+                f"  own engine {where}: {ratio:.3f}x plain vLLM's tok/s: short by "
+                f"{(1 - ratio) * 100:.1f}%"
             )
     return lines
 

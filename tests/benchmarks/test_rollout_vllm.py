@@ -90,13 +90,15 @@ def test_the_verdict_names_each_cell_and_by_how_much_it_falls_short():
             row | {"kind": "own", "rate": 180.0},
             row | {"kind": "own", "batch": 32, "rate": 240.0},
             row | {"kind": "plugin", "batch": 32, "rate": 170.0},
+            row | {"kind": "own", "batch": 1, "rate": 199.6},
         ]
     )
     assert lines == [
         "  plugin float32 batch 8: costs 1.33x plain vLLM's time (target <= 1.25x): MISSED",
-        "  own engine float32 batch 8: 0.90x plain vLLM's tok/s: short by 10%",
-        "  own engine float32 batch 32: 1.20x plain vLLM's tok/s: ahead",
+        "  own engine float32 batch 8: 0.900x plain vLLM's tok/s: short by 10.0%",
+        "  own engine float32 batch 32: 1.200x plain vLLM's tok/s: ahead",
         "  plugin float32 batch 32: costs 1.18x plain vLLM's time (target <= 1.25x): met",
+        "  own engine float32 batch 1: 0.998x plain vLLM's tok/s: short by 0.2%",
     ]
     assert rollout_vllm.verdict_lines([row | {"kind": "own", "rate": 1.0, "plain": None}]) == []
 
