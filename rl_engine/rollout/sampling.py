@@ -198,8 +198,13 @@ def draw(logp: torch.Tensor, u: float) -> int:
     """Inverse-CDF draw of one index from unnormalised logprobs (C,) with the uniform `u`."""
     if not isinstance(u, float) or not 0.0 <= u < 1.0:
         raise ValueError(f"draw: the uniform u must be a float in [0, 1), got {u!r}")
-    weights = (logp.double() - logp.max().double()).exp()  # (C,), max weight 1
-    cdf = weights.cumsum(0)
+    # exp(logp - max) in fp64, then its running sum: in place in one new (C,) buffer (a
+    # large vocabulary's fresh buffers cost more than the arithmetic). The bits are those of
+    # (logp.double() - logp.max().double()).exp().cumsum(0): the max is exact, and the scan
+    # reads each element before it writes it (tests/rollout/test_sampling.py).
+    weights = logp.double()
+    weights.sub_(weights.max()).exp_()
+    cdf = torch.cumsum(weights, 0, out=weights)
     target = torch.tensor(u, dtype=torch.float64) * cdf[-1]
     index = int(torch.searchsorted(cdf, target, right=True))
     return min(index, cdf.shape[0] - 1)

@@ -118,6 +118,27 @@ def test_draw_follows_the_distribution_and_never_picks_impossible_tokens():
     assert abs(counts[0].item() / 4000 - 0.5) < 0.05 and abs(counts[2].item() / 4000 - 0.25) < 0.05
 
 
+@pytest.mark.parametrize("vocab", [999, 32000, 49152, 151936])
+def test_draw_is_the_plain_inverse_cdf_bit_for_bit(vocab):
+    """The in-place draw picks what the plain formula picks, from the same cdf bits:
+    searchsorted(cumsum(exp(logp - max)) in fp64, u * total), for vocabularies of every
+    remainder and rows with -inf (masked) entries."""
+    g = torch.Generator().manual_seed(vocab)
+    for trial in range(12):
+        logp = torch.log_softmax(torch.randn(vocab, generator=g) * (1 + trial), -1)
+        if trial % 3 == 0:
+            logp[torch.randint(0, vocab, (vocab // 7,), generator=g)] = float("-inf")
+        u = float(torch.rand((), generator=g, dtype=torch.float64))
+        cdf = (logp.double() - logp.max().double()).exp().cumsum(0)
+        target = torch.tensor(u, dtype=torch.float64) * cdf[-1]
+        expected = min(int(torch.searchsorted(cdf, target, right=True)), vocab - 1)
+        assert draw(logp, u) == expected
+        # the in-place scan gives the formula's cdf, element for element
+        weights = logp.double()
+        weights.sub_(weights.max()).exp_()
+        assert torch.equal(torch.cumsum(weights, 0, out=weights), cdf)
+
+
 def test_request_and_turn_keys_are_distinct_and_reproducible():
     def keys():
         requests = [request_key(0, p, s) for p in range(3) for s in range(3)]
