@@ -101,4 +101,3 @@ def test_the_verdict_names_each_cell_and_by_how_much_it_falls_short():
         "  own engine float32 batch 1: 0.998x plain vLLM's tok/s: short by 0.2%",
     ]
     assert rollout_vllm.verdict_lines([row | {"kind": "own", "rate": 1.0, "plain": None}]) == []
-
