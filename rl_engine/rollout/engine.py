@@ -256,8 +256,9 @@ class RolloutEngine:
     def release_weights(self, receiver: WeightReceiver) -> int:
         """Hand the memory of every weight `receiver`'s syncs write back to the OS until the
         next complete sync refills it (a full-weight run's engine between its generate and
-        the sync after the trainer's step, when the ranks hold their peak); `generate` refuses
-        to run until then. Returns the bytes released; WeightReleaseError (nothing released,
+        the sync after the trainer's step, when the ranks hold their peak), and free the
+        packed copies of the GEMM weights (`release_packed_weights`); `generate` refuses to
+        run until then. Returns the bytes released; WeightReleaseError (nothing released,
         the weights still served) when a sync would not rewrite one whole."""
         previous = self._torn
         self._torn = "they were released until the next weight sync (release_weights)"
