@@ -7,7 +7,7 @@ or a logprob (verify.py); they only decide how many tokens a forward emits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -36,14 +36,15 @@ class NgramProposer:
 
 @dataclass
 class DraftEngine:
-    """What a Stepper reads of an engine, for the draft model (the engine passes its own
-    packed-weight store: one store holds the policy's and the draft's packed weights)."""
+    """What a Stepper reads of an engine, for the draft model; `packed_weights` is the
+    engine's own store (one store holds the policy's and the draft's packed weights, kept
+    and released with the engine's)."""
 
     model: nn.Module
     device: torch.device
     batch_invariant: bool
+    packed_weights: PackedWeights
     share_prompt_prefill: bool = False
-    packed_weights: PackedWeights = field(default_factory=PackedWeights)
 
 
 class DraftProposer:
