@@ -87,6 +87,8 @@ def _lane(item) -> str:
         return "deadlines"
     if "smollm2" in getattr(item, "fixturenames", ()):
         return "smollm2"
+    if item.get_closest_marker("vllm_engines"):
+        return "vllm-engines"
     return item.nodeid.split("::")[0]
 
 
@@ -105,7 +107,8 @@ def pytest_collection_modifyitems(config, items):
     """Lanes under xdist (`make test`: `-n 2 --dist loadgroup`): a lane runs on one worker, its
     tests one after the other in file order, and each worker takes the next lane when it is
     free. A file is a lane (its module fixtures are built once); the tests of the real SmolLM2
-    share one (and its one load, the `smollm2` fixture); the tests that assert a time limit
+    share one (and its one load, the `smollm2` fixture), and so do the tests that run vLLM
+    engines (the session's engine hosts, each started once); the tests that assert a time limit
     (`deadline`: a collective timeout, a fault noticed in time) share one, so no two of them
     ever compete for the cores. Lanes start heaviest first (multi-process and slow tests
     weigh most; pytest_configure turns off xdist's own order, by test count), so that no long

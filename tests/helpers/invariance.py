@@ -17,14 +17,13 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 from rl_engine.kernels import PlatformInvarianceError, get_op
-from tests.helpers import thread_worker
+from tests.helpers.framed_process import FramedProcess
 
 REFUSAL = PlatformInvarianceError.__name__
 REPO = Path(__file__).resolve().parents[2]
@@ -81,45 +80,13 @@ def garbage_like(t: torch.Tensor, seed: int = 1) -> torch.Tensor:
     return (torch.randn(t.shape, generator=g) * 1e4).to(t.dtype)
 
 
-class _ThreadWorker:
-    """One `tests.helpers.thread_worker` process at a fixed thread count, kept for the whole session."""
-
-    def __init__(self, threads: int):
-        self.threads = threads
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.helpers.thread_worker", str(threads)],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-
-    def run(self, code: str, timeout: float):
-        # A timer kills a snippet that hangs: the read then ends and the worker is replaced.
-        timer = threading.Timer(timeout, self.proc.kill)
-        timer.start()
-        try:
-            thread_worker.write_frame(self.proc.stdin, pickle.dumps(code))
-            frame = thread_worker.read_frame(self.proc.stdout)
-        finally:
-            timer.cancel()
-        if frame is None:
-            raise RuntimeError(
-                f"thread-count worker ({self.threads} threads) died or ran past {timeout:.0f} s "
-                f"(exit code {self.proc.poll()})"
-            )
-        return pickle.loads(frame)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+def _thread_worker(threads: int) -> FramedProcess:
+    """One `tests.helpers.thread_worker` process at a fixed thread count, kept for the session."""
+    command = [sys.executable, "-m", "tests.helpers.thread_worker", str(threads)]
+    return FramedProcess(command, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
-_WORKERS: dict[int, _ThreadWorker] = {}
+_WORKERS: dict[int, FramedProcess] = {}
 
 
 @atexit.register
@@ -139,10 +106,10 @@ def run_with_threads(code: str, threads: int, timeout: float = 300, *, fresh: bo
     if fresh:
         return _run_fresh(code, threads, timeout)
     worker = _WORKERS.get(threads)
-    if worker is None or worker.proc.poll() is not None:
-        worker = _WORKERS[threads] = _ThreadWorker(threads)
+    if worker is None or not worker.alive():
+        worker = _WORKERS[threads] = _thread_worker(threads)
     try:
-        status, value = worker.run(code, timeout)
+        status, value = worker.request(code, timeout)
     except RuntimeError:
         _WORKERS.pop(threads).close()
         raise

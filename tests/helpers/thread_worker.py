@@ -5,35 +5,17 @@ a time, each in a namespace of its own with torch's global RNG seeded to 0 (the 
 worker; a fresh interpreter seeds it at random): what a `python -c` at N threads computes, without paying the interpreter's start and the imports
 (torch, transformers, the C++ kernels: 3-6 s a process) for every snippet.
 
-Protocol (binary, on the fds the parent opened): a request is an 8-byte big-endian length and a
-pickled snippet (str) on stdin; the answer is the same framing on the original stdout, a pickled
-("ok", result) or ("error", traceback text). The snippet's own prints go to stderr.
+Protocol: tests/helpers/framed_process.py (the request a snippet str, the answer its `result`).
 """
 
 from __future__ import annotations
 
-import os
 import pickle
-import struct
 import sys
-import traceback
 
 import torch
 
-_HEADER = struct.Struct(">Q")
-
-
-def read_frame(stream) -> bytes | None:
-    """One length-prefixed frame, or None at end of stream."""
-    header = stream.read(_HEADER.size)
-    if len(header) < _HEADER.size:
-        return None
-    return stream.read(_HEADER.unpack(header)[0])
-
-
-def write_frame(stream, payload: bytes) -> None:
-    stream.write(_HEADER.pack(len(payload)) + payload)
-    stream.flush()
+from tests.helpers.framed_process import serve
 
 
 def _run(snippet: str, threads: int):
@@ -46,15 +28,7 @@ def _run(snippet: str, threads: int):
 
 def main(threads: int) -> None:
     torch.set_num_threads(threads)
-    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # snippet output must not corrupt frames
-    requests = sys.stdin.buffer
-    while (frame := read_frame(requests)) is not None:
-        try:
-            answer = pickle.dumps(("ok", _run(pickle.loads(frame), threads)))
-        except BaseException:  # the parent decides what a failure means (skip or raise)
-            answer = pickle.dumps(("error", traceback.format_exc()))
-        write_frame(answers, answer)
+    serve(lambda snippet: _run(snippet, threads))
 
 
 if __name__ == "__main__":

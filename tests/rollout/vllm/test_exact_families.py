@@ -20,7 +20,7 @@ from tests.helpers.rollout.vllm.common import (
 )
 
 require_vllm()
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.vllm_engines]
 
 VOCAB = 999  # the smallest tiny vocabulary of these families
 MAX_TOKENS = 6
@@ -33,8 +33,8 @@ def family_runs(dtype: torch.dtype, root) -> dict:
     prompts = sharing_prompts(VOCAB)
     folders = [write_folder(name, dtype, root) for name in FAMILIES]
     specs = [engine_spec(f, dtype, prompts, max_tokens=MAX_TOKENS, **ENGINE) for f in folders]
-    exact = run_engines(specs, root, exact=True)
-    plain = run_engines(specs, root, exact=False)
+    exact = run_engines(specs, exact=True)
+    plain = run_engines(specs, exact=False)
     return {
         name: (folder, prompts, exact_run, plain_run)
         for name, folder, exact_run, plain_run in zip(FAMILIES, folders, exact, plain)

@@ -22,7 +22,7 @@ from tests.helpers.rollout.vllm.common import (
 )
 
 require_vllm()
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.vllm_engines]
 
 MODEL = "tiny-llama"
 VOCAB = 1000
@@ -45,8 +45,8 @@ def layouts(tmp_path_factory):
         )
         for dtype, seqs in LAYOUTS
     ]
-    exact = run_engines(specs, root, exact=True)
-    plain = run_engines(specs, root, exact=False)
+    exact = run_engines(specs, exact=True)
+    plain = run_engines(specs, exact=False)
     return [
         (folders[dtype], dtype, prompts, exact_run, plain_run)
         for (dtype, _), exact_run, plain_run in zip(LAYOUTS, exact, plain)

@@ -7,10 +7,6 @@ engine with vLLM's own sampler draws other tokens."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -21,14 +17,13 @@ from rl_engine.rollout.sampling import SamplingParams
 from rl_engine.rollout.vllm.folders import write_folder
 from tests.helpers.rollout.vllm.common import (
     ENGINE_TIMEOUT_S,
-    REPO,
-    engine_env,
+    host_job,
     require_vllm,
     sharing_prompts,
 )
 
 require_vllm()
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.vllm_engines]
 
 VOCAB = 1000
 SAMPLINGS = {
@@ -53,7 +48,7 @@ SAMPLINGS = {
 
 
 def run_vllm_engine(folder, dtype: torch.dtype, prompts) -> dict:
-    """sampler_run.py in its own process (vLLM's settings must precede its import)."""
+    """sampler_run.py in the session's exact engine host (vLLM's settings precede its import)."""
     spec = {
         "folder": str(folder),
         "dtype": str(dtype).removeprefix("torch."),
@@ -62,20 +57,7 @@ def run_vllm_engine(folder, dtype: torch.dtype, prompts) -> dict:
         "samplings": SAMPLINGS,
         "max_batch_size": 8,
     }
-    spec_path, out_path = folder.parent / "sampler_spec.json", folder.parent / "sampler_out.json"
-    spec_path.write_text(json.dumps(spec))
-    command = [sys.executable, "-m", "tests.helpers.rollout.vllm.sampler_run"]
-    done = subprocess.run(
-        [*command, str(spec_path), str(out_path)],
-        cwd=REPO,
-        env=engine_env(True),
-        capture_output=True,
-        text=True,
-        timeout=ENGINE_TIMEOUT_S,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"VllmEngine failed (rc {done.returncode}):\n{done.stderr[-6000:]}")
-    return json.loads(out_path.read_text())
+    return host_job("sampler", spec, exact=True, timeout=ENGINE_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from tests.helpers.rollout.vllm.common import (
 )
 
 require_vllm()
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, NEEDS_SMOLLM2]
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.vllm_engines, NEEDS_SMOLLM2]
 
 VOCAB = 49152
 MAX_TOKENS = 6
@@ -43,7 +43,7 @@ def exact_runs(folders):
         engine_spec(paths[name], dtype, prompts, max_tokens=MAX_TOKENS, **ENGINE)
         for name, dtype in DTYPES.items()
     ]
-    return prompts, dict(zip(DTYPES, run_engines(specs, root, exact=True)))
+    return prompts, dict(zip(DTYPES, run_engines(specs, exact=True)))
 
 
 @pytest.mark.parametrize("dtype_name", DTYPES)
@@ -59,6 +59,6 @@ def test_plain_vllm_differs(folders):
     root, paths = folders
     prompts = sharing_prompts(VOCAB)[:4]
     spec = engine_spec(paths["bf16"], torch.bfloat16, prompts, max_tokens=MAX_TOKENS, **ENGINE)
-    (run,) = run_engines([spec], root, exact=False)
+    (run,) = run_engines([spec], exact=False)
     expected = trainer_logprobs(paths["bf16"], torch.bfloat16, prompts, run.samples)
     assert len(mismatches(run.samples, expected)) > 0

@@ -3,11 +3,13 @@ process, and the trainer's logprobs of what it sampled."""
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +19,8 @@ import torch
 from rl_engine.logprobs import token_logprobs
 from rl_engine.models.loading import load_model
 from rl_engine.patching import apply_batch_invariant
+from rl_engine.rollout.vllm.engine import ENGINE_ENV
+from tests.helpers.framed_process import FramedProcess
 
 REPO = Path(__file__).resolve().parents[4]
 BLOCK = 32  # vLLM's CPU KV blocks are multiples of 32 positions
@@ -74,31 +78,51 @@ def engine_spec(folder: Path, dtype: torch.dtype, prompts, *, max_tokens: int, *
     }
 
 
-def run_engines(specs: list[dict], workdir: Path, *, exact: bool) -> list[EngineRun]:
-    """Engine runs (`engine_spec`) one after another in one process of their own (vLLM is
-    imported once), with RL_ENGINE_BATCH_INVARIANT=1 (exact) or without it (plain vLLM: the
-    negative control)."""
-    name = "exact" if exact else "plain"
-    spec_path, out_path = workdir / f"{name}-spec.json", workdir / f"{name}-out.json"
-    spec_path.write_text(json.dumps({"runs": specs}))
-    command = [
-        sys.executable,
-        "-m",
-        "tests.helpers.rollout.vllm.engine_run",
-        str(spec_path),
-        str(out_path),
-    ]
-    done = subprocess.run(
-        command,
-        cwd=REPO,
-        env=engine_env(exact),
-        capture_output=True,
-        text=True,
-        timeout=ENGINE_TIMEOUT_S * len(specs),
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"vLLM engine failed (rc {done.returncode}):\n{done.stderr[-6000:]}")
-    return [engine_run(run["completions"]) for run in json.loads(out_path.read_text())["runs"]]
+def run_engines(specs: list[dict], *, exact: bool) -> list[EngineRun]:
+    """Engine runs (`engine_spec`) one after another in this session's engine host: with
+    RL_ENGINE_BATCH_INVARIANT=1 (exact) or without it (plain vLLM: the negative control)."""
+    out = host_job("engines", {"runs": specs}, exact=exact, timeout=ENGINE_TIMEOUT_S * len(specs))
+    return [engine_run(run["completions"]) for run in out["runs"]]
+
+
+_HOSTS: dict[bool, tuple[FramedProcess, object]] = {}
+
+
+@atexit.register
+def _close_hosts() -> None:
+    for host, log in _HOSTS.values():
+        host.close()
+        log.close()
+
+
+def host_job(job: str, spec: dict, *, exact: bool, timeout: float):
+    """Run `job` (tests/helpers/rollout/vllm/engine_host.py) in this session's exact or plain
+    engine host, started at its first job: vLLM is imported and warmed once a session, not
+    once a test module. A failed job takes its host down (its engines may be half-closed):
+    the next job starts a fresh one."""
+    host, log = _HOSTS.get(exact, (None, None))
+    if host is None or not host.alive():
+        log = tempfile.TemporaryFile()
+        command = [sys.executable, "-m", "tests.helpers.rollout.vllm.engine_host"]
+        host = FramedProcess(command, cwd=REPO, env=engine_env(exact), stderr=log)
+        _HOSTS[exact] = host, log
+    try:
+        status, value = host.request((job, spec), timeout)
+    except RuntimeError as died:
+        raise RuntimeError(f"{died}; its output ends:\n{_tail(log)}") from None
+    finally:
+        if not host.alive():
+            _HOSTS.pop(exact)
+    if status == "error":
+        _HOSTS.pop(exact)[0].close()
+        raise RuntimeError(f"vLLM {job} job failed:\n{value[-4000:]}\n{_tail(log)}")
+    return value
+
+
+def _tail(log, chars: int = 4000) -> str:
+    log.seek(0, os.SEEK_END)
+    log.seek(max(0, log.tell() - chars))
+    return log.read().decode(errors="replace")
 
 
 def engine_run(completions: list[dict]) -> EngineRun:
@@ -134,18 +158,15 @@ def engine_failure(folder: Path, dtype: torch.dtype, **llm) -> str:
 
 
 def engine_env(exact: bool) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("RL_ENGINE_BATCH_INVARIANT", None)
-    if exact:
-        env["RL_ENGINE_BATCH_INVARIANT"] = "1"
+    """A vLLM process's environment: `VllmEngine`'s (the engine core in this process, no
+    second process to spawn, import vLLM into and connect to: `vllm serve` keeps its own; a
+    1 GiB KV cache; threads left unbound), one thread, and the plugin on (exact) or off."""
+    env = {**os.environ, **ENGINE_ENV}
+    if not exact:
+        env.pop("RL_ENGINE_BATCH_INVARIANT")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    # the engine core in this process: no second process to spawn, import vLLM into and
-    # connect to (`vllm serve` keeps its own engine process)
-    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     return env
 
 

@@ -1,13 +1,14 @@
-"""vLLM engines in one process, one after another:
-`python -m tests.helpers.rollout.vllm.engine_run SPEC.json OUT.json`.
+"""vLLM engines one after another, in the session's engine host (`run_all`, through
+tests/helpers/rollout/vllm/engine_host.py) or in a process of their own:
+`python -m tests.helpers.rollout.vllm.engine_run SPEC.json OUT.json` (an engine that must
+refuse to start).
 
 SPEC: {"runs": [{"folder", "dtype", "llm": {LLM keyword arguments}, "prompts": [[ids]],
 "max_tokens"}]}. OUT: {"runs": [{"completions": [{"token_ids", "logprobs", "cached_tokens"}]}]},
 each logprob the sampled token's (`SamplingParams(logprobs=0)`, temperature 1.0);
 cached_tokens: the prompt tokens vLLM's prefix cache served. Each run is a fresh `LLM`,
-closed before the next starts: importing vLLM (the larger part of a start) is paid once.
-The caller sets the process's environment (RL_ENGINE_BATCH_INVARIANT), exactly as a user
-starting vLLM would.
+closed before the next starts. The caller sets the process's environment
+(RL_ENGINE_BATCH_INVARIANT), exactly as a user starting vLLM would.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import sys
 def sample(run: dict) -> list[dict]:
     """One engine: start it, sample every prompt, close it (its KV cache and process group)."""
     from vllm import LLM, SamplingParams
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     llm = LLM(model=run["folder"], dtype=run["dtype"], skip_tokenizer_init=True, **run["llm"])
     sampling = SamplingParams(
@@ -45,14 +45,26 @@ def sample(run: dict) -> list[dict]:
         )
     llm.llm_engine.engine_core.shutdown()
     del llm
-    cleanup_dist_env_and_memory()
+    free_engines()
     return completions
+
+
+def free_engines() -> None:
+    """Once the last reference to a shut-down engine is gone: free its KV cache and process
+    group, so that the next engine of this process starts as in a fresh one."""
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
+
+
+def run_all(spec: dict) -> dict:
+    """SPEC's engines in turn: OUT."""
+    return {"runs": [{"completions": sample(run)} for run in spec["runs"]]}
 
 
 def main(spec_path: str, out_path: str) -> None:
     with open(spec_path) as f:
-        spec = json.load(f)
-    runs = [{"completions": sample(run)} for run in spec["runs"]]
+        runs = run_all(json.load(f))["runs"]
     temporary = f"{out_path}.tmp"
     with open(temporary, "w") as f:
         json.dump({"runs": runs}, f)

@@ -1,5 +1,6 @@
-"""rl_engine's vLLM engine (`VllmEngine`: the plugin's model and sampler) in its own process:
-`python -m tests.helpers.rollout.vllm.sampler_run SPEC.json OUT.json`.
+"""rl_engine's vLLM engine (`VllmEngine`: the plugin's model and sampler), run by the
+session's exact engine host (tests/helpers/rollout/vllm/engine_host.py), whose environment is
+`VllmEngine`'s (ENGINE_ENV): `run(SPEC) -> OUT`.
 
 SPEC: {"folder", "dtype", "llm": {more LLM keyword arguments}, "prompts": [[ids]],
 "samplings": {name: {SamplingParams fields}}, "max_batch_size"}.
@@ -11,10 +12,6 @@ a seeded request with chunked prefill): the negative control of the sampler.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-
 WORKER_EXTENSION = "rl_engine.executors.job.actors.vllm_worker.ExactWorkerExtension"
 
 
@@ -24,18 +21,14 @@ def _vllm_sampler(worker) -> None:
     worker.model_runner.sampler = Sampler()
 
 
-def main(spec_path: str, out_path: str) -> None:
-    from rl_engine.rollout.vllm.engine import ENGINE_ENV
-
-    os.environ.update(ENGINE_ENV)
+def run(spec: dict) -> dict:
     import torch
     from vllm import SamplingParams as VllmSamplingParams
 
     from rl_engine.rollout.sampling import SamplingParams
     from rl_engine.rollout.vllm.engine import VllmEngine
+    from tests.helpers.rollout.vllm.engine_run import free_engines
 
-    with open(spec_path) as f:
-        spec = json.load(f)
     engine = VllmEngine(
         spec["folder"],
         dtype=getattr(torch, spec["dtype"]),
@@ -66,9 +59,7 @@ def main(spec_path: str, out_path: str) -> None:
         )
         outputs = engine.llm.generate([{"prompt_token_ids": p} for p in spec["prompts"]], params)
         plain[name] = [[list(o.token_ids)] for output in outputs for o in output.outputs]
-    with open(out_path, "w") as f:
-        json.dump({"exact": exact, "vllm_sampler": plain}, f)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    engine.llm.llm_engine.engine_core.shutdown()
+    del engine
+    free_engines()
+    return {"exact": exact, "vllm_sampler": plain}
