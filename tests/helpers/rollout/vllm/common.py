@@ -1,5 +1,6 @@
-"""Helpers of the exact-vLLM tests: tiny model folders vLLM can load, an engine run in its own
-process, and the trainer's logprobs of what it sampled."""
+"""Helpers of the exact-vLLM tests: tiny model folders vLLM can load, engine runs in the
+session's engine hosts (or, for an engine that must refuse to start, in a process of its own),
+and the trainer's logprobs of what it sampled."""
 
 from __future__ import annotations
 
@@ -90,9 +91,8 @@ _HOSTS: dict[bool, tuple[FramedProcess, object]] = {}
 
 @atexit.register
 def _close_hosts() -> None:
-    for host, log in _HOSTS.values():
-        host.close()
-        log.close()
+    for exact in list(_HOSTS):
+        _drop_host(exact)
 
 
 def host_job(job: str, spec: dict, *, exact: bool, timeout: float):
@@ -109,14 +109,20 @@ def host_job(job: str, spec: dict, *, exact: bool, timeout: float):
     try:
         status, value = host.request((job, spec), timeout)
     except RuntimeError as died:
-        raise RuntimeError(f"{died}; its output ends:\n{_tail(log)}") from None
-    finally:
-        if not host.alive():
-            _HOSTS.pop(exact)
+        output = _tail(log)
+        _drop_host(exact)
+        raise RuntimeError(f"{died}; its output ends:\n{output}") from None
     if status == "error":
-        _HOSTS.pop(exact)[0].close()
-        raise RuntimeError(f"vLLM {job} job failed:\n{value[-4000:]}\n{_tail(log)}")
+        output = _tail(log)
+        _drop_host(exact)
+        raise RuntimeError(f"vLLM {job} job failed:\n{value[-4000:]}\n{output}")
     return value
+
+
+def _drop_host(exact: bool) -> None:
+    host, log = _HOSTS.pop(exact)
+    host.close()
+    log.close()
 
 
 def _tail(log, chars: int = 4000) -> str:
