@@ -73,9 +73,17 @@ def shared_ray_address() -> str:
 
 @pytest.fixture(autouse=True)
 def _ray_only_where_asked(request):
-    """A test that asked for no shared cluster (RAY_FIXTURES, itself or through a fixture it
-    uses) starts with Ray shut down, as if no job test had run before it in this process."""
-    if "ray" in sys.modules and not RAY_FIXTURES & set(request.fixturenames):
+    """The shared cluster lives from the first test that asks for it (RAY_FIXTURES, itself or
+    through a fixture it uses) to the end of the session: its restarts cost 4-9 s each. A test
+    that did not ask sees it only where that changes nothing: an in-process job of its own
+    starts its own cluster (tests/helpers/job/jobs.py: shared_ray), and a test marked `own_ray`
+    (it starts a cluster itself, or checks that Ray is down) starts with Ray shut down."""
+    jobs = sys.modules.get("tests.helpers.job.jobs")
+    if jobs is None:  # no test has started the shared cluster in this process
+        return
+    asked = bool(RAY_FIXTURES & set(request.fixturenames))
+    jobs.set_test_asked_for_ray(asked)
+    if not asked and request.node.get_closest_marker("own_ray"):
         import ray
 
         if ray.is_initialized():

@@ -19,7 +19,7 @@ from rl_engine.executors.job.ray_job import run_job
 from tests.helpers.job.jobs import job_config
 
 # a multi-raylet cluster plus a job: 35-65 s each
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.own_ray]
 
 
 @pytest.fixture

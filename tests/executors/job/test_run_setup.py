@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import ray
 import yaml
 
 from rl_engine.cli import main
+from rl_engine.executors.job import cluster
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.run_dir import (
     RunDirError,
@@ -38,11 +38,20 @@ def _write_config(tmp_path, **changes) -> str:
     return str(path)
 
 
+@pytest.fixture(autouse=True)
+def _ray_never_starts(monkeypatch):
+    """Every refusal here comes before Ray: a run that reaches the cluster fails its test."""
+
+    def connect(config):
+        raise AssertionError("the run reached Ray: its config was not refused before it")
+
+    monkeypatch.setattr(cluster, "connect", connect)
+
+
 def _train_fails(argv, caplog) -> str:
     """The one-line error `rl-engine train ARGV` logs (stderr outside pytest) with exit code 2."""
     caplog.clear()
     assert main(["train", *argv]) == 2
-    assert not ray.is_initialized()  # refused before Ray started
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1 and "\n" not in errors[0], errors
     return errors[0]

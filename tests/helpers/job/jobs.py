@@ -14,6 +14,7 @@ import ray
 import yaml
 
 from rl_engine.config import RunConfig
+from rl_engine.executors.job import cluster
 from rl_engine.executors.job import job_checkpoints as ckpt
 from rl_engine.executors.job.ray_job import run_job
 from rl_engine.executors.job.run_dir import read_metrics, resume_config
@@ -22,18 +23,21 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 SHARED_RAY_CPUS = 6  # the largest job that shares it: PPO's 2 policy + 2 critic ranks + 1 engine
+# the shared cluster's GCS address, and whether the running test asked for it
+_shared = {"address": None, "asked": False}
 
 
 def shared_ray() -> str:
     """The `job_ray` fixture's body: one local Ray cluster per pytest process, started by the
-    first job test that asks for it and kept for the next one (a cluster's start is 5-9 s of
-    CPU, more than a tiny job's steps); returns its address, for a job in another process (the
-    CLI) to join. A job that finds Ray initialized joins it and never shuts it down
-    (`cluster.connect`). tests/conftest.py shuts it down before any test that did not ask for
-    it, so every other test sees Ray as before: not initialized. (A cluster that outlives the
-    driver's connection, `ray.cluster_utils.Cluster`, was tried: after a reconnect in the same
-    process Ray 2.60 cancelled the next job's actor creations, "all references to the actor
-    were removed".)"""
+    first job test that asks for it and kept for the rest of the session (a cluster's start is
+    4-9 s of CPU, more than a tiny job's steps); returns its address, for a job in another
+    process (the CLI) to join. A job that finds Ray initialized joins it and never shuts it
+    down (`cluster.connect`). The tests that did not ask for it see Ray as before, not
+    initialized, where it matters: an in-process job of theirs finds the cluster shut down
+    (`_guard_cluster_connect`), and a test marked `own_ray` starts with it shut down
+    (tests/conftest.py). (A cluster that outlives the driver's connection,
+    `ray.cluster_utils.Cluster`, was tried: after a reconnect in the same process Ray 2.60
+    cancelled the next job's actor creations, "all references to the actor were removed".)"""
     if not ray.is_initialized():
         os.environ.pop("RAY_ADDRESS", None)
         ray.init(
@@ -42,7 +46,36 @@ def shared_ray() -> str:
             include_dashboard=False,
             log_to_driver=False,
         )
+        _shared["address"] = ray.get_runtime_context().gcs_address
+        _guard_cluster_connect()
     return ray.get_runtime_context().gcs_address
+
+
+def set_test_asked_for_ray(asked: bool) -> None:
+    """tests/conftest.py says, before each test, whether it asked for the shared cluster."""
+    _shared["asked"] = asked
+
+
+def _connected_to_shared_ray() -> bool:
+    return ray.is_initialized() and ray.get_runtime_context().gcs_address == _shared["address"]
+
+
+def _guard_cluster_connect() -> None:
+    """Make an in-process job of a test that did not ask for the shared cluster start its own,
+    as it would in a fresh process, instead of joining the shared one unsized: the shared
+    cluster is shut down at that moment (the next test that asks starts it again). A cluster
+    the test connected to itself (`own_ray`) is the one its job must join, and stays."""
+    original = cluster.connect
+    if getattr(original, "shuts_down_shared_ray", False):
+        return
+
+    def connect(config) -> bool:
+        if not _shared["asked"] and _connected_to_shared_ray():
+            ray.shutdown()
+        return original(config)
+
+    connect.shuts_down_shared_ray = True
+    cluster.connect = connect
 
 
 def job_config(run_dir: Path, *, steps: int = 3, **sections) -> RunConfig:

@@ -21,6 +21,7 @@ def test_actor_resources_follow_the_device():
 
 
 @pytest.mark.multiprocess
+@pytest.mark.own_ray
 def test_cuda_actors_get_one_gpu_each_on_a_cluster_with_gpu_nodes():
     cluster = Cluster(
         initialize_head=True,
