@@ -48,6 +48,8 @@ def shared_ray() -> str:
         )
         _shared["address"] = ray.get_runtime_context().gcs_address
         _guard_cluster_connect()
+    # a module fixture's job runs before the test's own fixtures say that it asked
+    _shared["asked"] = True
     return ray.get_runtime_context().gcs_address
 
 
