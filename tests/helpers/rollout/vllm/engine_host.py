@@ -27,6 +27,10 @@ def handle(request: tuple[str, dict]):
 
 
 if __name__ == "__main__":
+    import gc
+
     import vllm  # noqa: F401  (once, before the first job; its plugins load with it)
 
+    gc.collect()
+    gc.freeze()  # out of the engines' full collections (engine_run.free_engines)
     serve(handle)

@@ -13,6 +13,7 @@ closed before the next starts. The caller sets the process's environment
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -51,10 +52,15 @@ def sample(run: dict) -> list[dict]:
 
 def free_engines() -> None:
     """Once the last reference to a shut-down engine is gone: free its KV cache and process
-    group, so that the next engine of this process starts as in a fresh one."""
+    group, so that the next engine of this process starts as in a fresh one. Then freeze the
+    heap that is left (torch's, transformers' and vLLM's long-lived objects): vLLM runs full
+    collections as it loads a model and shuts an engine down, and they need not scan it again
+    (measured on a warm host, a tiny engine: 3.2 s, 2.4 s of it gc, to 1.8 s). The bits do
+    not depend on it, only how often the collector walks the heap."""
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     cleanup_dist_env_and_memory()
+    gc.freeze()
 
 
 def run_all(spec: dict) -> dict:
