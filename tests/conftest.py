@@ -76,9 +76,9 @@ def _ray_only_where_asked(request):
     """The shared cluster lives from the first test that asks for it (RAY_FIXTURES, itself or
     through a fixture it uses) to the end of the session: its restarts cost 4-9 s each. A test
     that did not ask sees it only where that changes nothing: an in-process job of its own
-    starts its own cluster (tests/helpers/job/jobs.py: _guard_cluster_connect), and a test
-    marked `own_ray` (it starts a cluster itself, or checks that Ray is down) starts with Ray
-    shut down."""
+    starts its own cluster (tests/helpers/job/jobs.py: _connect_without_the_shared_cluster),
+    and a test marked `own_ray` (it starts a cluster itself, or checks that Ray is down)
+    starts with Ray shut down."""
     jobs = sys.modules.get("tests.helpers.job.jobs")
     if jobs is None:  # no test has started the shared cluster in this process
         return

@@ -69,10 +69,14 @@ def test_ray_job_submit_to_an_existing_cluster(tmp_path):
 
     os.environ.pop("RAY_ADDRESS", None)
     port = free_port()
-    head = {"num_cpus": 2, "include_dashboard": True, "dashboard_port": port}
-    # the job agent's own port: Ray's default (52365) is taken while another pytest worker's
-    # shared cluster is up, and the dashboard then never finds an agent to submit to
-    head["dashboard_agent_listen_port"] = free_port()
+    # the job agent gets a port of its own: Ray's default (52365) is taken while another pytest
+    # worker's shared cluster is up, and the dashboard then never finds an agent to submit to
+    head = {
+        "num_cpus": 2,
+        "include_dashboard": True,
+        "dashboard_port": port,
+        "dashboard_agent_listen_port": free_port(),
+    }
     cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         run = tmp_path / "run"

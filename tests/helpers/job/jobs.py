@@ -34,8 +34,8 @@ def shared_ray() -> str:
     process (the CLI) to join. A job that finds Ray initialized joins it and never shuts it
     down (`cluster.connect`). The tests that did not ask for it see Ray as before, not
     initialized, where it matters: an in-process job of theirs finds the cluster shut down
-    (`_guard_cluster_connect`), and a test marked `own_ray` starts with it shut down
-    (tests/conftest.py). (A cluster that outlives the driver's connection,
+    (`_connect_without_the_shared_cluster`), and a test marked `own_ray` starts with it shut
+    down (tests/conftest.py). (A cluster that outlives the driver's connection,
     `ray.cluster_utils.Cluster`, was tried: after a reconnect in the same process Ray 2.60
     cancelled the next job's actor creations, "all references to the actor were removed".)"""
     if not ray.is_initialized():
@@ -47,7 +47,6 @@ def shared_ray() -> str:
             log_to_driver=False,
         )
         _shared["address"] = ray.get_runtime_context().gcs_address
-        _guard_cluster_connect()
     # a module fixture's job runs before the test's own fixtures say that it asked
     _shared["asked"] = True
     return ray.get_runtime_context().gcs_address
@@ -62,22 +61,22 @@ def _connected_to_shared_ray() -> bool:
     return ray.is_initialized() and ray.get_runtime_context().gcs_address == _shared["address"]
 
 
-def _guard_cluster_connect() -> None:
-    """Make an in-process job of a test that did not ask for the shared cluster start its own,
-    as it would in a fresh process, instead of joining the shared one unsized: the shared
-    cluster is shut down at that moment (the next test that asks starts it again). A cluster
-    the test connected to itself (`own_ray`) is the one its job must join, and stays."""
-    original = cluster.connect
-    if getattr(original, "shuts_down_shared_ray", False):
-        return
+def _connect_without_the_shared_cluster(connect):
+    """`cluster.connect` for an in-process job of a test that did not ask for the shared
+    cluster: the job starts its own, as it would in a fresh process, instead of joining the
+    shared one unsized; the shared cluster is shut down at that moment (the next test that asks
+    starts it again). A cluster the test connected to itself (`own_ray`) is the one its job
+    must join, and stays."""
 
-    def connect(config) -> bool:
+    def guarded(config) -> bool:
         if not _shared["asked"] and _connected_to_shared_ray():
             ray.shutdown()
-        return original(config)
+        return connect(config)
 
-    connect.shuts_down_shared_ray = True
-    cluster.connect = connect
+    return guarded
+
+
+cluster.connect = _connect_without_the_shared_cluster(cluster.connect)
 
 
 def job_config(run_dir: Path, *, steps: int = 3, **sections) -> RunConfig:
